@@ -1,0 +1,1 @@
+"""Alembic migrations of the recalltrace schema, shipped inside the wheel."""

@@ -1,0 +1,48 @@
+"""Alembic environment: runs on the connection handed in by ``storage.migrate``."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from storage.db import create_engine_from_url
+from storage.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+        version_table="recalltrace_alembic_version",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = create_engine_from_url(config.get_main_option("sqlalchemy.url") or None)
+    with engine.connect() as conn:
+        _run(conn)
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        version_table="recalltrace_alembic_version",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run_migrations_online()

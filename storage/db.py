@@ -1,0 +1,96 @@
+"""Engine setup from one database URL (SQLite file by default, Postgres in production)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+DEFAULT_DATABASE_URL = "sqlite:///./recalltrace.db"
+"""The embedded default: a SQLite file in the working directory."""
+
+DATABASE_URL_ENV = "RECALLTRACE_DATABASE_URL"
+
+
+class DatabaseURLError(ValueError):
+    """The database URL cannot be used; the message never contains the password."""
+
+
+def resolve_database_url(url: str | None = None) -> str:
+    """Return ``url``, else ``$RECALLTRACE_DATABASE_URL``, else the SQLite default.
+
+    Plain ``postgresql://`` and ``postgres://`` URLs are mapped to the psycopg 3 driver.
+    """
+    chosen = url or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+    if chosen.startswith("postgres://"):
+        chosen = "postgresql+psycopg://" + chosen[len("postgres://") :]
+    elif chosen.startswith("postgresql://"):
+        chosen = "postgresql+psycopg://" + chosen[len("postgresql://") :]
+    return chosen
+
+
+def redact_url(url: str) -> str:
+    """Render a URL for messages and logs with its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable database URL>"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the app's writer thread and a worker process share the file; a busy timeout
+    # turns brief lock contention into waiting instead of "database is locked" errors.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def create_engine_from_url(url: str | None = None, **kwargs: Any) -> Engine:
+    """Create an engine for ``url`` (see :func:`resolve_database_url`).
+
+    Raises :class:`DatabaseURLError` with a password-free message when the URL is malformed or
+    names a backend other than SQLite or Postgres.
+    """
+    resolved = resolve_database_url(url)
+    try:
+        parsed = make_url(resolved)
+    except ArgumentError:
+        raise DatabaseURLError(
+            "could not parse the database URL; expected e.g. "
+            "postgresql+psycopg://user@host:5432/db or sqlite:///./recalltrace.db"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise DatabaseURLError(
+            f"unsupported database backend {backend!r} in {redact_url(resolved)}; "
+            "use postgresql+psycopg:// or sqlite:///"
+        )
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    options: dict[str, Any] = {"future": True}
+    if backend == "postgresql":
+        options.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+        options.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
+    else:
+        options.setdefault("connect_args", {}).update(check_same_thread=False, timeout=10)
+    options.update(kwargs)
+    try:
+        engine = create_engine(parsed, **options)
+    except Exception as exc:  # driver import errors and bad arguments
+        raise DatabaseURLError(
+            f"cannot use database {redact_url(resolved)}: {type(exc).__name__}: {exc}"
+        ) from None
+    if backend == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def is_postgres(engine: Engine) -> bool:
+    """True when ``engine`` talks to Postgres."""
+    return engine.dialect.name == "postgresql"

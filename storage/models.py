@@ -1,0 +1,210 @@
+"""SQLAlchemy 2.0 typed models: traces, retrieved contexts, scoring jobs and scores.
+
+Timestamps are stored in UTC and always read back timezone-aware, on SQLite as on Postgres.
+JSON columns are JSONB on Postgres.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY columns, not BIGINT ones.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: timestamps must be timezone-aware")
+        value = value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every recalltrace table."""
+
+
+class JobStatus:
+    """Values of ``scoring_jobs.status``."""
+
+    WAITING = "waiting"
+    """Needs a reference that has not arrived yet; ``expires_at`` bounds the wait."""
+    QUEUED = "queued"
+    """Due at ``run_at``."""
+    RUNNING = "running"
+    """Claimed by ``locked_by`` until ``lease_expires_at``."""
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    ALL = (WAITING, QUEUED, RUNNING, DONE, FAILED, SKIPPED)
+
+
+class Trace(Base):
+    """One finished RAG request."""
+
+    __tablename__ = "traces"
+
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    app_name: Mapped[str] = mapped_column(String(200))
+    service_name: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    duration_ms: Mapped[float] = mapped_column(Float)
+    user_input: Mapped[str | None] = mapped_column(Text)
+    response: Mapped[str | None] = mapped_column(Text)
+    reference: Mapped[str | None] = mapped_column(Text)
+    reference_contexts: Mapped[list[str] | None] = mapped_column(JSONType)
+    reference_context_ids: Mapped[list[str] | None] = mapped_column(JSONType)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+    error: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    notes: Mapped[list[str]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        Index("ix_traces_started_at", "started_at"),
+        Index("ix_traces_app_started_at", "app_name", "started_at"),
+    )
+
+
+class RetrievedContext(Base):
+    """One retrieved context of a trace, in retrieval order."""
+
+    __tablename__ = "retrieved_contexts"
+
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    context_id: Mapped[str | None] = mapped_column(String(500))
+    content: Mapped[str] = mapped_column(Text)
+    score: Mapped[float | None] = mapped_column(Float)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType)
+
+
+class ScoringJob(Base):
+    """One (trace, metric, version) to score; also the queue that coordinates workers."""
+
+    __tablename__ = "scoring_jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE")
+    )
+    metric: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    run_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    first_transient_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    locked_by: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        UniqueConstraint("trace_id", "metric", "version", name="uq_scoring_jobs_trace_metric"),
+        # Partial indexes keep the claim and the lease sweep cheap however many finished jobs
+        # the table holds.
+        Index(
+            "ix_scoring_jobs_due",
+            "run_at",
+            postgresql_where=text("status = 'queued'"),
+            sqlite_where=text("status = 'queued'"),
+        ),
+        Index(
+            "ix_scoring_jobs_leases",
+            "lease_expires_at",
+            postgresql_where=text("status = 'running'"),
+            sqlite_where=text("status = 'running'"),
+        ),
+        Index(
+            "ix_scoring_jobs_waiting",
+            "expires_at",
+            postgresql_where=text("status = 'waiting'"),
+            sqlite_where=text("status = 'waiting'"),
+        ),
+        Index(
+            "ix_scoring_jobs_failed",
+            "updated_at",
+            postgresql_where=text("status = 'failed'"),
+            sqlite_where=text("status = 'failed'"),
+        ),
+    )
+
+
+class Score(Base):
+    """One variant's result on one trace; unique on (trace, metric, version)."""
+
+    __tablename__ = "scores"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE")
+    )
+    metric: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(32))
+    # Copied from the trace so that history queries never need a join at 10M rows.
+    app_name: Mapped[str] = mapped_column(String(200))
+    trace_started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    model: Mapped[str | None] = mapped_column(String(200))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    scored_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        UniqueConstraint("trace_id", "metric", "version", name="uq_scores_trace_metric_version"),
+        Index("ix_scores_metric_started", "metric", "trace_started_at"),
+        Index("ix_scores_app_metric_started", "app_name", "metric", "trace_started_at"),
+        Index(
+            "ix_scores_metric_value",
+            "metric",
+            "value",
+            postgresql_where=text("status = 'scored'"),
+            sqlite_where=text("status = 'scored'"),
+        ),
+    )

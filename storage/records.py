@@ -1,0 +1,63 @@
+"""Plain records exchanged between the tracer, storage and the worker.
+
+This module imports nothing heavy: the tracer builds these on its background thread and hands
+them to storage; the worker reads them back. They are the contracts of the architecture doc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(slots=True)
+class ContextRecord:
+    """One retrieved context, in retrieval order."""
+
+    content: str
+    """The text the retriever returned."""
+    id: str | None = None
+    """The document or chunk id, if the retriever gave one (compared as a string)."""
+    score: float | None = None
+    """The retriever's own relevance score, if any."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """JSON-serialisable metadata of the document."""
+
+
+@dataclass(slots=True)
+class TraceRecord:
+    """One finished RAG request, as the tracer hands it to storage."""
+
+    trace_id: str
+    """The OpenTelemetry trace id as 32 lowercase hex digits."""
+    app_name: str
+    """The name of the root (``@tracer.rag``) span."""
+    service_name: str
+    """The OpenTelemetry ``service.name`` of the process that served the request."""
+    started_at: datetime
+    """Start time of the root span (timezone-aware, UTC)."""
+    duration_ms: float
+    """Duration of the root span in milliseconds."""
+    user_input: str | None = None
+    response: str | None = None
+    retrieved_contexts: list[ContextRecord] = field(default_factory=list)
+    reference: str | None = None
+    reference_contexts: list[str] | None = None
+    reference_context_ids: list[str] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Free-form JSON-serialisable metadata (user tags, span attributes worth keeping)."""
+    error: bool = False
+    """True when the root function raised."""
+    notes: list[str] = field(default_factory=list)
+    """What was changed on the way in (scrubbed keys, truncated documents), one line each."""
+
+
+@dataclass(slots=True)
+class ReferenceUpdate:
+    """Ground truth that arrives after the trace was stored (``tracer.set_reference``)."""
+
+    trace_id: str
+    reference: str | None = None
+    reference_contexts: list[str] | None = None
+    reference_context_ids: list[str] | None = None

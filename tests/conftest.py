@@ -1,0 +1,123 @@
+"""Shared fixtures: a real Postgres database (fresh and migrated) and SQLite files.
+
+Postgres is reached at ``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local server's ``test``
+database). Each test session creates its own database next to it, so parallel runs never share
+state. When Postgres is unreachable the Postgres tests are skipped, except under ``CI=true``
+where that is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from storage.db import create_engine_from_url
+from storage.migrate import upgrade
+from storage.repository import Repository
+
+DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+TABLES = ("scores", "scoring_jobs", "retrieved_contexts", "traces")
+
+
+def _base_url() -> str:
+    return os.environ.get("RECALLTRACE_TEST_DATABASE_URL", DEFAULT_TEST_URL)
+
+
+def _admin_engine() -> Engine:
+    return create_engine_from_url(
+        make_url(_base_url()).set(database="postgres").render_as_string(hide_password=False),
+        isolation_level="AUTOCOMMIT",
+        pool_size=1,
+    )
+
+
+def _postgres_reachable() -> str | None:
+    try:
+        engine = _admin_engine()
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh, migrated Postgres database for this test session."""
+    problem = _postgres_reachable()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Postgres is required under CI=true but unreachable: {problem}")
+        pytest.skip(f"Postgres unreachable: {problem}")
+    name = f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = _admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(_base_url()).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def truncate_all(engine: Engine) -> None:
+    """Empty every recalltrace table."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture
+def pg_engine(postgres_url: str) -> Iterator[Engine]:
+    """An engine on the session's Postgres database, emptied before the test."""
+    engine = create_engine_from_url(postgres_url, pool_size=10, max_overflow=10)
+    truncate_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a fresh, migrated SQLite file."""
+    url = f"sqlite:///{tmp_path / 'recalltrace.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database on each backend (Postgres emptied first)."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    url = str(request.getfixturevalue("postgres_url"))
+    engine = create_engine_from_url(url)
+    truncate_all(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def repo(database_url: str) -> Iterator[Repository]:
+    """A repository on each backend."""
+    repository = Repository(create_engine_from_url(database_url))
+    yield repository
+    repository.dispose()
+
+
+@pytest.fixture
+def pg_repo(pg_engine: Engine) -> Repository:
+    """A repository on Postgres only (for the multi-worker cases)."""
+    return Repository(pg_engine)

@@ -1,0 +1,165 @@
+"""The ``recalltrace`` command line.
+
+Every subcommand imports what it needs when it runs, so ``recalltrace --help`` stays fast and
+the tracer's import path stays light. Errors a user can fix (a wrong database URL, an
+un-migrated database, a bad argument) end in one clear line and exit code 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A problem the user can fix; printed as one line without a traceback."""
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_database_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="database URL (default: $RECALLTRACE_DATABASE_URL or sqlite:///./recalltrace.db)",
+    )
+
+
+def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from storage.db import redact_url, resolve_database_url
+    from storage.migrate import current_revision, upgrade
+
+    url = resolve_database_url(args.database_url)
+    upgrade(url, args.revision)
+    print(f"{redact_url(url)}: at revision {current_revision(url)}")
+    return EXIT_OK
+
+
+def _cmd_db_current(args: argparse.Namespace) -> int:
+    from storage.db import redact_url, resolve_database_url
+    from storage.migrate import current_revision, head_revision
+
+    url = resolve_database_url(args.database_url)
+    current = current_revision(url)
+    head = head_revision()
+    if current is None:
+        print(f"{redact_url(url)}: not migrated (run `recalltrace db upgrade`); head is {head}")
+        return EXIT_CHECK_FAILED
+    state = "up to date" if current == head else f"behind head {head}"
+    print(f"{redact_url(url)}: at revision {current} ({state})")
+    return EXIT_OK if current == head else EXIT_CHECK_FAILED
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tracer.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="recalltrace",
+        description="Context-recall monitoring for production RAG: traces, scores, history.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    db = sub.add_parser("db", help="manage the database schema")
+    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    up = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
+    _add_database_option(up)
+    up.add_argument("--revision", default="head", help="target revision (default: head)")
+    up.set_defaults(handler=_cmd_db_upgrade)
+    cur = db_sub.add_parser("current", help="show the schema revision of the database")
+    _add_database_option(cur)
+    cur.set_defaults(handler=_cmd_db_current)
+
+    demo = sub.add_parser(
+        "demo", help="run a small traced RAG app on the embedded database and score it"
+    )
+    _add_database_option(demo)
+    from tracer.demo import add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(handler=_cmd_demo)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+#: Subcommand registrars contributed by other modules (worker, history); each adds parsers
+#: to the given subparsers object.
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+
+
+def _friendly(exc: BaseException) -> str | None:
+    """A one-line message for errors a user can fix, or None for real bugs."""
+    from storage.db import DatabaseURLError
+
+    if isinstance(exc, (CommandError, DatabaseURLError)):
+        return str(exc)
+    try:
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+    except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
+        return None
+    if isinstance(exc, OperationalError):
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        if "no such table" in detail or ("does not exist" in detail and "relation" in detail):
+            return "the database is not migrated: run `recalltrace db upgrade` first"
+        return f"cannot reach the database: {detail}"
+    if isinstance(exc, ProgrammingError):
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        if "does not exist" in detail:
+            return "the database is not migrated: run `recalltrace db upgrade` first"
+        return f"database error: {detail}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``recalltrace`` command."""
+    import logging
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.version:
+        from importlib.metadata import version
+
+        print(f"recalltrace {version('recalltrace')}")
+        return EXIT_OK
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        message = _friendly(exc)
+        if message is None:
+            raise
+        from storage.db import redact_url
+
+        url = getattr(args, "database_url", None)
+        if url:
+            message = message.replace(url, redact_url(url))
+        print(f"recalltrace: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
