@@ -319,8 +319,9 @@ class Repository:
         from psycopg import errors as pg_errors
         from psycopg.types.json import Jsonb
 
-        trace_rows = self._trace_rows(batch, now)
-        context_rows = self._context_rows(batch)
+        def jsonb(value: Any) -> Any:
+            return None if value is None else Jsonb(value)
+
         job_rows = self._job_rows(batch, now)
         with self.engine.begin() as conn:
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -328,54 +329,53 @@ class Repository:
                 with cursor.copy(
                     "COPY traces (trace_id, app_name, service_name, started_at, duration_ms,"
                     " user_input, response, reference, reference_contexts,"
-                    " reference_context_ids, metadata, error, notes, created_at) FROM STDIN"
+                    " reference_context_ids, metadata, error, notes, created_at)"
+                    " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
-                    for row in trace_rows:
+                    copy.set_types(_TRACE_COPY_TYPES)
+                    for r in batch:
                         copy.write_row(
                             (
-                                row["trace_id"],
-                                row["app_name"],
-                                row["service_name"],
-                                row["started_at"],
-                                row["duration_ms"],
-                                row["user_input"],
-                                row["response"],
-                                row["reference"],
-                                None
-                                if row["reference_contexts"] is None
-                                else Jsonb(row["reference_contexts"]),
-                                None
-                                if row["reference_context_ids"] is None
-                                else Jsonb(row["reference_context_ids"]),
-                                Jsonb(row["metadata"]),
-                                row["error"],
-                                Jsonb(row["notes"]),
-                                row["created_at"],
+                                r.trace_id,
+                                r.app_name,
+                                r.service_name,
+                                r.started_at,
+                                float(r.duration_ms),
+                                r.user_input,
+                                r.response,
+                                r.reference,
+                                jsonb(r.reference_contexts),
+                                jsonb(r.reference_context_ids),
+                                Jsonb(_json_safe(r.metadata)),
+                                bool(r.error),
+                                Jsonb(list(r.notes)),
+                                now,
                             )
                         )
             except pg_errors.UniqueViolation:
                 raise _DuplicateTrace() from None
-            if context_rows:
-                with cursor.copy(
-                    "COPY retrieved_contexts (trace_id, position, context_id, content, score,"
-                    " metadata) FROM STDIN"
-                ) as copy:
-                    for c in context_rows:
-                        copy.write_row(
-                            (
-                                c["trace_id"],
-                                c["position"],
-                                c["context_id"],
-                                c["content"],
-                                c["score"],
-                                Jsonb(c["metadata"]),
-                            )
+            with cursor.copy(
+                "COPY retrieved_contexts (trace_id, position, context_id, content, score,"
+                " metadata) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(_CONTEXT_COPY_TYPES)
+                for c in self._context_rows(batch):
+                    copy.write_row(
+                        (
+                            c["trace_id"],
+                            c["position"],
+                            c["context_id"],
+                            c["content"],
+                            c["score"],
+                            Jsonb(c["metadata"]),
                         )
+                    )
             if job_rows:
                 with cursor.copy(
                     "COPY scoring_jobs (trace_id, metric, version, status, attempts, run_at,"
-                    " expires_at, created_at, updated_at) FROM STDIN"
+                    " expires_at, created_at, updated_at) FROM STDIN (FORMAT BINARY)"
                 ) as copy:
+                    copy.set_types(_JOB_COPY_TYPES)
                     for j in job_rows:
                         copy.write_row(
                             (
@@ -952,22 +952,22 @@ class Repository:
     def queue_stats(self) -> QueueStats:
         """Counts of due, running, waiting and failed jobs, and the oldest due job's age."""
         with self.engine.connect() as conn:
-            counts: dict[str, int] = dict(
-                conn.execute(
-                    select(ScoringJob.status, func.count())
-                    .where(
-                        ScoringJob.status.in_(
-                            [
-                                JobStatus.QUEUED,
-                                JobStatus.RUNNING,
-                                JobStatus.WAITING,
-                                JobStatus.FAILED,
-                            ]
-                        )
+            counts: dict[str, int] = {}
+            for status, number in conn.execute(
+                select(ScoringJob.status, func.count())
+                .where(
+                    ScoringJob.status.in_(
+                        [
+                            JobStatus.QUEUED,
+                            JobStatus.RUNNING,
+                            JobStatus.WAITING,
+                            JobStatus.FAILED,
+                        ]
                     )
-                    .group_by(ScoringJob.status)
-                ).tuples()
-            )
+                )
+                .group_by(ScoringJob.status)
+            ).tuples():
+                counts[status] = int(number)
             now = self._db_now()
             oldest = conn.scalar(
                 select(func.min(ScoringJob.run_at)).where(
@@ -995,6 +995,18 @@ class Repository:
     def dispose(self) -> None:
         """Close every pooled connection (call in a forked child or at exit)."""
         self.engine.dispose()
+
+
+# Column types of the binary COPY statements above, in column order.
+_TRACE_COPY_TYPES = [
+    "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
+    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz",
+]  # fmt: skip
+_CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
+_JOB_COPY_TYPES = [
+    "varchar", "varchar", "varchar", "varchar", "int4",
+    "timestamptz", "timestamptz", "timestamptz", "timestamptz",
+]  # fmt: skip
 
 
 class _DuplicateTrace(Exception):

@@ -1,0 +1,70 @@
+"""The ``recalltrace db`` and ``demo`` commands as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``recalltrace`` command (through this interpreter's entry point)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "tracer.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=120,
+    )
+
+
+def test_db_upgrade_and_current_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    before = run_cli("db", "current", "--database-url", url)
+    assert before.returncode == 1
+    assert "not migrated" in before.stdout
+    up = run_cli("db", "upgrade", "--database-url", url)
+    assert up.returncode == 0, up.stderr
+    after = run_cli("db", "current", "--database-url", url)
+    assert after.returncode == 0
+    assert "up to date" in after.stdout
+
+
+@pytest.mark.postgres
+def test_db_upgrade_and_current_on_postgres(postgres_url: str) -> None:
+    result = run_cli("db", "upgrade", "--database-url", postgres_url)
+    assert result.returncode == 0, result.stderr
+    assert "at revision" in result.stdout
+    assert run_cli("db", "current", "--database-url", postgres_url).returncode == 0
+
+
+def test_unreachable_database_is_one_line_without_password() -> None:
+    url = "postgresql+psycopg://alice:hunter2-secret@127.0.0.1:1/nowhere"
+    result = run_cli("db", "current", "--database-url", url)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "hunter2-secret" not in result.stderr + result.stdout
+    assert result.stderr.startswith("recalltrace: error: cannot reach the database")
+
+
+def test_unsupported_url_is_a_clear_error() -> None:
+    result = run_cli("db", "upgrade", "--database-url", "mysql://bob:pw-xyz@host/db")
+    assert result.returncode == 2
+    assert "unsupported database backend 'mysql'" in result.stderr
+    assert "pw-xyz" not in result.stderr
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "recalltrace"
+    assert script.exists(), "the recalltrace console script is not installed beside python"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.startswith("recalltrace ")
