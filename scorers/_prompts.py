@@ -1,0 +1,143 @@
+"""The judge prompts and the JSON schemas of their answers.
+
+Every prompt token is paid for on every trace, so the instructions are short and the inputs go in
+light tags. Each prompt states its output shape in one line, which serves JSON mode (where no
+schema can be sent) and keeps answers the same shape across providers. Changing a prompt, a
+schema or the parsing means bumping the variant's version in ``scorers.catalog``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: Bump when any prompt text below changes; part of the reference cache key.
+PROMPT_VERSION = "1"
+
+CLAIMS_WITH_VERDICTS = (
+    "You check a reference answer against retrieved context.\n"
+    "Split the reference into short self-contained claims (resolve pronouns, keep names and "
+    "numbers). For each claim set attributed to 1 if the context states or clearly implies it, "
+    "else 0. Use only the context, not your own knowledge. Keep each reason under 15 words.\n"
+    'Reply with JSON only: {"claims":[{"statement":"...","reason":"...","attributed":0}]}'
+)
+
+REFERENCE_CLAIMS = (
+    "Split the reference into short self-contained claims (resolve pronouns, keep names and "
+    "numbers); one fact per claim.\n"
+    'Reply with JSON only: {"claims":["..."]}'
+)
+
+CLAIM_VERDICTS = (
+    "You check numbered claims against retrieved context. For each claim set attributed to 1 if "
+    "the context states or clearly implies it, else 0. Use only the context, not your own "
+    "knowledge. Give one verdict per claim id, each reason under 15 words.\n"
+    'Reply with JSON only: {"verdicts":[{"claim":0,"reason":"...","attributed":0}]}'
+)
+
+ENTITIES = (
+    "List the distinct named entities in the text: people, places, organisations, dates, "
+    "quantities, titles, products and events. Give each entity once, in its full name; merge "
+    "different mentions of the same entity.\n"
+    'Reply with JSON only: {"entities":["..."]}'
+)
+
+CHUNK_RECALL = (
+    "You check whether an answer uses the relevant retrieved chunks. For every chunk id: "
+    "is_relevant is true if the chunk helps answer the question; is_included is true if its key "
+    "information is reflected in the answer (meaning, not wording); missing_info says what key "
+    "information the answer leaves out when relevant but not included, else null. Evaluate "
+    "each chunk id exactly once.\n"
+    'Reply with JSON only: {"evaluated_chunks":[{"id_chunk":0,"is_relevant":true,'
+    '"is_included":false,"missing_info":null}]}'
+)
+
+JUDGE_RECALL = (
+    "Rate how well the response matches the expected answer, given the question and the "
+    "context, as context_recall_score from 0.0 to 1.0: 0.0 unrelated to the context and the "
+    "expected answer; 0.1-0.3 minimally relevant, misses key points; 0.4-0.6 partly correct, "
+    "lacks detail or accuracy; 0.7-0.9 mostly accurate, minor discrepancies; 1.0 matches fully. "
+    "Give a one-sentence reason.\n"
+    'Reply with JSON only: {"context_recall_score":0.0,"reason":"..."}'
+)
+
+RETRY_NOTE = (
+    "Your previous reply was invalid: {problem} Reply again with JSON only, in the required shape."
+)
+
+
+def numbered(items: Sequence[str]) -> str:
+    """Items on their own lines as ``[0] text``, ``[1] text``: the ids the judge refers to."""
+    return "\n".join(f"[{index}] {item}" for index, item in enumerate(items))
+
+
+def tagged(**parts: str) -> str:
+    """Inputs wrapped in light tags, e.g. ``<question>...</question>``, in the given order."""
+    return "\n".join(f"<{name}>\n{text}\n</{name}>" for name, text in parts.items())
+
+
+def messages(system: str, user: str) -> list[dict[str, Any]]:
+    """A system and a user message in the chat format."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    # Strict structured output wants every property required and nothing else allowed.
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "claims_with_verdicts": _object(
+        {
+            "claims": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "statement": {"type": "string"},
+                        "reason": {"type": "string"},
+                        "attributed": {"type": "integer", "enum": [0, 1]},
+                    }
+                ),
+            }
+        }
+    ),
+    "reference_claims": _object({"claims": {"type": "array", "items": {"type": "string"}}}),
+    "claim_verdicts": _object(
+        {
+            "verdicts": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "claim": {"type": "integer"},
+                        "reason": {"type": "string"},
+                        "attributed": {"type": "integer", "enum": [0, 1]},
+                    }
+                ),
+            }
+        }
+    ),
+    "entities": _object({"entities": {"type": "array", "items": {"type": "string"}}}),
+    "chunk_recall": _object(
+        {
+            "evaluated_chunks": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "id_chunk": {"type": "integer"},
+                        "is_relevant": {"type": "boolean"},
+                        "is_included": {"type": "boolean"},
+                        "missing_info": {"type": ["string", "null"]},
+                    }
+                ),
+            }
+        }
+    ),
+    "judge_recall": _object(
+        {"context_recall_score": {"type": "number"}, "reason": {"type": "string"}}
+    ),
+}

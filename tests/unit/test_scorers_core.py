@@ -1,0 +1,282 @@
+"""The result type, the registry, input validation, parsing helpers and the judge's error rules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+
+import pytest
+
+import scorers
+from scorers import ScoreResult
+from scorers._cache import ReferenceCache, cache_key
+from scorers._judge import JudgeConfig, classify_error, retry_after_seconds
+from scorers._llm import InvalidAnswer, normalise_entity, parse_json_object
+from scorers.catalog import CATALOG
+
+
+def test_import_is_light_and_does_not_load_litellm() -> None:
+    code = "import sys, scorers; print('litellm' in sys.modules, 'rapidfuzz' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_public_surface() -> None:
+    for name in (
+        "get",
+        "available",
+        "ScoreResult",
+        "Scorer",
+        "JudgeClient",
+        "JudgeConfig",
+        "JudgeCallRecord",
+        "JudgeError",
+        "TransientJudgeError",
+        "TerminalJudgeError",
+    ):
+        assert name in scorers.__all__
+    assert issubclass(scorers.TransientJudgeError, scorers.JudgeError)
+    assert issubclass(scorers.TerminalJudgeError, scorers.JudgeError)
+
+
+def test_available_lists_the_catalog_keys() -> None:
+    assert scorers.available() == list(CATALOG)
+    assert len(scorers.available()) == 6
+
+
+def test_get_takes_identity_from_the_catalog() -> None:
+    judge = scorers.JudgeClient(model="openai/test-judge")
+    for key in scorers.available():
+        scorer = scorers.get(key, judge=judge)
+        info = CATALOG[key]
+        assert isinstance(scorer, scorers.Scorer)
+        assert (scorer.name, scorer.version, scorer.needs, scorer.uses_llm) == (
+            info.key,
+            info.version,
+            info.needs,
+            info.uses_llm,
+        )
+
+
+def test_llm_variant_without_a_judge_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="needs a judge model"):
+        scorers.get("llm_context_recall")
+
+
+def test_get_builds_a_judge_from_model_and_options() -> None:
+    scorer = scorers.get("judge_context_recall", model="openai/x", timeout_s=3, samples=3)
+    assert scorer.judge.config == JudgeConfig(model="openai/x", timeout_s=3)  # type: ignore[attr-defined]
+    assert scorer.samples == 3  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        scorers.get("judge_context_recall", judge=scorer.judge, timeout_s=3)  # type: ignore[attr-defined]
+
+
+def test_unknown_key_and_unknown_option() -> None:
+    with pytest.raises(KeyError, match="known metrics"):
+        scorers.get("recall_at_k")
+    with pytest.raises(TypeError):
+        scorers.get("id_based_context_recall", threshold=0.3)
+
+
+def test_sync_score_refuses_to_nest_event_loops() -> None:
+    scorer = scorers.get("id_based_context_recall")
+
+    async def inside() -> None:
+        scorer.score(retrieved_context_ids=["a"], reference_context_ids=["a"])
+
+    judge_scorer = scorers.get("llm_context_recall", model="openai/x")
+
+    async def inside_llm() -> None:
+        judge_scorer.score(user_input="q", retrieved_contexts=["c"], reference="r")
+
+    # The non-LLM variants are synchronous work and simply answer.
+    asyncio.run(inside())
+    with pytest.raises(RuntimeError, match="await ascore"):
+        asyncio.run(inside_llm())
+
+
+# --- ScoreResult ------------------------------------------------------------------------------
+
+
+def test_result_round_trips_through_json() -> None:
+    result = ScoreResult(
+        metric="m", value=1, status="scored", reason="All found.", details={"a": [1]}
+    )
+    assert isinstance(result.value, float)
+    data = result.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert list(data) == [
+        "metric",
+        "value",
+        "status",
+        "reason",
+        "details",
+        "model",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_usd",
+        "latency_ms",
+        "version",
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"value": math.nan, "status": "scored"},
+        {"value": 1.5, "status": "scored"},
+        {"value": None, "status": "scored"},
+        {"value": 0.5, "status": "skipped"},
+        {"value": None, "status": "done"},
+        {"value": None, "status": "failed", "reason": " "},
+    ],
+)
+def test_result_rejects_impossible_states(kwargs: dict[str, object]) -> None:
+    kwargs.setdefault("reason", "Because.")
+    with pytest.raises(ValueError):
+        ScoreResult(metric="m", **kwargs)  # type: ignore[arg-type]
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def test_parse_json_object_accepts_fences_and_surrounding_text() -> None:
+    assert parse_json_object('```json\n{"a": 1}\n```') == {"a": 1}
+    assert parse_json_object('Here you go: {"a": 1} done') == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("content", "finish", "message"),
+    [
+        ('{"claims": [{"statement": "x"', "stop", "not valid JSON|not JSON"),
+        ('{"a": 1}', "length", "cut off"),
+        ("", "stop", "empty"),
+        ("[1, 2]", "stop", "not an object"),
+        ("no json here", "stop", "not JSON"),
+    ],
+)
+def test_parse_json_object_rejects_bad_answers(content: str, finish: str, message: str) -> None:
+    with pytest.raises(InvalidAnswer, match=message):
+        parse_json_object(content, finish)
+
+
+def test_entities_compare_case_folded_with_whitespace_collapsed() -> None:
+    assert normalise_entity("  Eiffel\n  TOWER ") == normalise_entity("eiffel tower")
+    assert normalise_entity("Straße") == normalise_entity("STRASSE")
+
+
+# --- judge error rules ------------------------------------------------------------------------
+
+
+class _Headers(dict):
+    pass
+
+
+class FakeError(Exception):
+    def __init__(self, status: int | None, headers: dict[str, str] | None = None) -> None:
+        super().__init__("boom")
+        self.status_code = status
+        self.litellm_response_headers = headers
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (429, "transient"),
+        (408, "transient"),
+        (409, "transient"),
+        (500, "transient"),
+        (503, "transient"),
+        (401, "terminal"),
+        (403, "terminal"),
+        (404, "terminal"),
+        (400, "terminal"),
+    ],
+)
+def test_status_codes_are_classified(status: int, kind: str) -> None:
+    assert classify_error(FakeError(status)) == kind
+
+
+def test_timeouts_and_connection_errors_are_transient() -> None:
+    assert classify_error(asyncio.TimeoutError()) == "transient"
+    assert classify_error(ConnectionResetError()) == "transient"
+
+
+def test_retry_after_in_seconds_milliseconds_and_http_date() -> None:
+    assert retry_after_seconds(FakeError(429, {"retry-after": "3"})) == 3.0
+    assert retry_after_seconds(FakeError(429, {"retry-after-ms": "250"})) == 0.25
+    assert retry_after_seconds(FakeError(429, {})) is None
+    assert retry_after_seconds(FakeError(429, None)) is None
+    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= (retry_after_seconds(FakeError(429, {"retry-after": when})) or 0) <= 31
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"model": ""},
+        {"model": "m", "output_mode": "xml"},
+        {"model": "m", "max_concurrency": 0},
+        {"model": "m", "timeout_s": 0},
+        {"model": "m", "requests_per_minute": -1},
+    ],
+)
+def test_bad_judge_configuration_is_rejected(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        JudgeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+# --- reference cache --------------------------------------------------------------------------
+
+
+def test_cache_key_depends_on_text_model_and_prompt_version() -> None:
+    base = cache_key("claims", "m", "1", "text")
+    assert base == cache_key("claims", "m", "1", "text")
+    assert (
+        len(
+            {
+                base,
+                cache_key("claims", "m2", "1", "text"),
+                cache_key("claims", "m", "2", "text"),
+                cache_key("claims", "m", "1", "text2"),
+            }
+        )
+        == 4
+    )
+
+
+def test_cache_computes_once_for_concurrent_callers_and_evicts_lru() -> None:
+    cache = ReferenceCache(max_entries=2)
+    calls = []
+
+    async def compute() -> str:
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return "value"
+
+    async def main() -> list[tuple[str, bool]]:
+        return list(await asyncio.gather(*(cache.get_or_compute("k", compute) for _ in range(5))))
+
+    results = asyncio.run(main())
+    assert len(calls) == 1
+    assert [cached for _, cached in results].count(False) == 1
+    assert cache.hits == 4 and cache.misses == 1
+    asyncio.run(cache.get_or_compute("k2", compute))
+    asyncio.run(cache.get_or_compute("k3", compute))
+    assert cache.peek("k") is None and len(cache) == 2
+
+
+def test_cache_keeps_nothing_when_the_computation_fails() -> None:
+    cache = ReferenceCache()
+
+    async def boom() -> str:
+        raise RuntimeError("judge down")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(cache.get_or_compute("k", boom))
+    assert cache.peek("k") is None
