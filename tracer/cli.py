@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
+    from tracer._cli_history import register_history_commands
+
+    register_history_commands(sub)
+
     for register in _EXTRA_COMMANDS:
         register(sub)
     return parser
