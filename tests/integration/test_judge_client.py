@@ -1,0 +1,252 @@
+"""The judge client through LiteLLM against the scripted local server: retries, limits, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from scorers import JudgeCallRecord, JudgeClient, TerminalJudgeError, TransientJudgeError
+from scorers._prompts import SCHEMAS
+from tests.judge_server import JudgeServer, Reply
+
+MESSAGES = [
+    {
+        "role": "system",
+        "content": 'Reply with JSON only: {"context_recall_score":0.0,"reason":"..."}',
+    },
+    {"role": "user", "content": "<question>\nq\n</question>"},
+]
+GOOD = {"context_recall_score": 0.8, "reason": "Fine."}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[JudgeServer]:
+    with JudgeServer() as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _fresh(server: JudgeServer) -> None:
+    server.reset()
+
+
+def client(
+    server: JudgeServer, records: list[JudgeCallRecord] | None = None, **options: object
+) -> JudgeClient:
+    settings: dict[str, object] = {
+        "model": "openai/test-judge",
+        "api_base": server.base_url,
+        "api_key": "test",
+        "timeout_s": 2.0,
+        "max_retries": 2,
+        "max_retry_wait_s": 3.0,
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.05,
+    }
+    settings.update(options)
+    return JudgeClient(on_call=records.append if records is not None else None, **settings)
+
+
+def chat(judge: JudgeClient):
+    return asyncio.run(
+        judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+    )
+
+
+def test_a_good_answer_is_returned_with_its_accounting(server: JudgeServer) -> None:
+    records: list[JudgeCallRecord] = []
+    server.script(
+        Reply.json(GOOD, usage={"prompt_tokens": 120, "completion_tokens": 15, "total_tokens": 135})
+    )
+    reply = chat(client(server, records))
+    assert reply.content == '{"context_recall_score": 0.8, "reason": "Fine."}'
+    assert (reply.prompt_tokens, reply.completion_tokens) == (120, 15)
+    assert reply.cost_usd is None  # the test model has no price
+    assert reply.attempts == 1 and reply.latency_s > 0
+    assert server.call_count == 1
+    [record] = records
+    assert record.error_type is None and record.operation == "chat"
+    assert (record.model, record.provider) == ("openai/test-judge", "openai")
+    assert (record.prompt_tokens, record.completion_tokens) == (120, 15)
+
+
+def test_request_carries_temperature_seed_and_json_mode_for_unknown_models(
+    server: JudgeServer,
+) -> None:
+    server.script(Reply.json(GOOD))
+    chat(client(server))
+    body = server.requests[0]
+    assert body["temperature"] == 0 and body["seed"] == 0
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["messages"] == MESSAGES
+
+
+def test_schema_mode_sends_the_json_schema(server: JudgeServer) -> None:
+    server.script(Reply.json(GOOD))
+    chat(client(server, output_mode="json_schema"))
+    fmt = server.requests[0]["response_format"]
+    assert fmt["type"] == "json_schema"
+    assert fmt["json_schema"]["name"] == "judge_recall"
+    assert fmt["json_schema"]["schema"] == SCHEMAS["judge_recall"]
+
+
+def test_known_model_gets_structured_output_and_a_cost(server: JudgeServer) -> None:
+    server.script(
+        Reply.json(
+            GOOD, usage={"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
+        )
+    )
+    reply = chat(client(server, model="openai/gpt-4o-mini"))
+    assert server.requests[0]["response_format"]["type"] == "json_schema"
+    assert reply.cost_usd is not None and reply.cost_usd > 0
+
+
+def test_429_with_retry_after_is_honoured(server: JudgeServer) -> None:
+    records: list[JudgeCallRecord] = []
+    server.script(Reply.error(429, retry_after=0.4), Reply.json(GOOD))
+    started = time.perf_counter()
+    reply = chat(client(server, records))
+    assert time.perf_counter() - started >= 0.4
+    assert reply.attempts == 2 and server.call_count == 2
+    assert [r.error_type for r in records] == ["RateLimitError", None]
+    assert records[0].status_code == 429
+
+
+def test_429_without_retry_after_backs_off_and_retries(server: JudgeServer) -> None:
+    server.script(Reply.error(429), Reply.error(429), Reply.json(GOOD))
+    reply = chat(client(server))
+    assert reply.attempts == 3 and server.call_count == 3
+
+
+def test_500_is_retried_until_the_budget_is_spent(server: JudgeServer) -> None:
+    server.script(*(Reply.error(500) for _ in range(5)))
+    with pytest.raises(TransientJudgeError) as info:
+        chat(client(server, max_retries=2))
+    assert server.call_count == 3
+    assert info.value.status_code == 500 and info.value.attempts == 3
+
+
+def test_retry_after_beyond_the_wait_budget_gives_up_at_once(server: JudgeServer) -> None:
+    server.script(Reply.error(429, retry_after=30))
+    with pytest.raises(TransientJudgeError) as info:
+        chat(client(server, max_retry_wait_s=1.0))
+    assert server.call_count == 1
+    assert info.value.retry_after_s == 30
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [(401, "AuthenticationError"), (403, "PermissionDeniedError"), (404, "NotFoundError")],
+)
+def test_auth_permission_and_unknown_model_are_terminal(
+    server: JudgeServer, status: int, error_type: str
+) -> None:
+    records: list[JudgeCallRecord] = []
+    server.script(Reply.error(status))
+    with pytest.raises(TerminalJudgeError) as info:
+        chat(client(server, records))
+    assert server.call_count == 1
+    assert info.value.status_code == status
+    # LiteLLM reports some statuses (403 for OpenAI) as a generic APIError.
+    assert [r.error_type for r in records] in ([error_type], ["APIError"])
+    assert records[0].status_code == status
+
+
+def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> None:
+    records: list[JudgeCallRecord] = []
+    server.script(Reply.json(GOOD, delay=3), Reply.json(GOOD, delay=3))
+    started = time.perf_counter()
+    with pytest.raises(TransientJudgeError):
+        chat(client(server, records, timeout_s=0.4, max_retries=1))
+    assert time.perf_counter() - started < 2.0
+    assert server.call_count == 2
+    assert all(r.error_type is not None for r in records) and len(records) == 2
+
+
+def test_a_slow_body_counts_against_the_timeout(server: JudgeServer) -> None:
+    server.script(
+        Reply(content='{"context_recall_score": 0.8, "reason": "x"}', slow_body=3), Reply.json(GOOD)
+    )
+    reply = chat(client(server, timeout_s=0.5))
+    assert reply.attempts == 2 and server.call_count == 2
+
+
+def test_concurrency_limit_holds(server: JudgeServer) -> None:
+    server.handler = lambda request: Reply.json(GOOD, delay=0.15)
+    judge = client(server, max_concurrency=3)
+
+    async def many() -> None:
+        await asyncio.gather(
+            *(
+                judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+                for _ in range(9)
+            )
+        )
+
+    asyncio.run(many())
+    assert server.call_count == 9
+    assert server.max_in_flight == 3
+
+
+def test_requests_per_minute_limit_spaces_requests(server: JudgeServer) -> None:
+    judge = client(server, requests_per_minute=60)  # a burst of 10, then one a second
+
+    async def many() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(
+                judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+                for _ in range(11)
+            )
+        )
+        return time.perf_counter() - started
+
+    assert asyncio.run(many()) >= 0.9
+    assert server.call_count == 11
+
+
+def test_tokens_per_minute_limit_waits_for_tokens(server: JudgeServer) -> None:
+    # 600 tokens a minute: a burst of 100 tokens, then 10 a second; each call is estimated
+    # at about 30 prompt tokens plus max_tokens=20, so the third call must wait.
+    judge = client(server, tokens_per_minute=600, max_tokens=20)
+
+    async def many() -> float:
+        started = time.perf_counter()
+        for _ in range(3):
+            await judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+        return time.perf_counter() - started
+
+    assert asyncio.run(many()) >= 0.5
+
+
+def test_on_call_hook_errors_do_not_break_calls(server: JudgeServer) -> None:
+    def broken(record: JudgeCallRecord) -> None:
+        raise RuntimeError("metrics exporter down")
+
+    server.script(Reply.json(GOOD))
+    judge = client(server)
+    judge.on_call = broken
+    assert chat(judge).content
+
+
+def test_first_call_sets_the_local_cost_map_flag(server: JudgeServer) -> None:
+    code = (
+        "import os, asyncio, scorers\n"
+        "assert 'LITELLM_LOCAL_MODEL_COST_MAP' not in os.environ\n"
+        f"j = scorers.JudgeClient(model='openai/x', api_base='{server.base_url}', api_key='t')\n"
+        "asyncio.run(j.chat([{'role': 'user', 'content': 'JSON'}], schema_name='x', schema={}))\n"
+        "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    server.script(Reply.json(GOOD))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
