@@ -1,0 +1,269 @@
+"""The public functions re-exported by ``tracer``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar, overload
+
+from tracer._config import ScrubbingOptions, TracerConfig, TracerProviderChoice, TraceSink
+from tracer._decorators import (
+    GEN_AI_OPERATION,
+    GEN_AI_REQUEST_MODEL,
+    GENERATION,
+    LLM_MODEL_NAME,
+    RAG,
+    RETRIEVAL,
+    SPAN_KIND,
+    _Spec,
+    decorate,
+    function_name,
+    locate,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def configure(
+    config: TracerConfig | None = None,
+    *,
+    database_url: str | None = None,
+    service_name: str | None = None,
+    sample_rate: float | None = None,
+    sample_rates: Mapping[str, float] | None = None,
+    scrubbing: ScrubbingOptions | Literal[False] | None = None,
+    max_queue_size: int | None = None,
+    max_batch_size: int | None = None,
+    flush_interval: float | None = None,
+    shutdown_timeout: float | None = None,
+    max_write_attempts: int | None = None,
+    reference_wait: float | None = None,
+    tracer_provider: TracerProviderChoice | Any = None,
+    sink: TraceSink | None = None,
+    enabled: bool | None = None,
+) -> TracerConfig:
+    """Configure the tracer for this process and return the configuration in effect.
+
+    Options left as ``None`` come from the environment (``RECALLTRACE_*``, ``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SDK_DISABLED``), else the defaults documented on
+    :class:`TracerConfig`. Passing ``config`` uses it as is (keyword options then override it).
+    Calling ``configure`` again drains the previous writer and replaces it. Without a call,
+    the first decorated call configures from the environment.
+    """
+    from tracer import _runtime
+
+    overrides = {
+        "database_url": database_url,
+        "service_name": service_name,
+        "sample_rate": sample_rate,
+        "sample_rates": sample_rates,
+        "scrubbing": scrubbing,
+        "max_queue_size": max_queue_size,
+        "max_batch_size": max_batch_size,
+        "flush_interval": flush_interval,
+        "shutdown_timeout": shutdown_timeout,
+        "max_write_attempts": max_write_attempts,
+        "reference_wait": reference_wait,
+        "tracer_provider": tracer_provider,
+        "sink": sink,
+        "enabled": enabled,
+    }
+    if config is None:
+        config = TracerConfig.from_env(**overrides)
+    else:
+        for name, value in overrides.items():
+            if value is not None:
+                setattr(config, name, value)
+    _runtime.configure(config)
+    return config
+
+
+@overload
+def rag(func: F, /) -> F: ...
+@overload
+def rag(
+    name: str | None = None,
+    /,
+    *,
+    input_param: str | None = None,
+    reference_param: str | None = None,
+    reference_contexts_param: str | None = None,
+    reference_context_ids_param: str | None = None,
+    response_extractor: Callable[[Any], Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Callable[[F], F]: ...
+def rag(
+    func: Any = None,
+    /,
+    *,
+    input_param: str | None = None,
+    reference_param: str | None = None,
+    reference_contexts_param: str | None = None,
+    reference_context_ids_param: str | None = None,
+    response_extractor: Callable[[Any], Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """Trace the root of a RAG request (an OpenInference ``CHAIN`` span).
+
+    Use bare (``@tracer.rag``) or with options (``@tracer.rag("support-bot", input_param=
+    "question")``). The name (default: the function's name) is the app name of the stored
+    record and selects per-app sample rates.
+
+    - ``input_param``: the parameter holding the user input; default the first string argument.
+    - ``reference_param`` / ``reference_contexts_param`` / ``reference_context_ids_param``:
+      parameters carrying ground truth known at call time.
+    - ``response_extractor``: turns the return value (or each yielded chunk of a generator)
+      into the response text; by default a string, an ``answer``/``response``/``output``/...
+      key or attribute, else the text of the last generation in the trace.
+    - ``metadata``: JSON-serialisable values stored with every record of this app.
+    """
+
+    def build(fn: Any, name: str | None) -> Any:
+        spec = _Spec(RAG, name or function_name(fn), {SPAN_KIND: "CHAIN"})
+        spec.input = locate(fn, input_param)
+        spec.reference = locate(fn, reference_param)
+        spec.reference_contexts = locate(fn, reference_contexts_param)
+        spec.reference_context_ids = locate(fn, reference_context_ids_param)
+        spec.response_extractor = response_extractor
+        spec.metadata = dict(metadata) if metadata else None
+        return decorate(fn, spec)
+
+    return _bare_or_configured(func, build)
+
+
+@overload
+def retrieval(func: F, /) -> F: ...
+@overload
+def retrieval(
+    name: str | None = None,
+    /,
+    *,
+    query_param: str | None = None,
+    extractor: Callable[[Any], Any] | None = None,
+) -> Callable[[F], F]: ...
+def retrieval(
+    func: Any = None,
+    /,
+    *,
+    query_param: str | None = None,
+    extractor: Callable[[Any], Any] | None = None,
+) -> Any:
+    """Trace a retriever (an OpenInference ``RETRIEVER`` span) and capture its documents.
+
+    The return value may be a list of strings, dicts (``content``/``text``/``page_content``,
+    ``id``/``doc_id``, ``score``, ``metadata``), LangChain-style ``Document`` objects,
+    ``(document, score)`` pairs, LlamaIndex-style scored nodes, or an object or dict holding
+    such a list (``source_nodes``, ``documents``, ...). A generator may yield documents or
+    lists of them. ``extractor`` maps the return value (or each yielded item) to an iterable of
+    documents of any of those shapes. ``query_param`` names the query parameter (default: the
+    first string argument).
+    """
+
+    def build(fn: Any, name: str | None) -> Any:
+        spec = _Spec(
+            RETRIEVAL,
+            name or function_name(fn),
+            {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"},
+        )
+        spec.input = locate(fn, query_param)
+        spec.extractor = extractor
+        return decorate(fn, spec)
+
+    return _bare_or_configured(func, build)
+
+
+@overload
+def generation(func: F, /) -> F: ...
+@overload
+def generation(
+    name: str | None = None,
+    /,
+    *,
+    model: str | None = None,
+    prompt_param: str | None = None,
+) -> Callable[[F], F]: ...
+def generation(
+    func: Any = None,
+    /,
+    *,
+    model: str | None = None,
+    prompt_param: str | None = None,
+) -> Any:
+    """Trace a model call (an OpenInference ``LLM`` span) and capture its output.
+
+    The output is read from a string, an OpenAI/LiteLLM-style response (``choices[0].message``),
+    an Anthropic-style message (content blocks), a LangChain-style message (``content``), or a
+    dict with ``text``/``content``/``output``. A generator's chunks are accumulated (strings,
+    ``choices[0].delta.content``, ``delta.text``, message chunks). The model name and token
+    usage are taken from the value when it carries them; ``model`` names the requested model.
+    ``prompt_param`` names the prompt parameter (default: the first string argument).
+    """
+
+    def build(fn: Any, name: str | None) -> Any:
+        attributes: dict[str, Any] = {SPAN_KIND: "LLM", GEN_AI_OPERATION: "chat"}
+        if model:
+            attributes[LLM_MODEL_NAME] = model
+            attributes[GEN_AI_REQUEST_MODEL] = model
+        spec = _Spec(GENERATION, name or function_name(fn), attributes)
+        spec.input = locate(fn, prompt_param)
+        return decorate(fn, spec)
+
+    return _bare_or_configured(func, build)
+
+
+def _bare_or_configured(func: Any, build: Callable[[Any, str | None], Any]) -> Any:
+    if func is None or isinstance(func, str):
+        name = func
+
+        def decorator(fn: Any) -> Any:
+            return build(fn, name)
+
+        return decorator
+    return build(func, None)
+
+
+def set_reference(
+    trace_id: str | int | None,
+    *,
+    reference: str | None = None,
+    reference_contexts: list[str] | None = None,
+    reference_context_ids: list[str] | None = None,
+) -> None:
+    """Attach ground truth to a trace, now or later.
+
+    ``trace_id`` is the 32-hex-digit id from :func:`current_trace_id` (or an int; ``None``
+    means the trace of the current context). While the trace is still in memory the values
+    are merged into its record; once stored, they are attached by the writer thread, which
+    retries for ``reference_wait`` seconds if the trace is still on its way to storage.
+    Never raises for storage problems; raises ``ValueError`` for a malformed id.
+    """
+    from tracer import _runtime
+
+    _runtime.set_reference(
+        trace_id,
+        reference=reference,
+        reference_contexts=reference_contexts,
+        reference_context_ids=reference_context_ids,
+    )
+
+
+def current_trace_id() -> str | None:
+    """The trace id of the current context as 32 lowercase hex digits, or ``None``."""
+    from tracer import _runtime
+
+    return _runtime.current_trace_id()
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Block until every record queued so far is stored or dropped. Returns ``False`` when
+    ``timeout`` seconds passed first (e.g. storage is down)."""
+    from tracer import _runtime
+
+    return _runtime.flush(timeout)
+
+
+def shutdown(timeout: float | None = None) -> bool:
+    """Drain the queue (up to ``timeout``, default ``shutdown_timeout``) and stop the writer.
+    Records still unstored are dropped and counted. Called automatically at exit."""
+    from tracer import _runtime
+
+    return _runtime.shutdown(timeout)

@@ -1,0 +1,693 @@
+"""``@rag``, ``@retrieval`` and ``@generation``: real OpenTelemetry spans plus trace capture.
+
+At decoration time the function is inspected once: its kind (plain, coroutine, generator, async
+generator) picks the wrapper, and the positions of the parameters to capture are resolved. Per
+call, the wrapper opens a span in the current context, stores what the trace record needs as raw
+values on the trace state, and leaves conversion, scrubbing and storage to the writer thread.
+
+Generators keep their span open across yields but make it current only while their own code
+runs, so the caller's context is never left pointing at the generator's span.
+
+OpenTelemetry is imported on the first call, not at ``import tracer``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+from tracer._extract import (
+    Doc,
+    Usage,
+    metadata_json,
+    read_answer,
+    read_chunk_text,
+    read_document,
+    read_documents,
+    read_generation_text,
+    read_model,
+    read_usage,
+    to_text,
+)
+from tracer._internal import internal_error, user_code_error
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+RAG, RETRIEVAL, GENERATION = 0, 1, 2
+
+SPAN_KIND = "openinference.span.kind"
+INPUT_VALUE = "input.value"
+INPUT_MIME_TYPE = "input.mime_type"
+OUTPUT_VALUE = "output.value"
+LLM_MODEL_NAME = "llm.model_name"
+LLM_PROMPT_TOKENS = "llm.token_count.prompt"
+LLM_COMPLETION_TOKENS = "llm.token_count.completion"
+LLM_TOTAL_TOKENS = "llm.token_count.total"
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+
+_DOC_KEY_CACHE = 256
+
+
+def _doc_keys(index: int) -> tuple[str, str, str, str]:
+    prefix = f"retrieval.documents.{index}.document."
+    return (prefix + "id", prefix + "content", prefix + "score", prefix + "metadata")
+
+
+_DOC_KEYS = [_doc_keys(i) for i in range(_DOC_KEY_CACHE)]
+
+
+class _Param(NamedTuple):
+    """Where to find one argument: by keyword ``name``, else ``position``, else
+    ``default`` (``missing`` when the parameter has no default)."""
+
+    name: str
+    position: int | None
+    default: Any
+    missing: bool
+
+
+_MISSING = object()
+
+
+def _locate(signature: inspect.Signature | None, name: str | None, fn: Any) -> _Param | None:
+    if name is None:
+        return None
+    if signature is None:
+        return _Param(name, None, None, True)
+    index: int | None = None
+    default: Any = None
+    missing = True
+    for position, parameter in enumerate(signature.parameters.values()):
+        if parameter.name != name:
+            continue
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            index = position
+        if parameter.default is not parameter.empty:
+            default = parameter.default
+            missing = False
+        break
+    else:
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        if not takes_kwargs:
+            raise TypeError(f"{fn.__qualname__} has no parameter named {name!r}")
+    return _Param(name, index, default, missing)
+
+
+def _argument(param: _Param, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    if param.name in kwargs:
+        return kwargs[param.name]
+    if param.position is not None and param.position < len(args):
+        return args[param.position]
+    return None if param.missing else param.default
+
+
+def _first_string(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    for value in args:
+        if isinstance(value, str):
+            return value
+    for value in kwargs.values():
+        if isinstance(value, str):
+            return value
+    return None
+
+
+class _Spec:
+    """Everything decided at decoration time."""
+
+    __slots__ = (
+        "attributes",
+        "extractor",
+        "input",
+        "kind",
+        "metadata",
+        "name",
+        "qualname",
+        "reference",
+        "reference_context_ids",
+        "reference_contexts",
+        "response_extractor",
+    )
+
+    def __init__(self, kind: int, name: str, attributes: dict[str, Any]) -> None:
+        self.kind = kind
+        self.name = name
+        self.qualname = name
+        self.attributes = attributes
+        self.input: _Param | None = None
+        self.reference: _Param | None = None
+        self.reference_contexts: _Param | None = None
+        self.reference_context_ids: _Param | None = None
+        self.extractor: Callable[[Any], Any] | None = None
+        self.response_extractor: Callable[[Any], Any] | None = None
+        self.metadata: dict[str, Any] | None = None
+
+
+class _Call:
+    """One open decorated call."""
+
+    __slots__ = ("ctx", "outermost", "recording", "runtime", "sampled", "span", "spec", "state")
+
+    def __init__(
+        self,
+        spec: _Spec,
+        runtime: Any,
+        span: Any,
+        state: Any,
+        ctx: Any,
+        outermost: bool,
+        recording: bool,
+    ) -> None:
+        self.spec = spec
+        self.runtime = runtime
+        self.span = span
+        self.state = state
+        self.ctx = ctx
+        self.outermost = outermost
+        self.recording = recording
+        self.sampled = state.sampled
+
+
+# -- OpenTelemetry, bound on first use ----------------------------------------------------------
+
+
+class _Otel:
+    """Functions of OpenTelemetry and the runtime, bound once on the first decorated call."""
+
+    loaded = False
+
+    def load(self) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
+        from tracer import _runtime
+        from tracer._state import TraceState
+
+        self.runtime_module = _runtime
+        self.get_current = otel_context.get_current
+        self.attach = otel_context.attach
+        self.detach = otel_context.detach
+        self.set_value = otel_context.set_value
+        self.set_span_in_context = set_span_in_context
+        self.state_key = _runtime.STATE_KEY
+        self.TraceState = TraceState
+        self.Status = Status
+        self.ERROR = StatusCode.ERROR
+        self.random_trace_id = _runtime.random_trace_id
+        self.loaded = True
+
+
+_otel = _Otel()
+
+
+def _runtime() -> Any:
+    if not _otel.loaded:
+        _otel.load()
+    runtime = _otel.runtime_module.current
+    if runtime is None:
+        runtime = _otel.runtime_module.get()
+    return runtime
+
+
+# -- per call -----------------------------------------------------------------------------------
+
+
+def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Call | None:
+    """Open the span and the call; returns None (run the function plainly) when the tracer is
+    disabled or failed."""
+    try:
+        runtime = _runtime()
+        if not runtime.enabled:
+            return None
+        value = (
+            _argument(spec.input, args, kwargs)
+            if spec.input is not None
+            else _first_string(args, kwargs)
+        )
+        attributes = spec.attributes
+        if value is not None:
+            text = value if isinstance(value, str) else to_text(value)
+            if runtime.span_scrub is not None:
+                text = runtime.span_scrub(text)
+            attributes = dict(attributes)
+            attributes[INPUT_VALUE] = text
+            if not isinstance(value, str):
+                attributes[INPUT_MIME_TYPE] = "application/json"
+        otel = _otel
+        parent = otel.get_current()
+        state: Any = parent.get(otel.state_key)
+        span = runtime.otel_tracer.start_span(spec.name, parent, attributes=attributes)
+        if state is None or state.closed:
+            trace_id = span.get_span_context().trace_id or otel.random_trace_id()
+            state = otel.TraceState(
+                trace_id,
+                spec.name,
+                runtime.sampler.should_sample(trace_id, spec.name),
+                time.time_ns(),
+                time.perf_counter_ns(),
+            )
+            ctx = otel.set_value(otel.state_key, state, otel.set_span_in_context(span, parent))
+            outermost = True
+        else:
+            ctx = otel.set_span_in_context(span, parent)
+            outermost = False
+        call = _Call(spec, runtime, span, state, ctx, outermost, span.is_recording())
+        if state.sampled:
+            if spec.kind == RAG and outermost:
+                state.user_input = value
+                _capture_references(spec, state, args, kwargs)
+            if spec.metadata:
+                state.metadata.update(spec.metadata)
+        return call
+    except Exception:
+        internal_error("opening a span")
+        return None
+
+
+def _capture_references(spec: _Spec, state: Any, args: tuple[Any, ...], kwargs: Any) -> None:
+    if spec.reference is not None:
+        value = _argument(spec.reference, args, kwargs)
+        if value is not None:
+            state.reference = value
+    if spec.reference_contexts is not None:
+        value = _argument(spec.reference_contexts, args, kwargs)
+        if value is not None:
+            state.reference_contexts = value
+    if spec.reference_context_ids is not None:
+        value = _argument(spec.reference_context_ids, args, kwargs)
+        if value is not None:
+            state.reference_context_ids = value
+
+
+def _docs_of(spec: _Spec, result: Any) -> list[Doc]:
+    try:
+        if spec.extractor is not None:
+            extracted = spec.extractor(result)
+            return [read_document(item) for item in (extracted or ())]
+        return read_documents(result)
+    except Exception:
+        user_code_error(f"reading the documents returned by {spec.qualname}")
+        return []
+
+
+def _document_attributes(call: _Call, docs: list[Doc], attributes: dict[str, Any]) -> None:
+    scrub = call.runtime.span_scrub
+    for index, doc in enumerate(docs):
+        keys = _DOC_KEYS[index] if index < _DOC_KEY_CACHE else _doc_keys(index)
+        if doc.id is not None:
+            attributes[keys[0]] = doc.id
+        attributes[keys[1]] = doc.content if scrub is None else scrub(doc.content)
+        if doc.score is not None:
+            attributes[keys[2]] = doc.score
+        if doc.metadata:
+            attributes[keys[3]] = metadata_json(doc.metadata)
+
+
+def _finish_retrieval(call: _Call, docs: list[Doc]) -> None:
+    if call.recording and docs:
+        attributes: dict[str, Any] = {}
+        _document_attributes(call, docs, attributes)
+        call.span.set_attributes(attributes)
+    if call.sampled and docs:
+        call.state.contexts.extend(docs)
+
+
+def _finish_generation(
+    call: _Call, text: str | None, model: str | None, usage: Usage | None
+) -> None:
+    if call.recording:
+        attributes: dict[str, Any] = {}
+        if text is not None:
+            scrub = call.runtime.span_scrub
+            attributes[OUTPUT_VALUE] = text if scrub is None else scrub(text)
+        if model is not None:
+            attributes[LLM_MODEL_NAME] = model
+            attributes[GEN_AI_RESPONSE_MODEL] = model
+        if usage is not None:
+            if usage.prompt is not None:
+                attributes[LLM_PROMPT_TOKENS] = usage.prompt
+                attributes[GEN_AI_INPUT_TOKENS] = usage.prompt
+            if usage.completion is not None:
+                attributes[LLM_COMPLETION_TOKENS] = usage.completion
+                attributes[GEN_AI_OUTPUT_TOKENS] = usage.completion
+            if usage.total is not None:
+                attributes[LLM_TOTAL_TOKENS] = usage.total
+        if attributes:
+            call.span.set_attributes(attributes)
+    if call.sampled:
+        spec_model = call.spec.attributes.get(LLM_MODEL_NAME)
+        call.state.generations.append((text, model or spec_model, usage))
+
+
+def _finish_rag(call: _Call, answer: str | None) -> None:
+    if answer is not None and call.recording:
+        scrub = call.runtime.span_scrub
+        call.span.set_attribute(OUTPUT_VALUE, answer if scrub is None else scrub(answer))
+    if call.outermost and call.sampled and answer is not None:
+        call.state.response = answer
+
+
+def _answer_of(spec: _Spec, result: Any) -> str | None:
+    try:
+        if spec.response_extractor is not None:
+            value = spec.response_extractor(result)
+            return None if value is None else to_text(value)
+        return read_answer(result)
+    except Exception:
+        user_code_error(f"reading the response of {spec.qualname}")
+        return None
+
+
+def _generation_of(result: Any) -> tuple[str | None, str | None, Usage | None]:
+    try:
+        return read_generation_text(result), read_model(result), read_usage(result)
+    except Exception:
+        user_code_error("reading a generation's return value")
+        return None, None, None
+
+
+def _end(call: _Call) -> None:
+    call.span.end()
+    if call.outermost:
+        state = call.state
+        state.closed = True
+        state.duration_ms = (time.perf_counter_ns() - state.start_perf_ns) / 1e6
+        call.runtime.finish_trace(state)
+
+
+def _succeeded(call: _Call, result: Any) -> None:
+    """Record a returned value and end the span (never raises)."""
+    try:
+        kind = call.spec.kind
+        if call.recording or call.sampled:
+            if kind == RETRIEVAL:
+                _finish_retrieval(call, _docs_of(call.spec, result))
+            elif kind == GENERATION:
+                text, model, usage = _generation_of(result)
+                _finish_generation(call, text, model, usage)
+            else:
+                _finish_rag(call, _answer_of(call.spec, result))
+        _end(call)
+    except Exception:
+        internal_error("ending a span")
+
+
+def _failed(call: _Call, exc: BaseException) -> None:
+    """Record an exception and end the span (never raises; the caller re-raises ``exc``)."""
+    try:
+        if isinstance(exc, Exception):
+            if call.recording:
+                call.span.record_exception(exc)
+                call.span.set_status(call_status(exc))
+            if call.outermost:
+                call.state.error = True
+        elif call.outermost and not isinstance(exc, GeneratorExit):
+            call.state.error = True
+            call.state.notes.append(f"root interrupted by {type(exc).__name__}")
+        _end(call)
+    except Exception:
+        internal_error("ending a failed span")
+
+
+def call_status(exc: BaseException) -> Any:
+    """The ERROR status OpenTelemetry's own context managers set for ``exc``."""
+    return _otel.Status(_otel.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _detach(token: Any) -> None:
+    try:
+        _otel.detach(token)
+    except Exception:
+        internal_error("restoring the context")
+
+
+# -- streamed results (generators) --------------------------------------------------------------
+
+
+class _Stream:
+    """What a generator wrapper accumulates across yields."""
+
+    __slots__ = ("docs", "model", "texts", "usage")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.docs: list[Doc] = []
+        self.model: str | None = None
+        self.usage: Usage | None = None
+
+
+def _stream_item(call: _Call, stream: _Stream, item: Any) -> None:
+    try:
+        kind = call.spec.kind
+        if kind == RETRIEVAL:
+            if call.spec.extractor is not None:
+                stream.docs.extend(_docs_of(call.spec, item))
+            elif isinstance(item, (list, tuple)) and not (
+                len(item) == 2 and isinstance(item[1], (int, float))
+            ):
+                stream.docs.extend(read_document(doc) for doc in item)
+            else:
+                stream.docs.append(read_document(item))
+            return
+        text = read_chunk_text(item) if kind == GENERATION else _stream_answer(call.spec, item)
+        if text:
+            stream.texts.append(text)
+        if kind == GENERATION and not isinstance(item, str):
+            model = read_model(item)
+            if model is not None:
+                stream.model = model
+            usage = read_usage(item)
+            if usage is not None:
+                stream.usage = usage
+    except Exception:
+        user_code_error(f"reading an item yielded by {call.spec.qualname}")
+
+
+def _stream_answer(spec: _Spec, item: Any) -> str | None:
+    if spec.response_extractor is not None:
+        value = spec.response_extractor(item)
+        return None if value is None else to_text(value)
+    return read_chunk_text(item)
+
+
+def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
+    try:
+        if closed_early and call.outermost:
+            call.state.notes.append("stream closed by the caller before its end")
+        if call.recording or call.sampled:
+            kind = call.spec.kind
+            if kind == RETRIEVAL:
+                _finish_retrieval(call, stream.docs)
+            elif kind == GENERATION:
+                text = "".join(stream.texts) if stream.texts else None
+                _finish_generation(call, text, stream.model, stream.usage)
+            else:
+                _finish_rag(call, "".join(stream.texts) if stream.texts else None)
+        _end(call)
+    except Exception:
+        internal_error("ending a streamed span")
+
+
+# -- wrappers -----------------------------------------------------------------------------------
+
+
+def _wrap_function(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _start(spec, args, kwargs)
+        if call is None:
+            return fn(*args, **kwargs)
+        token = _otel.attach(call.ctx)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _detach(token)
+            _failed(call, exc)
+            raise
+        _detach(token)
+        _succeeded(call, result)
+        return result
+
+    return wrapper
+
+
+def _wrap_coroutine(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _start(spec, args, kwargs)
+        if call is None:
+            return await fn(*args, **kwargs)
+        token = _otel.attach(call.ctx)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            _detach(token)
+            _failed(call, exc)
+            raise
+        _detach(token)
+        _succeeded(call, result)
+        return result
+
+    return wrapper
+
+
+def _wrap_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _start(spec, args, kwargs)
+        if call is None:
+            return (yield from fn(*args, **kwargs))
+        attach = _otel.attach
+        ctx = call.ctx
+        stream = _Stream()
+        token = attach(ctx)
+        try:
+            generator = fn(*args, **kwargs)
+        except BaseException as exc:
+            _detach(token)
+            _failed(call, exc)
+            raise
+        _detach(token)
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        while True:
+            token = attach(ctx)
+            try:
+                if to_throw is None:
+                    item = generator.send(to_send)
+                else:
+                    thrown, to_throw = to_throw, None
+                    item = generator.throw(thrown)
+            except StopIteration as stop:
+                _detach(token)
+                _stream_finished(call, stream, closed_early=False)
+                return stop.value
+            except BaseException as exc:
+                _detach(token)
+                _failed(call, exc)
+                raise
+            _detach(token)
+            _stream_item(call, stream, item)
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                token = attach(ctx)
+                try:
+                    generator.close()
+                except BaseException as exc:
+                    _detach(token)
+                    _failed(call, exc)
+                    raise
+                _detach(token)
+                _stream_finished(call, stream, closed_early=True)
+                raise
+            except BaseException as exc:
+                to_throw = exc
+                to_send = None
+
+    return wrapper
+
+
+def _wrap_async_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _start(spec, args, kwargs)
+        if call is None:
+            async for item in fn(*args, **kwargs):
+                yield item
+            return
+        attach = _otel.attach
+        ctx = call.ctx
+        stream = _Stream()
+        token = attach(ctx)
+        try:
+            generator = fn(*args, **kwargs)
+        except BaseException as exc:
+            _detach(token)
+            _failed(call, exc)
+            raise
+        _detach(token)
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        while True:
+            token = attach(ctx)
+            try:
+                if to_throw is None:
+                    item = await generator.asend(to_send)
+                else:
+                    thrown, to_throw = to_throw, None
+                    item = await generator.athrow(thrown)
+            except StopAsyncIteration:
+                _detach(token)
+                _stream_finished(call, stream, closed_early=False)
+                return
+            except BaseException as exc:
+                _detach(token)
+                _failed(call, exc)
+                raise
+            _detach(token)
+            _stream_item(call, stream, item)
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                token = attach(ctx)
+                try:
+                    await generator.aclose()
+                except BaseException as exc:
+                    _detach(token)
+                    _failed(call, exc)
+                    raise
+                _detach(token)
+                _stream_finished(call, stream, closed_early=True)
+                raise
+            except BaseException as exc:
+                to_throw = exc
+                to_send = None
+
+    return wrapper
+
+
+def decorate(fn: Any, spec: _Spec) -> Any:
+    """Wrap ``fn`` (a function, coroutine function, generator or async generator function,
+    staticmethod or classmethod) according to ``spec``."""
+    if isinstance(fn, (staticmethod, classmethod)):
+        return type(fn)(decorate(fn.__func__, spec))
+    if not callable(fn):
+        raise TypeError(f"cannot trace {fn!r}: not callable")
+    spec.qualname = getattr(fn, "__qualname__", spec.name)
+    if inspect.isasyncgenfunction(fn):
+        return _wrap_async_generator(fn, spec)
+    if inspect.iscoroutinefunction(fn):
+        return _wrap_coroutine(fn, spec)
+    if inspect.isgeneratorfunction(fn):
+        return _wrap_generator(fn, spec)
+    return _wrap_function(fn, spec)
+
+
+def signature_of(fn: Any) -> inspect.Signature | None:
+    """The signature of ``fn`` (unwrapping static/class methods), or None if unavailable."""
+    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+def locate(fn: Any, name: str | None) -> _Param | None:
+    """Resolve the parameter ``name`` of ``fn`` once, at decoration time."""
+    return _locate(signature_of(fn), name, getattr(fn, "__func__", fn))
+
+
+def function_name(fn: Any) -> str:
+    """Default span name of ``fn``."""
+    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    return str(getattr(target, "__name__", None) or type(target).__name__)
+
+
+__all__ = ["GENERATION", "RAG", "RETRIEVAL", "_Spec", "decorate", "function_name", "locate"]

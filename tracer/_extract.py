@@ -1,0 +1,437 @@
+"""Reading documents, generations and answers out of whatever user functions return.
+
+Everything is duck typing: plain strings, dicts, LangChain-style ``Document`` objects
+(``page_content``), LlamaIndex-style scored nodes (``node`` + ``score``, ``get_content()``),
+Haystack-style documents (``content``/``meta``), OpenAI/LiteLLM/Anthropic-style responses and
+stream chunks. No framework is imported. The reader chosen for a document type is cached, so the
+per-call work is one dict lookup and a few attribute reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from storage.records import ContextRecord
+
+
+class Doc(NamedTuple):
+    """One retrieved document as read from a return value."""
+
+    content: str
+    id: str | None
+    score: float | None
+    metadata: dict[str, Any]
+
+
+class Usage(NamedTuple):
+    """Token counts of one generation; any of them may be unknown."""
+
+    prompt: int | None
+    completion: int | None
+    total: int | None
+
+
+_CONTENT_KEYS = ("content", "text", "page_content", "document", "chunk", "body")
+_ID_KEYS = ("id", "doc_id", "document_id", "chunk_id", "node_id", "id_")
+_SCORE_KEYS = ("score", "similarity", "relevance_score")
+_METADATA_KEYS = ("metadata", "meta")
+_ANSWER_KEYS = ("answer", "response", "output", "result", "text", "content", "completion")
+_DOC_LIST_KEYS = ("documents", "docs", "contexts", "results", "nodes", "source_nodes", "matches")
+
+_EMPTY: dict[str, Any] = {}
+
+
+def _as_id(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _as_score(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_metadata(value: Any) -> dict[str, Any]:
+    if not value:
+        return _EMPTY
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return _EMPTY
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if callable(value):
+        value = value()
+        if isinstance(value, str):
+            return value
+    return "" if value is None else str(value)
+
+
+# -- documents -------------------------------------------------------------------------------
+
+
+def _doc_from_str(obj: Any) -> Doc:
+    return Doc(obj, None, None, _EMPTY)
+
+
+def _doc_from_mapping(obj: Any) -> Doc:
+    content: Any = None
+    for key in _CONTENT_KEYS:
+        if key in obj:
+            content = obj[key]
+            break
+    if content is not None and not isinstance(content, str):
+        # A nested document, e.g. {"document": <Document>, "score": 0.8}.
+        inner = read_document(content)
+        score = _first_score(obj)
+        return Doc(
+            inner.content,
+            inner.id if inner.id is not None else _first_id(obj),
+            score if score is not None else inner.score,
+            inner.metadata,
+        )
+    metadata = _EMPTY
+    for key in _METADATA_KEYS:
+        if key in obj:
+            metadata = _as_metadata(obj[key])
+            break
+    doc_id = _first_id(obj)
+    if doc_id is None and metadata:
+        doc_id = _first_id(metadata)
+    return Doc("" if content is None else content, doc_id, _first_score(obj), metadata)
+
+
+def _first_id(obj: Mapping[str, Any]) -> str | None:
+    for key in _ID_KEYS:
+        if key in obj:
+            value = _as_id(obj[key])
+            if value is not None:
+                return value
+    return None
+
+
+def _first_score(obj: Mapping[str, Any]) -> float | None:
+    for key in _SCORE_KEYS:
+        if key in obj:
+            return _as_score(obj[key])
+    return None
+
+
+def _doc_from_context_record(obj: Any) -> Doc:
+    return Doc(obj.content, obj.id, obj.score, obj.metadata or _EMPTY)
+
+
+def _doc_from_langchain(obj: Any) -> Doc:
+    metadata = _as_metadata(getattr(obj, "metadata", None))
+    doc_id = _as_id(getattr(obj, "id", None))
+    if doc_id is None and metadata:
+        doc_id = _first_id(metadata)
+    score = _as_score(metadata.get("score")) if metadata else None
+    return Doc(_as_text(obj.page_content), doc_id, score, metadata)
+
+
+def _doc_from_scored_node(obj: Any) -> Doc:
+    inner = read_document(obj.node)
+    score = _as_score(getattr(obj, "score", None))
+    return Doc(inner.content, inner.id, score if score is not None else inner.score, inner.metadata)
+
+
+def _doc_from_node(obj: Any) -> Doc:
+    getter = getattr(obj, "get_content", None)
+    content = _as_text(getter) if getter is not None else _as_text(getattr(obj, "text", None))
+    doc_id = _as_id(getattr(obj, "node_id", None)) or _as_id(getattr(obj, "id_", None))
+    return Doc(content, doc_id, None, _as_metadata(getattr(obj, "metadata", None)))
+
+
+def _doc_from_object(obj: Any) -> Doc:
+    content: Any = None
+    for key in ("content", "text", "page_content"):
+        content = getattr(obj, key, None)
+        if content is not None:
+            break
+    doc_id = None
+    for key in _ID_KEYS:
+        doc_id = _as_id(getattr(obj, key, None))
+        if doc_id is not None:
+            break
+    metadata = _as_metadata(getattr(obj, "metadata", None) or getattr(obj, "meta", None))
+    if content is None:
+        return Doc(str(obj), doc_id, None, metadata)
+    return Doc(_as_text(content), doc_id, _as_score(getattr(obj, "score", None)), metadata)
+
+
+def _doc_from_pair(obj: Any) -> Doc:
+    # LangChain's similarity_search_with_score returns (Document, score) pairs.
+    if len(obj) == 2 and isinstance(obj[1], (int, float)) and not isinstance(obj[1], bool):
+        inner = read_document(obj[0])
+        return Doc(inner.content, inner.id, float(obj[1]), inner.metadata)
+    return Doc(str(obj), None, None, _EMPTY)
+
+
+def _reader_for(kind: type) -> Callable[[Any], Doc]:
+    if issubclass(kind, str):
+        return _doc_from_str
+    if issubclass(kind, ContextRecord):
+        return _doc_from_context_record
+    if issubclass(kind, Mapping):
+        return _doc_from_mapping
+    if issubclass(kind, (tuple, list)):
+        return _doc_from_pair
+    if hasattr(kind, "page_content"):
+        return _doc_from_langchain
+    if hasattr(kind, "node") and hasattr(kind, "score"):
+        return _doc_from_scored_node
+    if hasattr(kind, "get_content"):
+        return _doc_from_node
+    return _doc_from_instance
+
+
+def _doc_from_instance(obj: Any) -> Doc:
+    # Attributes that only exist on instances (e.g. plain classes setting them in __init__).
+    if hasattr(obj, "page_content"):
+        return _doc_from_langchain(obj)
+    if hasattr(obj, "node") and hasattr(obj, "score"):
+        return _doc_from_scored_node(obj)
+    return _doc_from_object(obj)
+
+
+_READERS: dict[type, Callable[[Any], Doc]] = {}
+
+
+def read_document(obj: Any) -> Doc:
+    """Read one document of any supported shape."""
+    reader = _READERS.get(type(obj))
+    if reader is None:
+        reader = _reader_for(type(obj))
+        if len(_READERS) < 512:
+            _READERS[type(obj)] = reader
+    return reader(obj)
+
+
+def document_list(result: Any) -> list[Any] | None:
+    """The documents inside a retriever's return value, without consuming iterators."""
+    if result is None:
+        return None
+    if isinstance(result, (list, tuple)):
+        return list(result) if isinstance(result, tuple) else result
+    if isinstance(result, (str, ContextRecord)):
+        return [result]
+    if isinstance(result, Mapping):
+        for key in _DOC_LIST_KEYS:
+            value = result.get(key)
+            if isinstance(value, (list, tuple)):
+                return list(value)
+        return [result]
+    for attribute in ("source_nodes", "documents", "nodes"):
+        value = getattr(result, attribute, None)
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    if hasattr(result, "page_content") or hasattr(result, "node"):
+        return [result]
+    return None
+
+
+def read_documents(result: Any) -> list[Doc]:
+    """Read all documents of a retriever's return value (empty when none are recognised)."""
+    items = document_list(result)
+    if not items:
+        return []
+    return [read_document(item) for item in items]
+
+
+# -- generations -----------------------------------------------------------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _first(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple)) and obj:
+        return obj[0]
+    return None
+
+
+def _text_of_content(content: Any) -> str | None:
+    if content is None:
+        return None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        # Anthropic-style content blocks: [{"type": "text", "text": ...}, ...]
+        parts = [_get(block, "text") for block in content]
+        texts = [part for part in parts if isinstance(part, str)]
+        return "".join(texts) if texts else None
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_usage(obj: Any) -> Usage | None:
+    """Token usage of a response object or dict (OpenAI, Anthropic, LangChain shapes)."""
+    usage = _get(obj, "usage")
+    if usage is None:
+        usage = _get(obj, "usage_metadata")
+    if usage is None:
+        return None
+    prompt = _int_or_none(_get(usage, "prompt_tokens"))
+    if prompt is None:
+        prompt = _int_or_none(_get(usage, "input_tokens"))
+    completion = _int_or_none(_get(usage, "completion_tokens"))
+    if completion is None:
+        completion = _int_or_none(_get(usage, "output_tokens"))
+    total = _int_or_none(_get(usage, "total_tokens"))
+    if total is None and prompt is not None and completion is not None:
+        total = prompt + completion
+    if prompt is None and completion is None and total is None:
+        return None
+    return Usage(prompt, completion, total)
+
+
+def read_model(obj: Any) -> str | None:
+    """The model name a response carries, if any."""
+    model = _get(obj, "model")
+    if isinstance(model, str) and model:
+        return model
+    response_metadata = _get(obj, "response_metadata")
+    if isinstance(response_metadata, Mapping):
+        for key in ("model_name", "model"):
+            value = response_metadata.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def read_generation_text(obj: Any) -> str | None:
+    """The generated text of a full (non-streamed) response."""
+    if obj is None:
+        return None
+    if isinstance(obj, str):
+        return obj
+    choice = _first(_get(obj, "choices"))
+    if choice is not None:
+        message = _get(choice, "message")
+        if message is not None:
+            text = _text_of_content(_get(message, "content"))
+            if text is not None:
+                return text
+        text = _get(choice, "text")
+        if isinstance(text, str):
+            return text
+    text = _text_of_content(_get(obj, "content"))
+    if text is not None:
+        return text
+    for key in ("text", "output", "completion", "answer", "response"):
+        value = _get(obj, key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def read_chunk_text(chunk: Any) -> str | None:
+    """The text carried by one streamed chunk (string, OpenAI delta, LangChain chunk,
+    Anthropic ``content_block_delta``)."""
+    if isinstance(chunk, str):
+        return chunk
+    if chunk is None:
+        return None
+    choice = _first(_get(chunk, "choices"))
+    if choice is not None:
+        delta = _get(choice, "delta")
+        if delta is not None:
+            content = _get(delta, "content")
+            return content if isinstance(content, str) else None
+        text = _get(choice, "text")
+        return text if isinstance(text, str) else None
+    delta = _get(chunk, "delta")
+    if delta is not None:
+        text = _get(delta, "text")
+        if isinstance(text, str):
+            return text
+    return read_generation_text(chunk)
+
+
+def read_answer(obj: Any) -> str | None:
+    """The answer inside a RAG function's return value."""
+    if obj is None:
+        return None
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, Mapping):
+        for key in _ANSWER_KEYS:
+            value = obj.get(key)
+            if isinstance(value, str):
+                return value
+        return None
+    for key in ("response", "answer", "content", "text", "output"):
+        value = getattr(obj, key, None)
+        if isinstance(value, str):
+            return value
+    return read_generation_text(obj)
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def to_text(value: Any) -> str | None:
+    """A value as text for ``input.value``/records: strings unchanged, else JSON, else str."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def to_text_list(value: Any) -> list[str] | None:
+    """A list of strings from a list of strings or documents (for reference contexts)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item if isinstance(item, str) else read_document(item).content for item in value]
+    return [str(value)]
+
+
+def to_id_list(value: Any) -> list[str] | None:
+    """A list of string ids."""
+    if value is None:
+        return None
+    if isinstance(value, (str, int)):
+        return [str(value)]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [str(item) for item in value]
+    return [str(value)]
+
+
+def metadata_json(metadata: Mapping[str, Any]) -> str:
+    """Metadata as the JSON string OpenInference puts in ``document.metadata``."""
+    try:
+        return json.dumps(metadata, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(metadata)

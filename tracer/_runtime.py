@@ -1,0 +1,284 @@
+"""The configured tracer of this process: OpenTelemetry tracer, sampler, scrubber and writer.
+
+``configure`` builds a :class:`Runtime`; the decorators read the module global ``current`` on
+every call (configuring from the environment on first use when the application did not).
+OpenTelemetry is imported here, never by ``import tracer``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import random
+import threading
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+
+from storage.records import ReferenceUpdate
+from tracer._config import TracerConfig
+from tracer._extract import to_id_list, to_text, to_text_list
+from tracer._metrics import TracerStats, register_instruments
+from tracer._sampling import TraceSampler
+from tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
+from tracer._state import TraceState, assemble_record
+from tracer._writer import BatchWriter
+
+if TYPE_CHECKING:
+    from storage.records import TraceRecord
+    from tracer._config import TraceSink
+
+logger = logging.getLogger("recalltrace.tracer")
+
+INSTRUMENTATION_NAME = "recalltrace"
+STATE_KEY = otel_context.create_key("recalltrace-trace")
+
+_stats = TracerStats()
+_lock = threading.RLock()
+_atexit_registered = False
+current: Runtime | None = None
+
+
+def stats() -> TracerStats:
+    """The process-wide counters."""
+    return _stats
+
+
+class Runtime:
+    """Everything the decorators need per call, resolved once by ``configure``."""
+
+    def __init__(self, config: TracerConfig) -> None:
+        self.config = config
+        self.enabled = config.enabled
+        provider, own = _resolve_tracer_provider(config)
+        self.provider = provider
+        self.owns_provider = own
+        self.otel_tracer = provider.get_tracer(INSTRUMENTATION_NAME)
+        self.service_name = config.service_name or _resource_service_name(provider)
+        self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
+        self.scrubber = build_scrubber(config.scrubbing)
+        self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
+        self.stats = _stats
+        self.writer = BatchWriter(
+            sink_factory=self._open_sink,
+            assemble=self._assemble,
+            stats=_stats,
+            max_queue_size=config.max_queue_size,
+            max_batch_size=config.max_batch_size,
+            flush_interval=config.flush_interval,
+            max_write_attempts=config.max_write_attempts,
+            retry_backoff=config.retry_backoff,
+            reference_wait=config.reference_wait,
+        )
+
+    def _open_sink(self) -> TraceSink:
+        if self.config.sink is not None:
+            return self.config.sink
+        # Imported here, on the writer thread: this pulls in SQLAlchemy.
+        from storage import open_repository
+
+        sink: TraceSink = open_repository(self.config.database_url)
+        return sink
+
+    def _assemble(self, state: TraceState) -> TraceRecord:
+        return assemble_record(state, self.scrubber, self.config.max_text_length)
+
+    def finish_trace(self, state: TraceState) -> None:
+        """Called when the outermost decorated span of a trace ended."""
+        state.service_name = self.service_name
+        self.stats.trace_finished(state.app_name, state.sampled)
+        if state.sampled:
+            self.writer.offer(state)
+
+
+def _resource_service_name(provider: Any) -> str:
+    resource = getattr(provider, "resource", None)
+    attributes = getattr(resource, "attributes", None) or {}
+    name = attributes.get("service.name")
+    if isinstance(name, str) and name and not name.startswith("unknown_service"):
+        return name
+    return "unknown_service"
+
+
+def _global_provider_is_set() -> bool:
+    return not isinstance(otel_trace.get_tracer_provider(), otel_trace.ProxyTracerProvider)
+
+
+def _resolve_tracer_provider(config: TracerConfig) -> tuple[Any, bool]:
+    choice = config.tracer_provider
+    if not isinstance(choice, str):
+        return choice, False
+    if choice == "global" or (choice == "auto" and _global_provider_is_set()):
+        return otel_trace.get_tracer_provider(), False
+    provider = _make_own_provider(config)
+    if _global_provider_is_set():
+        logger.warning(
+            "recalltrace: the application already installed a TracerProvider; the tracer's own "
+            "provider is used privately and its spans do not reach the application's exporters "
+            "(pass tracer_provider='global' to join it)"
+        )
+    else:
+        otel_trace.set_tracer_provider(provider)
+    return provider, True
+
+
+def _make_own_provider(config: TracerConfig) -> Any:
+    import os
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    attributes = {"service.name": config.service_name} if config.service_name else {}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    exporter_name = (os.environ.get("OTEL_TRACES_EXPORTER") or "").strip().lower()
+    for name in filter(None, (part.strip() for part in exporter_name.split(","))):
+        try:
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+                from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            elif name == "console":
+                from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+                provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            elif name != "none":
+                logger.warning("recalltrace: unsupported OTEL_TRACES_EXPORTER %r ignored", name)
+        except Exception:
+            logger.exception("recalltrace: could not set up the %s span exporter", name)
+    return provider
+
+
+def configure(config: TracerConfig) -> Runtime:
+    """Install ``config`` as the process's tracer, replacing (and draining) a previous one."""
+    global current, _atexit_registered
+    config.validate()
+    with _lock:
+        previous = current
+        runtime = Runtime(config)
+        current = runtime
+        register_instruments(stats)
+        if config.register_atexit and not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+    if previous is not None:
+        previous.writer.shutdown(previous.config.shutdown_timeout)
+    return runtime
+
+
+def get() -> Runtime:
+    """The current runtime, configured from the environment on first use."""
+    runtime = current
+    if runtime is not None:
+        return runtime
+    with _lock:
+        if current is not None:
+            return current
+        logger.debug("recalltrace: not configured; using the environment defaults")
+        return configure(TracerConfig.from_env())
+
+
+def _at_exit() -> None:
+    runtime = current
+    if runtime is None:
+        return
+    try:
+        runtime.writer.shutdown(runtime.config.shutdown_timeout)
+    except Exception:
+        logger.exception("recalltrace: draining the queue at exit failed")
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Wait until every record queued so far is stored (or dropped)."""
+    runtime = current
+    if runtime is None:
+        return True
+    return runtime.writer.flush(timeout)
+
+
+def shutdown(timeout: float | None = None) -> bool:
+    """Drain the queue and stop the writer; later traces are dropped until ``configure``."""
+    runtime = current
+    if runtime is None:
+        return True
+    return runtime.writer.shutdown(runtime.config.shutdown_timeout if timeout is None else timeout)
+
+
+def normalize_trace_id(trace_id: str | int) -> str:
+    """A trace id as 32 lowercase hex digits (accepts an int or hex, with or without 0x)."""
+    if isinstance(trace_id, int) and not isinstance(trace_id, bool):
+        value = trace_id
+    elif isinstance(trace_id, str):
+        text = trace_id.strip().lower()
+        if text.startswith("0x"):
+            text = text[2:]
+        text = text.replace("-", "")
+        if not text or len(text) > 32:
+            raise ValueError(f"not an OpenTelemetry trace id: {trace_id!r}")
+        value = int(text, 16)
+    else:
+        raise TypeError(f"trace_id must be a hex string or an int, not {type(trace_id).__name__}")
+    if not 0 < value < (1 << 128):
+        raise ValueError(f"not an OpenTelemetry trace id: {trace_id!r}")
+    return format(value, "032x")
+
+
+def current_state() -> TraceState | None:
+    """The state of the trace the current context belongs to, if a decorated call is open."""
+    state = otel_context.get_current().get(STATE_KEY)
+    return state if isinstance(state, TraceState) else None
+
+
+def current_trace_id() -> str | None:
+    """The current trace id (32 hex digits), or None outside any trace."""
+    state = current_state()
+    if state is not None:
+        return state.hex_id()
+    span_context = otel_trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        return format(span_context.trace_id, "032x")
+    return None
+
+
+def set_reference(
+    trace_id: str | int | None,
+    *,
+    reference: Any = None,
+    reference_contexts: Any = None,
+    reference_context_ids: Any = None,
+) -> None:
+    """Record ground truth for a trace (see ``tracer.set_reference``)."""
+    runtime = get()
+    if trace_id is None:
+        trace_id = current_trace_id()
+        if trace_id is None:
+            raise ValueError("set_reference(None, ...) needs an open trace in the current context")
+    hex_id = normalize_trace_id(trace_id)
+    update = ReferenceUpdate(
+        trace_id=hex_id,
+        reference=to_text(reference),
+        reference_contexts=to_text_list(reference_contexts),
+        reference_context_ids=to_id_list(reference_context_ids),
+    )
+    if (
+        update.reference is None
+        and not update.reference_contexts
+        and not update.reference_context_ids
+    ):
+        return
+    state = current_state()
+    open_state = state if state is not None and state.hex_id() == hex_id else None
+    if open_state is None and not runtime.sampler.could_be_sampled(int(hex_id, 16)):
+        # No rate of this configuration samples this id, so no process configured like this
+        # one stored it; waiting for it would only cost storage queries.
+        logger.debug("recalltrace: reference for unsampled trace %s ignored", hex_id)
+        return
+    runtime.writer.merge_reference(update, open_state)
+
+
+def random_trace_id() -> int:
+    """A random trace id for calls made while no OpenTelemetry SDK is recording."""
+    return random.getrandbits(128) or 1

@@ -1,0 +1,357 @@
+"""Scrubbing of secrets and personal data from a trace record before it is stored.
+
+Two kinds of rules: value patterns found inside text (API keys, bearer tokens, passwords written
+as ``password=...``, e-mail addresses, card numbers) and sensitive key names in metadata (the
+whole value under such a key is redacted). A callback may keep or replace each match. Every
+change is noted on the record, without the secret itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tracer._config import ScrubbingOptions, ScrubMatch
+
+if TYPE_CHECKING:
+    from storage.records import TraceRecord
+
+logger = logging.getLogger("recalltrace.tracer")
+
+# The built-in value patterns: (name, pattern, group to redact (0 = the whole match), flags).
+# Each has a cheap gate in ``Scrubber._default_rules_for`` (substring tests run at C speed) so
+# that the regular expressions only run on text that could match; most text skips them all.
+_EMAIL = (
+    "email",
+    r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}\b",
+    0,
+    0,
+)
+_PASSWORD = (
+    "password",
+    r"\b(?:password|passwd|passphrase|pwd)\b[\"']?\s*[:=]\s*[\"']?([^\s\"',;]+)",
+    1,
+    re.IGNORECASE,
+)
+_KEY_ASSIGNMENT = (
+    "api_key",
+    r"\b(?:api[_\- ]?key|apikey|access[_\- ]?key|secret[_\- ]?key|client[_\- ]?secret"
+    r"|access[_\- ]?token|auth[_\- ]?token|private[_\- ]?key)\b[\"']?\s*[:=]\s*[\"']?"
+    r"([^\s\"',;]{6,})",
+    1,
+    re.IGNORECASE,
+)
+_BEARER = ("bearer_token", r"\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)", 1, re.IGNORECASE)
+_JWT = ("bearer_token", r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", 0, 0)
+_VENDOR_KEY = (
+    "api_key",
+    r"[spr]k-(?:proj-|live-|test-|ant-(?:api\d+-)?)?[A-Za-z0-9_\-]{16,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{30,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|AIza[0-9A-Za-z_\-]{35}"
+    r"|hf_[A-Za-z0-9]{30,}",
+    0,
+    0,
+)
+_CARD = ("card_number", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])", 0, 0)
+_VALUE_PATTERNS = (_BEARER, _JWT, _VENDOR_KEY, _KEY_ASSIGNMENT, _PASSWORD, _EMAIL, _CARD)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_Rules = list[tuple[str, "re.Pattern[str]", int]]
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+# Key names whose values are always redacted (metadata of the record and of documents).
+_SENSITIVE_KEY = (
+    r"password|passwd|passphrase|pwd|secret|api[._ -]?key|apikey|(?<![a-z])token(?![a-z])"
+    r"|access[._ -]?token|refresh[._ -]?token|auth(?:orization|entication|[._ -]?token)?(?![a-z])"
+    r"|credential|private[._ -]?key|cookie|session[._ -]?id|(?<![a-z])session(?![a-z])"
+    r"|csrf|xsrf|jwt|(?<![a-z])ssn(?![a-z])|social[._ -]?security|credit[._ -]?card"
+    r"|card[._ -]?number|(?<![a-z])cvv(?![a-z])|(?<![a-z])iban(?![a-z])"
+)
+
+# Metadata keys the tracer writes itself; their values are counts and model names.
+_OWN_METADATA_KEYS = frozenset({"llm", "token_usage", "model", "notes_truncated"})
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        value = ord(char) - 48
+        if position % 2 == 1:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+class Scrubber:
+    """Compiled scrubbing rules; safe to share between threads."""
+
+    def __init__(self, options: ScrubbingOptions) -> None:
+        self._replacement = options.replacement
+        self._callback = options.callback
+        self._defaults = options.default_patterns
+        compiled = {
+            id(rule): (rule[0], re.compile(rule[1], rule[3]), rule[2]) for rule in _VALUE_PATTERNS
+        }
+        self._bearer = compiled[id(_BEARER)]
+        self._jwt = compiled[id(_JWT)]
+        self._vendor = compiled[id(_VENDOR_KEY)]
+        self._assignment = compiled[id(_KEY_ASSIGNMENT)]
+        self._password = compiled[id(_PASSWORD)]
+        self._email = compiled[id(_EMAIL)]
+        self._card = compiled[id(_CARD)]
+        key_parts = [_SENSITIVE_KEY] if options.default_patterns else []
+        custom: list[tuple[str, re.Pattern[str], int]] = []
+        for pattern in options.extra_patterns:
+            custom.append(("custom", re.compile(pattern, re.IGNORECASE), 0))
+            key_parts.append(pattern)
+        self._custom = tuple(custom)
+        self._key_pattern = (
+            re.compile("|".join(f"(?:{part})" for part in key_parts), re.IGNORECASE)
+            if key_parts
+            else None
+        )
+        self._callback_failed = False
+        self._key_decisions: dict[str, bool] = {}
+
+    # -- text -------------------------------------------------------------------------------
+
+    def _decide(self, path: str, value: str, pattern: str) -> str:
+        if self._callback is None:
+            return self._replacement
+        try:
+            decided = self._callback(ScrubMatch(path=path, value=value, pattern=pattern))
+        except Exception:
+            if not self._callback_failed:
+                self._callback_failed = True
+                logger.exception("scrubbing callback raised; redacting the match")
+            return self._replacement
+        if decided is None:
+            return self._replacement
+        return str(decided)
+
+    def scrub_text(
+        self, text: str, path: str, notes: list[str] | None, rules: _Rules | None = None
+    ) -> str:
+        """Return ``text`` with every match redacted (or replaced by the callback).
+
+        ``rules`` restricts the built-in patterns to those whose gate passed on a text that
+        contains this one (see :meth:`scrub_record`); ``None`` gates ``text`` itself."""
+        if self._defaults:
+            for rule in self._default_rules_for(text) if rules is None else rules:
+                text = self._apply(text, rule[1], rule[2], rule[0], path, notes)
+        for name, regex, group in self._custom:
+            if regex.search(text) is not None:
+                text = self._apply(text, regex, group, name, path, notes)
+        return text
+
+    def _default_rules_for(self, text: str) -> _Rules:
+        # Single-character tests (memchr) guard the multi-character ones, which cost more.
+        rules: _Rules = []
+        lowered = text.lower()
+        if "bearer" in lowered:
+            rules.append(self._bearer)
+        if "J" in text and "eyJ" in text:
+            rules.append(self._jwt)
+        if ("-" in text or "_" in text or "A" in text) and (
+            "k-" in text
+            or "_" in text
+            or "xox" in text
+            or "AKIA" in text
+            or "ASIA" in text
+            or "AIza" in text
+        ):
+            rules.append(self._vendor)
+        if "=" in text or ":" in text:
+            if "key" in lowered or "secret" in lowered or "token" in lowered:
+                rules.append(self._assignment)
+            if "pass" in lowered or "pwd" in lowered:
+                rules.append(self._password)
+        if "@" in text:
+            rules.append(self._email)
+        if b"0000" in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO):
+            rules.append(self._card)
+        return rules
+
+    def _apply(
+        self,
+        text: str,
+        regex: re.Pattern[str],
+        group: int,
+        name: str,
+        path: str,
+        notes: list[str] | None,
+    ) -> str:
+        pieces: list[str] = []
+        last = 0
+        changed = False
+        for match in regex.finditer(text):
+            start, end = match.span(group)
+            if start < 0:
+                continue
+            secret = text[start:end]
+            if name == "card_number" and not _luhn_ok(re.sub(r"[ -]", "", secret)):
+                continue
+            replacement = self._decide(path, secret, name)
+            if replacement == secret:
+                continue
+            pieces.append(text[last:start])
+            pieces.append(replacement)
+            last = end
+            changed = True
+        if not changed:
+            return text
+        pieces.append(text[last:])
+        if notes is not None:
+            _note(notes, f"scrubbed {name} in {path}")
+        return "".join(pieces)
+
+    # -- structures -------------------------------------------------------------------------
+
+    def is_sensitive_key(self, key: str) -> bool:
+        """Whether values under the key name ``key`` are redacted as a whole."""
+        known = self._key_decisions.get(key)
+        if known is not None:
+            return known
+        sensitive = self._key_pattern is not None and self._key_pattern.search(key) is not None
+        if len(self._key_decisions) < 4096:
+            self._key_decisions[key] = sensitive
+        return sensitive
+
+    def _flat_and_harmless(self, metadata: dict[str, Any], texts: list[Any]) -> bool:
+        """Add the text of ``metadata`` to ``texts``; True when it is a flat dict of scalars
+        under harmless key names."""
+        decisions = self._key_decisions
+        for key, item in metadata.items():
+            if (
+                type(item) not in _PLAIN
+                or type(key) is not str
+                or (decisions.get(key) is not False and self.is_sensitive_key(key))
+            ):
+                texts.append(repr(metadata))
+                return False
+        texts.extend(item for item in metadata.values() if type(item) is str)
+        return True
+
+    def scrub_value(
+        self,
+        value: Any,
+        path: str,
+        notes: list[str] | None,
+        depth: int = 0,
+        rules: _Rules | None = None,
+    ) -> Any:
+        """Scrub strings inside ``value`` (dicts, lists, tuples), returning a scrubbed copy."""
+        if isinstance(value, str):
+            return self.scrub_text(value, path, notes, rules)
+        if depth > 20:
+            return value
+        if isinstance(value, dict):
+            result: dict[Any, Any] = {}
+            for key, item in value.items():
+                key_text = str(key)
+                item_path = f"{path}.{key_text}" if path else key_text
+                if (
+                    item is not None
+                    and not (depth == 0 and path == "metadata" and key_text in _OWN_METADATA_KEYS)
+                    and self.is_sensitive_key(key_text)
+                ):
+                    shown = item if isinstance(item, str) else repr(item)
+                    replacement = self._decide(item_path, shown, "sensitive_key")
+                    if replacement != shown:
+                        if notes is not None:
+                            _note(notes, f"scrubbed sensitive_key in {item_path}")
+                        result[key] = replacement
+                        continue
+                result[key] = self.scrub_value(item, item_path, notes, depth + 1, rules)
+            return result
+        if isinstance(value, (list, tuple)):
+            items = [
+                self.scrub_value(item, f"{path}[{index}]", notes, depth + 1, rules)
+                for index, item in enumerate(value)
+            ]
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+    def scrub_record(self, record: TraceRecord) -> None:
+        """Scrub every text field of ``record`` in place and note what changed.
+
+        The gates of the built-in patterns run once over all the record's text joined together;
+        each field is then searched only with the patterns that passed, which for typical text
+        is none."""
+        notes = record.notes
+        texts = [record.user_input, record.response, record.reference]
+        texts.extend(record.reference_contexts or ())
+        texts.extend(context.content for context in record.retrieved_contexts)
+        # Flat metadata without sensitive keys (the common case) only needs its strings gated.
+        plain_metadata = set()
+        for index, context in enumerate(record.retrieved_contexts):
+            if context.metadata and self._flat_and_harmless(context.metadata, texts):
+                plain_metadata.add(index)
+        if record.metadata:
+            texts.append(repr(record.metadata))
+        rules = self._default_rules_for("\x00".join(filter(None, texts))) if self._defaults else []
+        if rules or self._custom:
+            if record.user_input is not None:
+                record.user_input = self.scrub_text(record.user_input, "user_input", notes, rules)
+            if record.response is not None:
+                record.response = self.scrub_text(record.response, "response", notes, rules)
+            if record.reference is not None:
+                record.reference = self.scrub_text(record.reference, "reference", notes, rules)
+            if record.reference_contexts is not None:
+                record.reference_contexts = [
+                    self.scrub_text(text, f"reference_contexts[{index}]", notes, rules)
+                    for index, text in enumerate(record.reference_contexts)
+                ]
+            for index, context in enumerate(record.retrieved_contexts):
+                context.content = self.scrub_text(
+                    context.content, f"retrieved_contexts[{index}].content", notes, rules
+                )
+        # Other metadata is walked: sensitive key names redact whatever value they hold.
+        for index, context in enumerate(record.retrieved_contexts):
+            if context.metadata and (rules or self._custom or index not in plain_metadata):
+                context.metadata = self.scrub_value(
+                    context.metadata, f"retrieved_contexts[{index}].metadata", notes, 0, rules
+                )
+        if record.metadata:
+            record.metadata = self.scrub_value(record.metadata, "metadata", notes, 0, rules)
+
+
+def _note(notes: list[str], line: str) -> None:
+    if line not in notes:
+        notes.append(line)
+
+
+def build_scrubber(options: ScrubbingOptions | bool | None) -> Scrubber | None:
+    """A scrubber for the options, or ``None`` when scrubbing is off."""
+    if options is False:
+        return None
+    if options is None or options is True:
+        options = ScrubbingOptions()
+    return Scrubber(options)
+
+
+TextScrub = Callable[[str], str]
+
+
+def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | None:
+    """The function applied to span attribute text, when span scrubbing is on."""
+    if scrubber is None or not isinstance(options, ScrubbingOptions):
+        return None
+    if not options.scrub_span_attributes:
+        return None
+
+    def scrub(text: str) -> str:
+        return scrubber.scrub_text(text, "span", None)
+
+    return scrub
+
+
+def default_pattern_names() -> Sequence[str]:
+    """Names of the built-in value patterns (for documentation and tests)."""
+    return tuple(dict.fromkeys(name for name, _, _, _ in _VALUE_PATTERNS))

@@ -1,0 +1,183 @@
+"""The in-memory state of one trace while it runs, and its assembly into a ``TraceRecord``.
+
+The request path only appends raw values (strings, already-read documents, usage tuples) to a
+``TraceState``; conversion, truncation and scrubbing happen in :func:`assemble_record`, which the
+writer thread calls.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from storage.records import ContextRecord, ReferenceUpdate, TraceRecord
+from tracer._extract import Doc, Usage, to_id_list, to_text, to_text_list
+
+if TYPE_CHECKING:
+    from tracer._scrub import Scrubber
+
+
+class TraceState:
+    """What the decorated calls of one trace captured so far."""
+
+    __slots__ = (
+        "app_name",
+        "closed",
+        "contexts",
+        "duration_ms",
+        "error",
+        "generations",
+        "metadata",
+        "notes",
+        "reference",
+        "reference_context_ids",
+        "reference_contexts",
+        "response",
+        "response_chunks",
+        "sampled",
+        "service_name",
+        "start_perf_ns",
+        "start_wall_ns",
+        "trace_hex",
+        "trace_id",
+        "user_input",
+    )
+
+    def __init__(
+        self, trace_id: int, app_name: str, sampled: bool, start_wall_ns: int, start_perf_ns: int
+    ) -> None:
+        self.trace_id = trace_id
+        self.trace_hex: str | None = None
+        self.app_name = app_name
+        self.sampled = sampled
+        self.start_wall_ns = start_wall_ns
+        self.start_perf_ns = start_perf_ns
+        self.duration_ms = 0.0
+        self.service_name = ""
+        self.user_input: Any = None
+        self.response: str | None = None
+        self.response_chunks: list[str] | None = None
+        self.contexts: list[Doc] = []
+        self.generations: list[tuple[str | None, str | None, Usage | None]] = []
+        self.reference: Any = None
+        self.reference_contexts: Any = None
+        self.reference_context_ids: Any = None
+        self.metadata: dict[str, Any] = {}
+        self.error = False
+        self.notes: list[str] = []
+        self.closed = False
+
+    def hex_id(self) -> str:
+        """The trace id as 32 lowercase hex digits."""
+        if self.trace_hex is None:
+            self.trace_hex = format(self.trace_id, "032x")
+        return self.trace_hex
+
+    def merge_reference(self, update: ReferenceUpdate) -> None:
+        """Take the fields ``update`` sets."""
+        if update.reference is not None:
+            self.reference = update.reference
+        if update.reference_contexts is not None:
+            self.reference_contexts = update.reference_contexts
+        if update.reference_context_ids is not None:
+            self.reference_context_ids = update.reference_context_ids
+
+
+def merge_reference_into_record(record: TraceRecord, update: ReferenceUpdate) -> None:
+    """Apply a late reference to a record that is assembled but not written yet."""
+    if update.reference is not None:
+        record.reference = update.reference
+    if update.reference_contexts is not None:
+        record.reference_contexts = list(update.reference_contexts)
+    if update.reference_context_ids is not None:
+        record.reference_context_ids = list(update.reference_context_ids)
+
+
+def _cut(text: str | None, limit: int | None, where: str, notes: list[str]) -> str | None:
+    if text is None or limit is None or len(text) <= limit:
+        return text
+    notes.append(f"truncated {where} from {len(text)} to {limit} characters")
+    return text[:limit]
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, _SCALARS):
+        return value
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str or not isinstance(item, _SCALARS):
+                break
+        else:
+            return dict(value)
+    if depth > 20:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_json_safe(v, depth + 1) for v in value]
+    return str(value)
+
+
+def assemble_record(
+    state: TraceState, scrubber: Scrubber | None, max_text_length: int | None
+) -> TraceRecord:
+    """Build the storage record of a finished, sampled trace (on the writer thread)."""
+    notes = list(state.notes)
+    response = state.response
+    if response is None and state.response_chunks is not None:
+        response = "".join(state.response_chunks)
+    if response is None:
+        for text, _, _ in reversed(state.generations):
+            if text is not None:
+                response = text
+                break
+    metadata = dict(state.metadata)
+    llm_calls = [
+        {
+            "model": model,
+            "prompt_tokens": usage.prompt if usage else None,
+            "completion_tokens": usage.completion if usage else None,
+            "total_tokens": usage.total if usage else None,
+        }
+        for _, model, usage in state.generations
+        if model is not None or usage is not None
+    ]
+    if llm_calls:
+        metadata["llm"] = llm_calls
+    contexts = [
+        ContextRecord(
+            content=_cut(doc.content, max_text_length, f"retrieved_contexts[{i}]", notes) or "",
+            id=doc.id,
+            score=doc.score,
+            metadata=_json_safe(doc.metadata) if doc.metadata else {},
+        )
+        for i, doc in enumerate(state.contexts)
+    ]
+    reference_contexts = to_text_list(state.reference_contexts)
+    if reference_contexts is not None and max_text_length is not None:
+        reference_contexts = [
+            _cut(text, max_text_length, f"reference_contexts[{i}]", notes) or ""
+            for i, text in enumerate(reference_contexts)
+        ]
+    record = TraceRecord(
+        trace_id=state.hex_id(),
+        app_name=state.app_name,
+        service_name=state.service_name,
+        started_at=datetime.fromtimestamp(state.start_wall_ns / 1e9, tz=timezone.utc),
+        duration_ms=state.duration_ms,
+        user_input=_cut(to_text(state.user_input), max_text_length, "user_input", notes),
+        response=_cut(response, max_text_length, "response", notes),
+        retrieved_contexts=contexts,
+        reference=_cut(to_text(state.reference), max_text_length, "reference", notes),
+        reference_contexts=reference_contexts,
+        reference_context_ids=to_id_list(state.reference_context_ids),
+        metadata=_json_safe(metadata),
+        error=state.error,
+        notes=notes,
+    )
+    if scrubber is not None:
+        scrubber.scrub_record(record)
+    return record

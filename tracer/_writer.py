@@ -1,0 +1,431 @@
+"""The bounded queue and the background thread that writes trace records to storage.
+
+The request path only appends a finished trace's state to a deque under a short lock; when the
+queue (plus whatever the writer still holds for a retry) reaches its bound, the record is dropped
+and counted instead, so the caller never waits. A daemon thread wakes when a batch is full, on a
+timer, or on a flush; it assembles and scrubs the records, writes them in batches, retries with
+back-off while storage fails, and delivers late references. After ``fork`` the child rebuilds
+this state and starts its own thread on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tracer._metrics import TracerStats
+from tracer._state import TraceState, merge_reference_into_record
+
+if TYPE_CHECKING:
+    from storage.records import ReferenceUpdate, TraceRecord
+    from tracer._config import TraceSink
+
+logger = logging.getLogger("recalltrace.tracer")
+
+_MAX_BACKOFF = 30.0
+_MAX_REFERENCE_BACKOFF = 5.0
+
+
+def is_trace_not_found(exc: BaseException) -> bool:
+    """Whether a sink's exception means "this trace is not stored (yet)"."""
+    if isinstance(exc, LookupError):
+        return True
+    return any(cls.__name__ == "TraceNotFound" for cls in type(exc).__mro__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: TraceRecord
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class _Orphan:
+    update: ReferenceUpdate
+    deadline: float
+    next_try: float
+    delay: float
+
+
+class BatchWriter:
+    """Owns the queue, the writer thread and the sink."""
+
+    def __init__(
+        self,
+        *,
+        sink_factory: Callable[[], TraceSink],
+        assemble: Callable[[TraceState], TraceRecord],
+        stats: TracerStats,
+        max_queue_size: int,
+        max_batch_size: int,
+        flush_interval: float,
+        max_write_attempts: int,
+        retry_backoff: float,
+        reference_wait: float,
+    ) -> None:
+        self._sink_factory = sink_factory
+        self._assemble = assemble
+        self._stats = stats
+        self._max_queue_size = max_queue_size
+        self._max_batch_size = max_batch_size
+        self._flush_interval = flush_interval
+        self._max_write_attempts = max_write_attempts
+        self._retry_backoff = retry_backoff
+        self._reference_wait = reference_wait
+        # Sinks of a parent process, kept referenced in a forked child so that their
+        # connections (shared with the parent) are never closed from here.
+        self._inherited_sinks: list[Any] = []
+        self._reset()
+        stats.queue_size = self.queue_size
+        self_ref = weakref.ref(self)
+
+        def after_fork() -> None:
+            writer = self_ref()
+            if writer is not None:
+                writer._after_fork_in_child()
+
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=after_fork)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._progress = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._queue: deque[TraceState] = deque()
+        self._unwritten: dict[str, TraceState] = {}
+        self._references: deque[ReferenceUpdate] = deque()
+        self._held = 0  # records the writer holds (assembling, in flight, awaiting a retry)
+        self._accepted = 0
+        self._completed = 0
+        self._flush_waiters = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._sink: TraceSink | None = None
+        # Owned by whichever thread runs the cycles (the writer thread, or a flush at exit).
+        self._ready: list[_Pending] = []
+        self._orphans: list[_Orphan] = []
+        self._next_attempt = 0.0
+        self._backoff = 0.0
+        self._last_failure_log = 0.0
+
+    def _after_fork_in_child(self) -> None:
+        if self._sink is not None:
+            self._inherited_sinks.append(self._sink)
+            engine = getattr(self._sink, "engine", None)
+            dispose = getattr(engine, "dispose", None)
+            if callable(dispose):
+                try:
+                    dispose(close=False)
+                except Exception:
+                    logger.debug("could not release the parent's connection pool", exc_info=True)
+        self._reset()
+
+    # -- request path ----------------------------------------------------------------------
+
+    def offer(self, state: TraceState) -> bool:
+        """Queue a finished, sampled trace; never blocks. False when it was dropped."""
+        reason = None
+        with self._lock:
+            if self._stopping:
+                reason = "shutdown"
+            elif len(self._queue) + self._held >= self._max_queue_size:
+                reason = "queue_full"
+            else:
+                self._queue.append(state)
+                self._unwritten[state.hex_id()] = state
+                self._accepted += 1
+                queued = len(self._queue)
+        if reason is not None:
+            self._stats.drop(reason, state.app_name)
+            return False
+        if self._thread is None:
+            self._ensure_thread()
+        if queued >= self._max_batch_size:
+            self._wake.set()
+        return True
+
+    def merge_reference(self, update: ReferenceUpdate, open_state: TraceState | None) -> None:
+        """Apply ground truth to a trace that is still in memory, else queue it for storage."""
+        with self._lock:
+            state = open_state if open_state is not None and not open_state.closed else None
+            if state is None:
+                state = self._unwritten.get(update.trace_id)
+            if state is not None:
+                state.merge_reference(update)
+                return
+            if self._stopping:
+                reason = "shutdown"
+            elif len(self._references) >= self._max_queue_size:
+                reason = "queue_full"
+            else:
+                self._references.append(update)
+                self._accepted += 1
+                reason = None
+        if reason is not None:
+            self._stats.drop(reason, "")
+            return
+        self._ensure_thread()
+        self._wake.set()
+
+    def queue_size(self) -> int:
+        """Records waiting in memory (queued or held by the writer)."""
+        with self._lock:
+            return len(self._queue) + self._held
+
+    # -- flush and shutdown ----------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued before this call is stored or dropped; False when the
+        timeout passed first (e.g. storage is down)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            target = self._accepted
+            if self._completed >= target:
+                return True
+            self._flush_waiters += 1
+        try:
+            if not self._ensure_thread():
+                return self._drain_inline(target, deadline)
+            self._wake.set()
+            with self._lock:
+                while self._completed < target:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._progress.wait(remaining if remaining is not None else 1.0)
+            return True
+        finally:
+            with self._lock:
+                self._flush_waiters -= 1
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Flush, stop the thread, and count what could not be stored as dropped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        flushed = self.flush(timeout)
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+        self._drop_leftovers("shutdown")
+        return flushed
+
+    def _drop_leftovers(self, reason: str) -> None:
+        with self._lock:
+            states = list(self._queue)
+            self._queue.clear()
+            self._unwritten.clear()
+            references = len(self._references)
+            self._references.clear()
+            thread_alive = self._thread is not None and self._thread.is_alive()
+        for state in states:
+            self._stats.drop(reason, state.app_name)
+        if references:
+            self._stats.drop(reason, "", references)
+        if not thread_alive:
+            for pending in self._ready:
+                self._stats.drop(reason, pending.record.app_name)
+            if self._orphans:
+                self._stats.drop(reason, "", len(self._orphans))
+            self._ready = []
+            self._orphans = []
+        with self._lock:
+            self._completed = self._accepted
+            self._held = 0
+            self._progress.notify_all()
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _ensure_thread(self) -> bool:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return True
+            if self._stopping:
+                return False
+            thread = threading.Thread(target=self._run, name="recalltrace-writer", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                # The interpreter is shutting down and refuses new threads.
+                return False
+            self._thread = thread
+            return True
+
+    def _run(self) -> None:
+        while True:
+            timeout = self._next_timeout()
+            if timeout > 0:
+                self._wake.wait(timeout)
+            self._wake.clear()
+            with self._lock:
+                stopping = self._stopping
+            try:
+                self._cycle()
+            except Exception:
+                logger.exception("recalltrace writer: unexpected error; continuing")
+                time.sleep(0.1)
+            if stopping:
+                return
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        timeout = self._flush_interval
+        if self._ready:
+            timeout = min(timeout, self._next_attempt - now)
+        if self._orphans:
+            timeout = min(timeout, min(orphan.next_try for orphan in self._orphans) - now)
+        with self._lock:
+            if (self._flush_waiters or self._stopping) and (self._queue or self._references):
+                return 0.0
+        return max(timeout, 0.0)
+
+    def _drain_inline(self, target: int, deadline: float | None) -> bool:
+        """Run writer cycles in the calling thread (used when no thread can be started)."""
+        while True:
+            self._cycle()
+            with self._lock:
+                if self._completed >= target:
+                    return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            wait = self._next_timeout()
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            time.sleep(max(wait, 0.01))
+
+    def _complete(self, count: int, held: int = 0) -> None:
+        with self._lock:
+            self._completed += count
+            self._held -= held
+            self._progress.notify_all()
+
+    def _cycle(self) -> None:
+        self._take_traces()
+        self._take_references()
+        if self._ready and time.monotonic() >= self._next_attempt:
+            self._write_ready()
+        if self._orphans:
+            self._deliver_orphans()
+
+    def _take_traces(self) -> None:
+        with self._lock:
+            states = list(self._queue)
+            self._queue.clear()
+            for state in states:
+                self._unwritten.pop(state.hex_id(), None)
+            self._held += len(states)
+        orphans = {orphan.update.trace_id: orphan for orphan in self._orphans}
+        for state in states:
+            try:
+                record = self._assemble(state)
+            except Exception:
+                logger.exception("recalltrace writer: could not assemble trace %s", state.hex_id())
+                self._stats.drop("assembly_error", state.app_name)
+                self._complete(1, held=1)
+                continue
+            orphan = orphans.pop(record.trace_id, None)
+            if orphan is not None:
+                merge_reference_into_record(record, orphan.update)
+                self._orphans.remove(orphan)
+                self._complete(1)
+            self._ready.append(_Pending(record))
+
+    def _take_references(self) -> None:
+        with self._lock:
+            updates = list(self._references)
+            self._references.clear()
+        now = time.monotonic()
+        for update in updates:
+            if self._merge_into_ready(update):
+                self._complete(1)
+                continue
+            self._orphans.append(_Orphan(update, now + self._reference_wait, now, 0.05))
+        excess = len(self._orphans) - self._max_queue_size
+        if excess > 0:
+            del self._orphans[:excess]
+            self._stats.drop("queue_full", "", excess)
+            self._complete(excess)
+
+    def _merge_into_ready(self, update: ReferenceUpdate) -> bool:
+        for pending in self._ready:
+            if pending.record.trace_id == update.trace_id:
+                merge_reference_into_record(pending.record, update)
+                return True
+        return False
+
+    def _get_sink(self) -> TraceSink:
+        if self._sink is None:
+            self._sink = self._sink_factory()
+        return self._sink
+
+    def _write_ready(self) -> None:
+        while self._ready:
+            chunk = self._ready[: self._max_batch_size]
+            try:
+                self._get_sink().write_traces([pending.record for pending in chunk])
+            except Exception as exc:
+                self._write_failed(chunk, exc)
+                return
+            del self._ready[: len(chunk)]
+            self._backoff = 0.0
+            self._complete(len(chunk), held=len(chunk))
+
+    def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._last_failure_log >= 30.0:
+            self._last_failure_log = now
+            logger.warning(
+                "recalltrace writer: storing %d trace record(s) failed (%s: %s); will retry",
+                len(chunk),
+                type(exc).__name__,
+                exc,
+            )
+        given_up = []
+        for pending in chunk:
+            pending.attempts += 1
+            if pending.attempts >= self._max_write_attempts:
+                given_up.append(pending)
+        if given_up:
+            for pending in given_up:
+                self._ready.remove(pending)
+                self._stats.drop("storage_error", pending.record.app_name)
+            self._complete(len(given_up), held=len(given_up))
+        self._backoff = min(
+            _MAX_BACKOFF, self._backoff * 2 if self._backoff else self._retry_backoff
+        )
+        self._next_attempt = now + self._backoff
+
+    def _deliver_orphans(self) -> None:
+        now = time.monotonic()
+        for orphan in list(self._orphans):
+            if now < orphan.next_try:
+                continue
+            if self._merge_into_ready(orphan.update):
+                self._orphans.remove(orphan)
+                self._complete(1)
+                continue
+            try:
+                self._get_sink().attach_reference(orphan.update)
+            except Exception as exc:
+                if not is_trace_not_found(exc):
+                    logger.debug("attaching a reference failed; will retry", exc_info=True)
+                if now >= orphan.deadline:
+                    self._orphans.remove(orphan)
+                    self._stats.drop("reference_not_found", "")
+                    self._complete(1)
+                else:
+                    orphan.delay = min(orphan.delay * 2, _MAX_REFERENCE_BACKOFF)
+                    orphan.next_try = min(now + orphan.delay, orphan.deadline)
+                continue
+            self._orphans.remove(orphan)
+            self._complete(1)
