@@ -36,8 +36,11 @@ def configure(
     flush_interval: float | None = None,
     shutdown_timeout: float | None = None,
     max_write_attempts: int | None = None,
+    retry_backoff: float | None = None,
     reference_wait: float | None = None,
+    max_text_length: int | None = None,
     tracer_provider: TracerProviderChoice | Any = None,
+    meter_provider: Any = None,
     sink: TraceSink | None = None,
     enabled: bool | None = None,
 ) -> TracerConfig:
@@ -62,8 +65,11 @@ def configure(
         "flush_interval": flush_interval,
         "shutdown_timeout": shutdown_timeout,
         "max_write_attempts": max_write_attempts,
+        "retry_backoff": retry_backoff,
         "reference_wait": reference_wait,
+        "max_text_length": max_text_length,
         "tracer_provider": tracer_provider,
+        "meter_provider": meter_provider,
         "sink": sink,
         "enabled": enabled,
     }

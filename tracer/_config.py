@@ -182,6 +182,9 @@ class TracerConfig:
     Or pass a TracerProvider instance to use it without touching the global one.
     Environment: ``RECALLTRACE_TRACER_PROVIDER``. An own provider exports to the exporter named
     by ``OTEL_TRACES_EXPORTER`` (``otlp`` or ``console``) when that is set."""
+    meter_provider: Any = None
+    """MeterProvider for the tracer's own metrics; ``None`` means the global one (no metrics SDK
+    is set up by the tracer)."""
     sink: TraceSink | None = None
     """Where records go; ``None`` means ``storage.open_repository(database_url)``, opened lazily
     on the writer thread."""

@@ -398,9 +398,12 @@ def _succeeded(call: _Call, result: Any) -> None:
         internal_error("ending a span")
 
 
-def _failed(call: _Call, exc: BaseException) -> None:
-    """Record an exception and end the span (never raises; the caller re-raises ``exc``)."""
+def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> None:
+    """Record an exception (and what a stream yielded before it) and end the span; never
+    raises (the caller re-raises ``exc``)."""
     try:
+        if stream is not None:
+            _stream_record(call, stream)
         if isinstance(exc, Exception):
             if call.recording:
                 call.span.record_exception(exc)
@@ -476,19 +479,23 @@ def _stream_answer(spec: _Spec, item: Any) -> str | None:
     return read_chunk_text(item)
 
 
+def _stream_record(call: _Call, stream: _Stream) -> None:
+    if call.recording or call.sampled:
+        kind = call.spec.kind
+        if kind == RETRIEVAL:
+            _finish_retrieval(call, stream.docs)
+        elif kind == GENERATION:
+            text = "".join(stream.texts) if stream.texts else None
+            _finish_generation(call, text, stream.model, stream.usage)
+        else:
+            _finish_rag(call, "".join(stream.texts) if stream.texts else None)
+
+
 def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
     try:
         if closed_early and call.outermost:
             call.state.notes.append("stream closed by the caller before its end")
-        if call.recording or call.sampled:
-            kind = call.spec.kind
-            if kind == RETRIEVAL:
-                _finish_retrieval(call, stream.docs)
-            elif kind == GENERATION:
-                text = "".join(stream.texts) if stream.texts else None
-                _finish_generation(call, text, stream.model, stream.usage)
-            else:
-                _finish_rag(call, "".join(stream.texts) if stream.texts else None)
+        _stream_record(call, stream)
         _end(call)
     except Exception:
         internal_error("ending a streamed span")
@@ -570,7 +577,7 @@ def _wrap_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
                 return stop.value
             except BaseException as exc:
                 _detach(token)
-                _failed(call, exc)
+                _failed(call, exc, stream)
                 raise
             _detach(token)
             _stream_item(call, stream, item)
@@ -582,7 +589,7 @@ def _wrap_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
                     generator.close()
                 except BaseException as exc:
                     _detach(token)
-                    _failed(call, exc)
+                    _failed(call, exc, stream)
                     raise
                 _detach(token)
                 _stream_finished(call, stream, closed_early=True)
@@ -629,7 +636,7 @@ def _wrap_async_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., 
                 return
             except BaseException as exc:
                 _detach(token)
-                _failed(call, exc)
+                _failed(call, exc, stream)
                 raise
             _detach(token)
             _stream_item(call, stream, item)
@@ -641,7 +648,7 @@ def _wrap_async_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., 
                     await generator.aclose()
                 except BaseException as exc:
                     _detach(token)
-                    _failed(call, exc)
+                    _failed(call, exc, stream)
                     raise
                 _detach(token)
                 _stream_finished(call, stream, closed_early=True)

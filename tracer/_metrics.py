@@ -81,22 +81,27 @@ class TracerStats:
             }
 
 
-_registered = False
+_registered: list[Any] = []
 _registration_lock = threading.Lock()
 
 
-def register_instruments(stats_source: Callable[[], TracerStats]) -> None:
-    """Create the observable instruments once per process on the global MeterProvider (a proxy
-    until the application sets one). ``stats_source`` returns the current stats object."""
-    global _registered
-    with _registration_lock:
-        if _registered:
-            return
-        _registered = True
+def register_instruments(
+    stats_source: Callable[[], TracerStats], meter_provider: Any = None
+) -> None:
+    """Create the observable instruments, once per MeterProvider, on ``meter_provider`` or the
+    global one (a proxy until the application sets one, which then receives the values).
+    ``stats_source`` returns the current stats object."""
     from opentelemetry import metrics
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    meter = metrics.get_meter("recalltrace.tracer")
+    with _registration_lock:
+        if any(provider is meter_provider for provider in _registered):
+            return
+        _registered.append(meter_provider)
+    if meter_provider is None:
+        meter = metrics.get_meter("recalltrace.tracer")
+    else:
+        meter = meter_provider.get_meter("recalltrace.tracer")
 
     def per_app(counts: Callable[[TracerStats], dict[str, int]]) -> Any:
         def callback(options: CallbackOptions) -> Iterable[Observation]:

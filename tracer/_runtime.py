@@ -160,7 +160,7 @@ def configure(config: TracerConfig) -> Runtime:
         previous = current
         runtime = Runtime(config)
         current = runtime
-        register_instruments(stats)
+        register_instruments(stats, config.meter_provider)
         if config.register_atexit and not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True

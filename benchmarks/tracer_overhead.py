@@ -1,0 +1,263 @@
+"""Per-call overhead of the tracer on a three-function RAG request.
+
+The request: a root that calls a retriever (10 documents of 300 characters, each with an id, a
+score and metadata) and a generator (400 characters). Four variants run in one process, in
+interleaved blocks so that drift of the machine affects all of them alike:
+
+- ``plain``: no tracing;
+- ``otel``: the same functions decorated with OpenTelemetry's ``start_as_current_span`` and
+  setting the same attributes by hand (span kinds, input/output, every document field);
+- ``recalltrace@0``: ``@tracer.rag`` / ``@tracer.retrieval`` / ``@tracer.generation`` at sample
+  rate 0 (spans only);
+- ``recalltrace@1``: the same at sample rate 1 (every trace captured, queued, assembled,
+  scrubbed and handed to a sink on the writer thread).
+
+All traced variants use one SDK TracerProvider with a BatchSpanProcessor and an exporter that
+discards, and the recalltrace sink discards the records too, so the figures are the tracing cost
+on the request path (including the writer thread's competition for the GIL), not storage's.
+
+Run: ``.venv/bin/python benchmarks/tracer_overhead.py [--calls 20000] [--warmup 2000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import tracer
+
+DOCUMENT_COUNT = 10
+DOCUMENT_CHARS = 300
+ANSWER_CHARS = 400
+
+
+class DiscardingExporter(SpanExporter):
+    """Accepts spans and drops them."""
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class DiscardingSink:
+    """Accepts trace records and counts them."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write_traces(self, records: Sequence[Any]) -> None:
+        self.written += len(records)
+
+    def attach_reference(self, update: Any) -> int:
+        return 0
+
+
+def _text(seed: int, length: int) -> str:
+    words = ("context", "recall", "retrieval", "answer", "document", "vector", "query", "score")
+    out: list[str] = []
+    size = 0
+    index = seed
+    while size < length:
+        word = words[index % len(words)]
+        out.append(word)
+        size += len(word) + 1
+        index += 3
+    return " ".join(out)[:length]
+
+
+DOCUMENTS = [
+    {
+        "id": f"doc-{i}",
+        "content": _text(i, DOCUMENT_CHARS),
+        "score": 1.0 - i / 20,
+        "metadata": {"source": f"handbook/section-{i}.md"},
+    }
+    for i in range(DOCUMENT_COUNT)
+]
+ANSWER = _text(99, ANSWER_CHARS)
+QUESTION = "How does the tracer measure context recall in production?"
+
+
+def _search(query: str) -> list[dict[str, Any]]:
+    return list(DOCUMENTS)
+
+
+def _generate(prompt: str) -> str:
+    return ANSWER
+
+
+# -- plain ---------------------------------------------------------------------------------------
+
+
+def plain_search(query: str) -> list[dict[str, Any]]:
+    return _search(query)
+
+
+def plain_generate(prompt: str) -> str:
+    return _generate(prompt)
+
+
+def plain_answer(question: str) -> str:
+    plain_search(question)
+    return plain_generate(question)
+
+
+# -- hand-written OpenTelemetry -----------------------------------------------------------------
+
+otel_tracer = trace.get_tracer("benchmark")
+
+
+@otel_tracer.start_as_current_span("search")
+def otel_search(query: str) -> list[dict[str, Any]]:
+    docs = _search(query)
+    attributes: dict[str, Any] = {
+        "openinference.span.kind": "RETRIEVER",
+        "gen_ai.operation.name": "retrieval",
+        "input.value": query,
+    }
+    for i, doc in enumerate(docs):
+        prefix = f"retrieval.documents.{i}.document."
+        attributes[prefix + "id"] = doc["id"]
+        attributes[prefix + "content"] = doc["content"]
+        attributes[prefix + "score"] = doc["score"]
+        attributes[prefix + "metadata"] = json.dumps(doc["metadata"], ensure_ascii=False)
+    trace.get_current_span().set_attributes(attributes)
+    return docs
+
+
+@otel_tracer.start_as_current_span("generate")
+def otel_generate(prompt: str) -> str:
+    text = _generate(prompt)
+    trace.get_current_span().set_attributes(
+        {
+            "openinference.span.kind": "LLM",
+            "gen_ai.operation.name": "chat",
+            "input.value": prompt,
+            "output.value": text,
+        }
+    )
+    return text
+
+
+@otel_tracer.start_as_current_span("answer")
+def otel_answer(question: str) -> str:
+    span = trace.get_current_span()
+    span.set_attributes({"openinference.span.kind": "CHAIN", "input.value": question})
+    otel_search(question)
+    answer = otel_generate(question)
+    span.set_attribute("output.value", answer)
+    return answer
+
+
+# -- recalltrace ---------------------------------------------------------------------------------
+
+
+@tracer.retrieval("search")
+def rt_search(query: str) -> list[dict[str, Any]]:
+    return _search(query)
+
+
+@tracer.generation("generate")
+def rt_generate(prompt: str) -> str:
+    return _generate(prompt)
+
+
+@tracer.rag("answer")
+def rt_answer(question: str) -> str:
+    rt_search(question)
+    return rt_generate(question)
+
+
+# -- measurement ---------------------------------------------------------------------------------
+
+
+def _run_block(fn: Callable[[str], str], calls: int, out: list[int]) -> None:
+    clock = time.perf_counter_ns
+    question = QUESTION
+    for _ in range(calls):
+        start = clock()
+        fn(question)
+        out.append(clock() - start)
+
+
+def _p99(samples: list[int]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000, help="measured calls per variant")
+    parser.add_argument("--warmup", type=int, default=2_000, help="warm-up calls per variant")
+    parser.add_argument("--blocks", type=int, default=10, help="interleaved blocks")
+    args = parser.parse_args()
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
+    trace.set_tracer_provider(provider)
+    sink = DiscardingSink()
+
+    def at_rate(rate: float) -> Callable[[], None]:
+        def setup() -> None:
+            tracer.configure(
+                tracer_provider=provider, sink=sink, sample_rate=rate, service_name="bench"
+            )
+
+        return setup
+
+    def nothing() -> None:
+        return None
+
+    variants: list[tuple[str, Callable[[str], str], Callable[[], None]]] = [
+        ("plain", plain_answer, nothing),
+        ("otel", otel_answer, nothing),
+        ("recalltrace@0", rt_answer, at_rate(0.0)),
+        ("recalltrace@1", rt_answer, at_rate(1.0)),
+    ]
+    samples: dict[str, list[int]] = {name: [] for name, _, _ in variants}
+    for name, fn, setup in variants:
+        setup()
+        _run_block(fn, args.warmup, [])
+        tracer.flush(30)
+    per_block = max(1, args.calls // args.blocks)
+    for _ in range(args.blocks):
+        for name, fn, setup in variants:
+            setup()
+            gc.collect()
+            _run_block(fn, per_block, samples[name])
+            # Let the writer finish this block's records outside the measured time.
+            tracer.flush(30)
+    tracer.shutdown(30)
+
+    from tracer._runtime import stats
+
+    dropped = stats().dropped_total()
+    medians = {name: statistics.median(values) / 1000 for name, values in samples.items()}
+    p99s = {name: _p99(values) for name, values in samples.items()}
+    print(f"{args.blocks * per_block} calls per variant after {args.warmup} warm-up calls")
+    print(f"{'variant':<16}{'median µs':>12}{'p99 µs':>12}{'median/otel':>14}{'p99/otel':>12}")
+    for name, _, _ in variants:
+        print(
+            f"{name:<16}{medians[name]:>12.1f}{p99s[name]:>12.1f}"
+            f"{medians[name] / medians['otel']:>14.2f}{p99s[name] / p99s['otel']:>12.2f}"
+        )
+    print(f"records written by the sink: {sink.written}; dropped: {dropped}")
+    ratio_1 = medians["recalltrace@1"] / medians["otel"]
+    ratio_0 = medians["recalltrace@0"] / medians["otel"]
+    print(f"target rate 1 <= 1.30x otel: {ratio_1:.2f}x {'OK' if ratio_1 <= 1.3 else 'MISSED'}")
+    print(f"target rate 0 <= 1.10x otel: {ratio_0:.2f}x {'OK' if ratio_0 <= 1.1 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

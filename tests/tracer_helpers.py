@@ -1,0 +1,187 @@
+"""Helpers for the tracer tests: sinks implementing the tracer's own ``TraceSink`` interface,
+and a fixture that configures the tracer with an in-memory span exporter and sink."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import tracer
+from storage.records import ReferenceUpdate, TraceRecord
+
+
+class TraceNotFound(LookupError):
+    """Raised by the sinks below like ``storage.TraceNotFound``."""
+
+
+class MemorySink:
+    """Keeps written records in memory; ``attach_reference`` works on what it holds."""
+
+    def __init__(self) -> None:
+        self.records: list[TraceRecord] = []
+        self.batches: list[int] = []
+        self.references: list[ReferenceUpdate] = []
+        self.lock = threading.Lock()
+
+    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+        with self.lock:
+            known = {record.trace_id for record in self.records}
+            self.records.extend(record for record in records if record.trace_id not in known)
+            self.batches.append(len(records))
+
+    def attach_reference(self, update: ReferenceUpdate) -> int:
+        with self.lock:
+            for record in self.records:
+                if record.trace_id == update.trace_id:
+                    if update.reference is not None:
+                        record.reference = update.reference
+                    if update.reference_contexts is not None:
+                        record.reference_contexts = update.reference_contexts
+                    if update.reference_context_ids is not None:
+                        record.reference_context_ids = update.reference_context_ids
+                    self.references.append(update)
+                    return 1
+        raise TraceNotFound(update.trace_id)
+
+    def by_id(self, trace_id: str) -> TraceRecord:
+        with self.lock:
+            for record in self.records:
+                if record.trace_id == trace_id:
+                    return record
+        raise KeyError(trace_id)
+
+
+class FlakySink(MemorySink):
+    """Fails while ``down`` is set, like a database that is unreachable."""
+
+    def __init__(self, down: bool = True) -> None:
+        super().__init__()
+        self.down = down
+        self.failures = 0
+
+    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+        if self.down:
+            self.failures += 1
+            raise ConnectionError("database unreachable")
+        super().write_traces(records)
+
+    def attach_reference(self, update: ReferenceUpdate) -> int:
+        if self.down:
+            self.failures += 1
+            raise ConnectionError("database unreachable")
+        return super().attach_reference(update)
+
+
+class FileSink:
+    """Appends one JSON line per record to a file (visible across fork and subprocesses)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+        with self.path.open("a", encoding="utf-8") as out:
+            for record in records:
+                line = {
+                    "trace_id": record.trace_id,
+                    "app_name": record.app_name,
+                    "user_input": record.user_input,
+                    "response": record.response,
+                    "contexts": [c.content for c in record.retrieved_contexts],
+                }
+                out.write(json.dumps(line) + "\n")
+
+    def attach_reference(self, update: ReferenceUpdate) -> int:
+        raise TraceNotFound(update.trace_id)
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
+@dataclass
+class Traced:
+    """A configured tracer with its in-memory exporter, sink and metric reader."""
+
+    sink: MemorySink
+    exporter: InMemorySpanExporter
+    provider: TracerProvider
+    metrics: InMemoryMetricReader
+    config: tracer.TracerConfig
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def spans(self, name: str | None = None) -> list[ReadableSpan]:
+        spans = list(self.exporter.get_finished_spans())
+        return [s for s in spans if name is None or s.name == name]
+
+    def span(self, name: str) -> ReadableSpan:
+        (found,) = self.spans(name)
+        return found
+
+    def records(self, timeout: float = 5.0) -> list[TraceRecord]:
+        assert tracer.flush(timeout), "flush timed out"
+        return list(self.sink.records)
+
+    def record(self, timeout: float = 5.0) -> TraceRecord:
+        (found,) = self.records(timeout)
+        return found
+
+    def metric_points(self, name: str) -> list[tuple[dict[str, Any], float]]:
+        data = self.metrics.get_metrics_data()
+        points: list[tuple[dict[str, Any], float]] = []
+        for resource_metrics in data.resource_metrics if data else ():
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if metric.name == name:
+                        for point in metric.data.data_points:
+                            points.append((dict(point.attributes or {}), point.value))
+        return points
+
+
+def make_traced(sink: MemorySink | None = None, **options: Any) -> Traced:
+    """Configure the tracer for a test: private TracerProvider, in-memory everything."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    sink = sink if sink is not None else MemorySink()
+    settings: dict[str, Any] = {
+        "tracer_provider": provider,
+        "meter_provider": meter_provider,
+        "sink": sink,
+        "service_name": "test-service",
+        "flush_interval": 0.05,
+        "shutdown_timeout": 2.0,
+        "retry_backoff": 0.01,
+        "reference_wait": 2.0,
+    }
+    settings.update(options)
+    config = tracer.configure(**settings)
+    return Traced(sink, exporter, provider, reader, config)
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    """The tracer configured with in-memory sink and exporter; shut down afterwards."""
+    state = make_traced()
+    yield state
+    tracer.shutdown(2.0)
+
+
+def dropped(reason: str | None = None) -> int:
+    """Records dropped so far in this process (of one reason, or all)."""
+    from tracer._runtime import stats
+
+    return stats().dropped_total(reason)

@@ -1,0 +1,678 @@
+"""The decorators on every kind of function: values, exceptions, streams, spans and traces."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+import tracer
+from tests.tracer_helpers import Traced, traced  # noqa: F401  (fixture)
+
+DOCS = [
+    {"id": "d1", "content": "Paris is the capital of France.", "score": 0.9},
+    {"id": "d2", "content": "Berlin is the capital of Germany.", "score": 0.7},
+]
+
+
+class Boom(Exception):
+    pass
+
+
+# -- every function kind returns what it would without the decorator ----------------------------
+
+
+def test_sync_functions_bare_and_with_arguments(traced: Traced) -> None:
+    @tracer.retrieval
+    def search(query: str) -> list[dict[str, Any]]:
+        return DOCS
+
+    @tracer.generation(model="gpt-test")
+    def generate(prompt: str) -> str:
+        return "Paris."
+
+    @tracer.rag("capitals")
+    def answer(question: str) -> str:
+        search(question)
+        return generate(f"Context... {question}")
+
+    assert answer("What is the capital of France?") == "Paris."
+    record = traced.record()
+    assert record.app_name == "capitals"
+    assert record.service_name == "test-service"
+    assert record.user_input == "What is the capital of France?"
+    assert record.response == "Paris."
+    assert [(c.id, c.content, c.score) for c in record.retrieved_contexts] == [
+        ("d1", DOCS[0]["content"], 0.9),
+        ("d2", DOCS[1]["content"], 0.7),
+    ]
+    assert record.metadata["llm"] == [
+        {"model": "gpt-test", "prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+    ]
+    assert record.error is False
+    assert len(record.trace_id) == 32 and int(record.trace_id, 16) > 0
+    assert record.started_at.tzinfo is not None and record.duration_ms >= 0
+    root = traced.span("capitals")
+    assert format(root.context.trace_id, "032x") == record.trace_id
+    assert traced.span("search").parent.span_id == root.context.span_id
+    assert traced.span("generate").parent.span_id == root.context.span_id
+
+
+def test_returned_object_is_the_same_object(traced: Traced) -> None:
+    result = {"answer": "yes", "sources": [1, 2]}
+
+    @tracer.rag
+    def answer(question: str) -> dict[str, Any]:
+        return result
+
+    assert answer("q?") is result
+    assert traced.record().response == "yes"
+
+
+def test_coroutines(traced: Traced) -> None:
+    @tracer.retrieval
+    async def search(query: str) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)
+        return DOCS
+
+    @tracer.generation
+    async def generate(prompt: str) -> str:
+        await asyncio.sleep(0)
+        return "Paris."
+
+    @tracer.rag
+    async def answer(question: str) -> str:
+        await search(question)
+        return await generate(question)
+
+    assert asyncio.run(answer("capital?")) == "Paris."
+    record = traced.record()
+    assert (record.app_name, record.user_input, record.response) == ("answer", "capital?", "Paris.")
+    assert [c.id for c in record.retrieved_contexts] == ["d1", "d2"]
+
+
+def test_generators_stream_and_keep_the_return_value(traced: Traced) -> None:
+    @tracer.retrieval
+    def search(query: str) -> Any:
+        yield DOCS[0]
+        yield [DOCS[1]]
+
+    @tracer.generation
+    def generate(prompt: str) -> Any:
+        yield "Par"
+        yield "is."
+        return "finished"
+
+    @tracer.rag
+    def answer(question: str) -> Any:
+        list(search(question))
+        result = yield from generate(question)
+        assert result == "finished"
+        return "done"
+
+    gen = answer("capital?")
+    assert list(gen) == ["Par", "is."]
+    record = traced.record()
+    assert record.response == "Paris."
+    assert [c.id for c in record.retrieved_contexts] == ["d1", "d2"]
+    assert traced.span("generate").attributes["output.value"] == "Paris."
+
+    stop_value = None
+
+    def drive() -> None:
+        nonlocal stop_value
+        stop_value = yield from generate("again")
+
+    list(drive())
+    assert stop_value == "finished"
+
+
+def test_generator_send_and_throw_pass_through(traced: Traced) -> None:
+    seen: list[Any] = []
+
+    @tracer.generation
+    def echo(prompt: str) -> Any:
+        value = yield "ready"
+        while True:
+            try:
+                value = yield f"got {value}"
+            except Boom as exc:
+                seen.append(exc)
+                value = "recovered"
+
+    gen = echo("p")
+    assert next(gen) == "ready"
+    assert gen.send(1) == "got 1"
+    error = Boom("into the generator")
+    assert gen.throw(error) == "got recovered"
+    assert seen == [error]
+    gen.close()
+    span = traced.span("echo")
+    assert span.status.status_code is not StatusCode.ERROR
+    assert span.attributes["output.value"] == "readygot 1got recovered"
+
+
+def test_async_generators(traced: Traced) -> None:
+    @tracer.generation
+    async def stream(prompt: str) -> Any:
+        for chunk in ("Pa", "ri", "s"):
+            await asyncio.sleep(0)
+            yield chunk
+
+    @tracer.rag
+    async def answer(question: str) -> Any:
+        async for chunk in stream(question):
+            yield chunk
+
+    async def main() -> list[str]:
+        return [chunk async for chunk in answer("capital?")]
+
+    assert asyncio.run(main()) == ["Pa", "ri", "s"]
+    record = traced.record()
+    assert record.response == "Paris"
+    assert traced.span("stream").attributes["output.value"] == "Paris"
+
+
+def test_async_generator_asend_athrow(traced: Traced) -> None:
+    @tracer.generation
+    async def echo(prompt: str) -> Any:
+        value = yield "ready"
+        while True:
+            try:
+                value = yield f"got {value}"
+            except Boom:
+                value = "recovered"
+
+    async def main() -> list[str]:
+        gen = echo("p")
+        out = [await gen.asend(None), await gen.asend(2), await gen.athrow(Boom())]
+        await gen.aclose()
+        return out
+
+    assert asyncio.run(main()) == ["ready", "got 2", "got recovered"]
+    assert traced.span("echo").attributes["output.value"] == "readygot 2got recovered"
+
+
+def test_methods_static_and_class_methods(traced: Traced) -> None:
+    class Bot:
+        prefix = "A:"
+
+        @tracer.rag(input_param="question")
+        def answer(self, question: str) -> str:
+            return f"{self.prefix} {self.search(question)[0]}"
+
+        @tracer.retrieval
+        @staticmethod
+        def search(query: str) -> list[str]:
+            return ["doc about " + query]
+
+        @tracer.generation
+        @classmethod
+        def generate(cls, prompt: str) -> str:
+            return cls.prefix + prompt
+
+    bot = Bot()
+    assert bot.answer("cats") == "A: doc about cats"
+    assert Bot.search("dogs") == ["doc about dogs"]
+    assert Bot.generate("x") == "A:x"
+    assert Bot.answer.__name__ == "answer"
+    records = traced.records()
+    by_app = {r.app_name: r for r in records}
+    assert by_app["answer"].user_input == "cats"
+    assert [c.content for c in by_app["answer"].retrieved_contexts] == ["doc about cats"]
+    assert by_app["search"].retrieved_contexts[0].content == "doc about dogs"
+
+
+def test_unknown_parameter_name_fails_at_decoration() -> None:
+    with pytest.raises(TypeError, match="no parameter named 'query'"):
+
+        @tracer.rag(input_param="query")
+        def answer(question: str) -> str:
+            return question
+
+
+def test_input_by_parameter_name_default_and_keyword(traced: Traced) -> None:
+    @tracer.rag(input_param="question", reference_param="expected")
+    def answer(user_id: str, question: str = "default question", expected: str | None = None):
+        return "ok"
+
+    answer("u1")
+    answer("u2", question="by keyword", expected="gold")
+    first, second = traced.records()
+    assert first.user_input == "default question" and first.reference is None
+    assert second.user_input == "by keyword" and second.reference == "gold"
+
+
+# -- exceptions pass through unchanged ----------------------------------------------------------
+
+
+def _frames(exc: BaseException) -> list[tuple[str, int | None, str]]:
+    return [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def test_exception_is_the_same_object_with_the_same_traceback(traced: Traced) -> None:
+    error = Boom("no documents")
+
+    def plain(query: str) -> list[str]:
+        raise error
+
+    traced_search = tracer.retrieval(plain)
+
+    with pytest.raises(Boom) as plain_info:
+        plain("q")
+    plain_frames = _frames(plain_info.value)
+    error.__traceback__ = None
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        traced_search(question)
+        return "unreachable"
+
+    with pytest.raises(Boom) as info:
+        answer("q")
+    assert info.value is error
+    assert error.__cause__ is None and error.__context__ is None
+    frames = _frames(info.value)
+    # The user's frames are unchanged; each decorator adds exactly its wrapper's frame.
+    assert frames[-1] == plain_frames[-1]
+    assert [name for _, _, name in frames[1:]] == ["wrapper", "answer", "wrapper", "plain"]
+    record = traced.record()
+    assert record.error is True
+    span = traced.span("plain")
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.events[0].name == "exception"
+
+
+def test_exceptions_in_every_kind(traced: Traced) -> None:
+    error = Boom("x")
+
+    @tracer.rag
+    async def coroutine(question: str) -> str:
+        raise error
+
+    @tracer.rag
+    def generator(question: str) -> Any:
+        yield "partial"
+        raise error
+
+    @tracer.rag
+    async def async_generator(question: str) -> Any:
+        yield "partial"
+        raise error
+
+    with pytest.raises(Boom) as info:
+        asyncio.run(coroutine("q"))
+    assert info.value is error
+
+    gen = generator("q")
+    assert next(gen) == "partial"
+    with pytest.raises(Boom) as info:
+        next(gen)
+    assert info.value is error
+
+    async def consume() -> None:
+        async for _ in async_generator("q"):
+            pass
+
+    with pytest.raises(Boom) as info:
+        asyncio.run(consume())
+    assert info.value is error
+    records = traced.records()
+    assert [r.error for r in records] == [True, True, True]
+    assert [r.response for r in records] == [None, "partial", "partial"]
+
+
+def test_base_exceptions_pass_and_mark_the_trace(traced: Traced) -> None:
+    @tracer.rag
+    def answer(question: str) -> str:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        answer("q")
+    record = traced.record()
+    assert record.error is True
+    assert record.notes == ["root interrupted by KeyboardInterrupt"]
+    assert traced.span("answer").status.status_code is StatusCode.UNSET
+
+
+def test_cancelled_task_propagates_cancellation(traced: Traced) -> None:
+    @tracer.rag
+    async def answer(question: str) -> str:
+        await asyncio.sleep(10)
+        return "never"
+
+    async def main() -> None:
+        task = asyncio.create_task(answer("q"))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert traced.record().error is True
+
+
+# -- generators closed early or never finished --------------------------------------------------
+
+
+def test_generator_closed_early_ends_span_and_records_partial_output(traced: Traced) -> None:
+    closed = []
+
+    @tracer.generation
+    def stream(prompt: str) -> Any:
+        try:
+            yield "Hel"
+            yield "lo"
+            yield " world"
+        finally:
+            closed.append(True)
+
+    @tracer.rag
+    def answer(question: str) -> Any:
+        yield from stream(question)
+
+    gen = answer("q")
+    assert next(gen) == "Hel"
+    assert next(gen) == "lo"
+    gen.close()
+    assert closed == [True]
+    record = traced.record()
+    assert record.response == "Hello"
+    assert "stream closed by the caller before its end" in record.notes
+    assert record.error is False
+    assert traced.span("stream").attributes["output.value"] == "Hello"
+
+
+def test_abandoned_generator_is_finished_when_collected(traced: Traced) -> None:
+    @tracer.rag
+    def answer(question: str) -> Any:
+        yield "a"
+        yield "b"
+
+    gen = answer("q")
+    next(gen)
+    del gen
+    gc.collect()
+    record = traced.record()
+    assert record.response == "a"
+
+
+def test_generator_never_started_records_nothing(traced: Traced) -> None:
+    @tracer.rag
+    def answer(question: str) -> Any:
+        yield "a"
+
+    gen = answer("q")
+    del gen
+    gc.collect()
+    assert traced.records() == []
+    assert traced.spans() == []
+
+
+def test_async_generator_closed_early(traced: Traced) -> None:
+    @tracer.rag
+    async def answer(question: str) -> Any:
+        yield "one"
+        yield "two"
+
+    async def main() -> str:
+        gen = answer("q")
+        first = await gen.__anext__()
+        await gen.aclose()
+        return first
+
+    assert asyncio.run(main()) == "one"
+    record = traced.record()
+    assert record.response == "one"
+    assert "stream closed by the caller before its end" in record.notes
+
+
+def test_generator_does_not_leak_its_span_into_the_caller(traced: Traced) -> None:
+    @tracer.rag
+    def answer(question: str) -> Any:
+        yield "a"
+        yield "b"
+
+    gen = answer("q")
+    next(gen)
+    # Between two steps the caller's context has no open trace.
+    assert tracer.current_trace_id() is None
+    list(gen)
+    assert tracer.current_trace_id() is None
+
+
+# -- nested and concurrent traces ---------------------------------------------------------------
+
+
+def test_nested_rag_is_part_of_the_outer_trace(traced: Traced) -> None:
+    @tracer.rag
+    def inner(question: str) -> str:
+        return "inner answer"
+
+    @tracer.rag
+    def outer(question: str) -> str:
+        inner("inner question")
+        return "outer answer"
+
+    outer("outer question")
+    record = traced.record()
+    assert (record.app_name, record.user_input, record.response) == (
+        "outer",
+        "outer question",
+        "outer answer",
+    )
+    assert traced.span("inner").parent.span_id == traced.span("outer").context.span_id
+
+
+def test_concurrent_asyncio_tasks_keep_their_traces_apart(traced: Traced) -> None:
+    @tracer.retrieval
+    async def search(query: str) -> list[str]:
+        await asyncio.sleep(0.001)
+        return [f"doc for {query}"]
+
+    @tracer.rag
+    async def answer(question: str) -> str:
+        trace_id = tracer.current_trace_id()
+        await search(question)
+        await asyncio.sleep(0.001)
+        assert tracer.current_trace_id() == trace_id
+        return f"answer to {question}"
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(answer(f"q{i}") for i in range(20)))
+
+    assert asyncio.run(main()) == [f"answer to q{i}" for i in range(20)]
+    records = traced.records()
+    assert len(records) == 20
+    assert len({r.trace_id for r in records}) == 20
+    for record in records:
+        question = record.user_input
+        assert record.response == f"answer to {question}"
+        assert [c.content for c in record.retrieved_contexts] == [f"doc for {question}"]
+
+
+def test_concurrent_threads_keep_their_traces_apart(traced: Traced) -> None:
+    barrier = threading.Barrier(8)
+
+    @tracer.retrieval
+    def search(query: str) -> list[str]:
+        barrier.wait(5)
+        return [f"doc for {query}"]
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        search(question)
+        return f"answer to {question}"
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(answer, [f"q{i}" for i in range(8)]))
+    assert results == [f"answer to q{i}" for i in range(8)]
+    records = traced.records()
+    assert len({r.trace_id for r in records}) == 8
+    for record in records:
+        assert [c.content for c in record.retrieved_contexts] == [f"doc for {record.user_input}"]
+
+
+def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced) -> None:
+    @tracer.retrieval
+    def search(query: str) -> list[str]:
+        return [f"doc for {query}"]
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        with ThreadPoolExecutor(2) as pool:
+            ctx = contextvars.copy_context()
+            joined = pool.submit(ctx.run, search, question + " (joined)")
+            detached = pool.submit(search, question + " (detached)")
+            joined.result()
+            detached.result()
+        return "ok"
+
+    answer("q")
+    records = {r.app_name: r for r in traced.records()}
+    assert [c.content for c in records["answer"].retrieved_contexts] == ["doc for q (joined)"]
+    # Without the context the task starts a trace of its own.
+    assert [c.content for c in records["search"].retrieved_contexts] == ["doc for q (detached)"]
+    root = traced.span("answer")
+    spans = {s.attributes["input.value"]: s for s in traced.spans("search")}
+    assert spans["q (joined)"].context.trace_id == root.context.trace_id
+    assert spans["q (detached)"].context.trace_id != root.context.trace_id
+
+
+def test_asyncio_to_thread_carries_the_context(traced: Traced) -> None:
+    @tracer.retrieval
+    def search(query: str) -> list[str]:
+        return ["doc"]
+
+    @tracer.rag
+    async def answer(question: str) -> str:
+        await asyncio.to_thread(search, question)
+        return "ok"
+
+    asyncio.run(answer("q"))
+    assert [c.content for c in traced.record().retrieved_contexts] == ["doc"]
+
+
+def test_current_trace_id_inside_and_outside(traced: Traced) -> None:
+    seen = []
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        seen.append(tracer.current_trace_id())
+        return "ok"
+
+    assert tracer.current_trace_id() is None
+    answer("q")
+    assert seen == [traced.record().trace_id]
+
+
+# -- spans ---------------------------------------------------------------------------------------
+
+
+def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
+    class Completion:
+        model = "gpt-4o-mini-2024"
+        choices = [{"message": {"content": "Paris."}}]
+        usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+
+    @tracer.retrieval
+    def search(query: str) -> list[dict[str, Any]]:
+        return [{"id": "d1", "content": "Paris...", "score": 0.5, "metadata": {"page": 3}}]
+
+    @tracer.generation(model="gpt-4o-mini")
+    def generate(prompt: str) -> Completion:
+        return Completion()
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        search(question)
+        return generate(question).choices[0]["message"]["content"]
+
+    answer("capital?")
+    assert dict(traced.span("answer").attributes) == {
+        "openinference.span.kind": "CHAIN",
+        "input.value": "capital?",
+        "output.value": "Paris.",
+    }
+    assert dict(traced.span("search").attributes) == {
+        "openinference.span.kind": "RETRIEVER",
+        "gen_ai.operation.name": "retrieval",
+        "input.value": "capital?",
+        "retrieval.documents.0.document.id": "d1",
+        "retrieval.documents.0.document.content": "Paris...",
+        "retrieval.documents.0.document.score": 0.5,
+        "retrieval.documents.0.document.metadata": '{"page": 3}',
+    }
+    assert dict(traced.span("generate").attributes) == {
+        "openinference.span.kind": "LLM",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "gpt-4o-mini",
+        "gen_ai.response.model": "gpt-4o-mini-2024",
+        "llm.model_name": "gpt-4o-mini-2024",
+        "input.value": "capital?",
+        "output.value": "Paris.",
+        "llm.token_count.prompt": 12,
+        "llm.token_count.completion": 3,
+        "llm.token_count.total": 15,
+        "gen_ai.usage.input_tokens": 12,
+        "gen_ai.usage.output_tokens": 3,
+    }
+    record = traced.record()
+    assert record.metadata["llm"] == [
+        {
+            "model": "gpt-4o-mini-2024",
+            "prompt_tokens": 12,
+            "completion_tokens": 3,
+            "total_tokens": 15,
+        }
+    ]
+
+
+def test_non_string_input_is_json(traced: Traced) -> None:
+    @tracer.rag(input_param="request")
+    def answer(request: dict[str, Any]) -> str:
+        return "ok"
+
+    answer({"question": "q", "user": 7})
+    span = traced.span("answer")
+    assert span.attributes["input.value"] == '{"question": "q", "user": 7}'
+    assert span.attributes["input.mime_type"] == "application/json"
+    assert traced.record().user_input == '{"question": "q", "user": 7}'
+
+
+def test_disabled_tracer_runs_functions_plainly() -> None:
+    from tests.tracer_helpers import make_traced
+
+    state = make_traced(enabled=False)
+    try:
+
+        @tracer.rag
+        def answer(question: str) -> str:
+            assert tracer.current_trace_id() is None
+            return "ok"
+
+        assert answer("q") == "ok"
+        assert state.spans() == [] and state.records() == []
+    finally:
+        tracer.shutdown(1)
+
+
+def test_decorating_does_not_touch_opentelemetry_until_called() -> None:
+    import subprocess
+
+    code = (
+        "import sys, tracer\n"
+        "@tracer.rag\n"
+        "def answer(q): return q\n"
+        "print(any(m.startswith('opentelemetry') for m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
