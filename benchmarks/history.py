@@ -1,0 +1,313 @@
+"""Latency of the history queries on Postgres with a million stored scores.
+
+Creates a dedicated database (``rt_bench_history``) beside the one in
+``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local ``test`` database), migrates it, fills it
+server-side (``INSERT ... SELECT generate_series``) with traces spread over 30 days, their
+retrieved contexts, one score and one finished job per (trace, metric), then times the queries
+``recalltrace`` runs, through :class:`storage.history.History`, and drops the database.
+
+    .venv/bin/python benchmarks/history.py                 # 1,000,000 scores
+    .venv/bin/python benchmarks/history.py --scores 200000 --keep
+
+Prints the median latency of each query and whether it meets the 100 ms target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scorers.catalog import CATALOG  # noqa: E402
+from storage.db import create_engine_from_url  # noqa: E402
+from storage.history import History  # noqa: E402
+from storage.migrate import upgrade  # noqa: E402
+
+DATABASE = "rt_bench_history"
+TARGET_MS = 100.0
+DAYS = 30
+APPS = ("support-bot", "docs-search", "billing-assistant")
+# A typical mean per variant, so the data has some shape.
+BASE_VALUE = {
+    "llm_context_recall": 0.78,
+    "non_llm_context_recall": 0.64,
+    "id_based_context_recall": 0.71,
+    "context_entity_recall": 0.82,
+    "chunk_context_recall": 0.88,
+    "judge_context_recall": 0.74,
+}
+
+
+def _base_url() -> str:
+    return os.environ.get(
+        "RECALLTRACE_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    )
+
+
+def _admin() -> Engine:
+    url = make_url(_base_url()).set(database="postgres").render_as_string(hide_password=False)
+    return create_engine_from_url(url, isolation_level="AUTOCOMMIT", pool_size=1)
+
+
+def _bench_url() -> str:
+    return make_url(_base_url()).set(database=DATABASE).render_as_string(hide_password=False)
+
+
+def _metrics_values() -> str:
+    return ", ".join(f"('{key}', {BASE_VALUE[key]})" for key in CATALOG)
+
+
+# Evidence shaped like each variant's ``details``, so rows are as wide as real ones.
+_DETAILS = """
+CASE m.metric
+  WHEN 'llm_context_recall' THEN jsonb_build_object('mode', 'one_call', 'claims', jsonb_build_array(
+    jsonb_build_object('statement', 'Password resets are sent by email within five minutes.',
+                       'reason', 'Context 1 states the delay.', 'attributed', 1),
+    jsonb_build_object('statement', 'The reset link expires after 24 hours.',
+                       'reason', 'No context mentions the expiry.', 'attributed', 0),
+    jsonb_build_object('statement', 'Admins can force a reset from the console.',
+                       'reason', 'Context 3 describes the console.', 'attributed', 1)))
+  WHEN 'non_llm_context_recall' THEN jsonb_build_object('measure', 'levenshtein',
+    'threshold', 0.5, 'matches', jsonb_build_array(
+      jsonb_build_object('reference_index', 0, 'found', true, 'retrieved_index', 1,
+                         'similarity', 0.83),
+      jsonb_build_object('reference_index', 1, 'found', false, 'retrieved_index', null,
+                         'similarity', null)))
+  WHEN 'id_based_context_recall' THEN jsonb_build_object(
+    'found_ids', jsonb_build_array('doc_' || (s.g % 997), 'doc_' || (s.g % 991)),
+    'missing_ids', jsonb_build_array('doc_' || (s.g % 983)))
+  WHEN 'context_entity_recall' THEN jsonb_build_object(
+    'reference_entities', jsonb_build_array('Acme Cloud', 'EU region', '24 hours', 'admin console'),
+    'context_entities', jsonb_build_array('Acme Cloud', 'EU region', 'admin console'),
+    'found_entities', jsonb_build_array('Acme Cloud', 'EU region', 'admin console'),
+    'missing_entities', jsonb_build_array('24 hours'), 'reference_cache', false)
+  WHEN 'chunk_context_recall' THEN jsonb_build_object('evaluated_chunks', jsonb_build_array(
+      jsonb_build_object('id_chunk', 0, 'is_relevant', true, 'is_included', true,
+                         'missing_info', null),
+      jsonb_build_object('id_chunk', 1, 'is_relevant', true, 'is_included', false,
+                         'missing_info', 'the 24 hour expiry of the link'),
+      jsonb_build_object('id_chunk', 2, 'is_relevant', false, 'is_included', false,
+                         'missing_info', null)),
+    'missing_information', jsonb_build_array(jsonb_build_object('chunk_id', 1,
+      'missing_info', 'the 24 hour expiry of the link')))
+  ELSE jsonb_build_object('judge_reason',
+    'The answer covers the main steps but omits the expiry of the reset link.')
+END
+"""
+
+
+def populate(engine: Engine, scores: int, now: datetime) -> int:
+    """Fill the database server-side; returns the number of traces."""
+    metrics = len(CATALOG)
+    traces = -(-scores // metrics)
+    params = {"n": traces, "now": now, "days": DAYS}
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                """
+                INSERT INTO traces (trace_id, app_name, service_name, started_at, duration_ms,
+                    user_input, response, reference, reference_contexts, reference_context_ids,
+                    metadata, error, notes, created_at)
+                SELECT md5('trace-' || g), (ARRAY['support-bot', 'docs-search',
+                        'billing-assistant'])[1 + g % 3], 'bench-service',
+                    :now - random() * make_interval(days => :days), 40 + random() * 900,
+                    'How do I reset the password of user ' || g || ' on the EU region?',
+                    'Open the admin console, choose the user and press reset; the email '
+                        || 'arrives within five minutes.',
+                    'Password resets are sent by email within five minutes. The link expires '
+                        || 'after 24 hours. Admins can force a reset from the console.',
+                    jsonb_build_array('Password resets are sent by email.',
+                                      'Reset links expire after 24 hours.'),
+                    jsonb_build_array('doc_' || (g % 997), 'doc_' || (g % 983)),
+                    '{"user_tier": "pro"}'::jsonb, false, '[]'::jsonb, :now
+                FROM generate_series(1, :n) AS g
+                """
+            ),
+            params,
+        )
+        conn.execute(
+            text(
+                """
+                INSERT INTO retrieved_contexts (trace_id, position, context_id, content, score,
+                    metadata)
+                SELECT t.trace_id, p, 'doc_' || ((hashtext(t.trace_id) & 1023) + p),
+                    repeat('Resetting a password from the admin console sends an email. ', 5),
+                    1.0 - p / 10.0, '{"source": "kb/reset.md"}'::jsonb
+                FROM traces t CROSS JOIN generate_series(0, 3) AS p
+                """
+            )
+        )
+        conn.execute(
+            text(
+                f"""
+                INSERT INTO scores (trace_id, metric, version, app_name, trace_started_at,
+                    status, value, reason, details, model, prompt_tokens, completion_tokens,
+                    cost_usd, latency_ms, scored_at)
+                SELECT s.trace_id, m.metric, '1', s.app_name, s.started_at,
+                    CASE WHEN s.r < 0.03 THEN 'failed' WHEN s.r < 0.10 THEN 'skipped'
+                         ELSE 'scored' END,
+                    CASE WHEN s.r >= 0.10 THEN round(greatest(0, least(1,
+                        m.base + (s.x - 0.5) * 0.6))::numeric, 3)::float8 END,
+                    CASE WHEN s.r < 0.03 THEN 'The judge gave no valid answer after 3 attempts.'
+                         WHEN s.r < 0.10 THEN 'The trace has no reference to compare against.'
+                         ELSE 'Two of three reference claims are supported by the retrieved '
+                              || 'contexts.' END,
+                    {_DETAILS},
+                    'gpt-4o-mini', 1800 + (s.g % 900), 120 + (s.g % 80), 0.0004, 850 + s.x * 900,
+                    s.started_at + interval '2 minutes'
+                FROM (
+                    SELECT t.trace_id, t.app_name, t.started_at, random() AS r, random() AS x,
+                        row_number() OVER () AS g
+                    FROM traces t
+                ) AS s
+                CROSS JOIN (VALUES {_metrics_values()}) AS m(metric, base)
+                """
+            )
+        )
+        conn.execute(
+            text(
+                """
+                INSERT INTO scoring_jobs (trace_id, metric, version, status, attempts, run_at,
+                    last_error, created_at, updated_at)
+                SELECT trace_id, metric, version,
+                    CASE status WHEN 'scored' THEN 'done' ELSE status END,
+                    CASE status WHEN 'failed' THEN 3 ELSE 1 END, scored_at,
+                    CASE status WHEN 'failed' THEN reason END, trace_started_at, scored_at
+                FROM scores
+                """
+            )
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+    return traces
+
+
+def _median_ms(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    result = run()  # warm the cache and the connection pool
+    run()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples), result
+
+
+def _cli_ms(args: list[str], url: str, repeat: int) -> float:
+    """Median wall time of the installed command, interpreter start included."""
+    command = [str(Path(sys.executable).with_name("recalltrace")), *args, "--database-url", url]
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scores", type=int, default=1_000_000, help="score rows to store")
+    parser.add_argument("--repeat", type=int, default=21, help="timed runs per query")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    args = parser.parse_args()
+
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
+    url = _bench_url()
+    try:
+        upgrade(url)
+        engine = create_engine_from_url(url)
+        now = datetime.now(timezone.utc).replace(microsecond=0)
+        started = time.perf_counter()
+        traces = populate(engine, args.scores, now)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT count(*) FROM scores")).scalar_one()
+            trace_ids = list(
+                conn.execute(text("SELECT trace_id FROM traces ORDER BY random() LIMIT 200"))
+                .scalars()
+                .all()
+            )
+        print(
+            f"stored {stored:,} scores of {traces:,} traces over {DAYS} days "
+            f"in {time.perf_counter() - started:.0f} s"
+        )
+
+        history = History(engine)
+        week = now - timedelta(days=7)
+        ids = iter(random.Random(7).choices(trace_ids, k=args.repeat + 2))
+        cases: list[tuple[str, Callable[[], Any]]] = [
+            (
+                "summary --bucket day (last 7 days, every metric)",
+                lambda: history.summary(bucket="day", since=week),
+            ),
+            (
+                "summary --bucket day (all 30 days, every metric)",
+                lambda: history.summary(bucket="day"),
+            ),
+            (
+                "summary --bucket day --metric M (all 30 days)",
+                lambda: history.summary(bucket="day", metric="llm_context_recall"),
+            ),
+            (
+                "summary --bucket hour (last 24 hours, every metric)",
+                lambda: history.summary(bucket="hour", since=now - timedelta(days=1)),
+            ),
+            (
+                "worst --metric M --limit 10 (last 7 days)",
+                lambda: history.worst(metric="llm_context_recall", limit=10, since=week),
+            ),
+            (
+                "worst --metric M --app A --limit 10 (last 7 days)",
+                lambda: history.worst(
+                    metric="llm_context_recall", app="billing-assistant", limit=10, since=week
+                ),
+            ),
+            (
+                "worst --limit 10 (every metric, last 7 days)",
+                lambda: history.worst(limit=10, since=week),
+            ),
+            ("trace show TRACE_ID", lambda: history.trace(next(ids))),
+            (
+                "check --metric M --since 1h",
+                lambda: history.window(metric="llm_context_recall", since=now - timedelta(hours=1)),
+            ),
+            ("jobs list", lambda: history.problem_jobs()),
+        ]
+        print(f"\nmedian of {args.repeat} runs after 2 warm-up runs (target {TARGET_MS:.0f} ms)")
+        print(f"{'query':<54} {'median ms':>10}  {'rows':>5}  target")
+        for name, run in cases:
+            ms, result = _median_ms(run, args.repeat)
+            rows = len(result) if isinstance(result, list) else 1
+            verdict = "meets" if ms < TARGET_MS else "MISSES"
+            print(f"{name:<54} {ms:>10.1f}  {rows:>5}  {verdict}")
+        cli = _cli_ms(["scores", "summary", "--format", "json"], url, 5)
+        print(
+            f"\n`recalltrace scores summary --format json` as a process, interpreter start "
+            f"included: median {cli:.0f} ms of 5 runs"
+        )
+        engine.dispose()
+    finally:
+        if not args.keep:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
