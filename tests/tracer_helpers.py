@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -172,9 +171,9 @@ def make_traced(sink: MemorySink | None = None, **options: Any) -> Traced:
     return Traced(sink, exporter, provider, reader, config)
 
 
-@pytest.fixture
-def traced() -> Iterator[Traced]:
-    """The tracer configured with in-memory sink and exporter; shut down afterwards."""
+def traced_session() -> Iterator[Traced]:
+    """Body of the ``traced`` fixture of the tracer test modules: the tracer configured with
+    in-memory sink and exporter, shut down afterwards."""
     state = make_traced()
     yield state
     tracer.shutdown(2.0)

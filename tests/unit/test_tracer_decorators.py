@@ -8,6 +8,7 @@ import gc
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,7 +16,13 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import tracer
-from tests.tracer_helpers import Traced, traced  # noqa: F401  (fixture)
+from tests.tracer_helpers import Traced, traced_session
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    yield from traced_session()
+
 
 DOCS = [
     {"id": "d1", "content": "Paris is the capital of France.", "score": 0.9},
@@ -55,7 +62,12 @@ def test_sync_functions_bare_and_with_arguments(traced: Traced) -> None:
         ("d2", DOCS[1]["content"], 0.7),
     ]
     assert record.metadata["llm"] == [
-        {"model": "gpt-test", "prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+        {
+            "model": "gpt-test",
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "total_tokens": None,
+        }
     ]
     assert record.error is False
     assert len(record.trace_id) == 32 and int(record.trace_id, 16) > 0
@@ -579,9 +591,10 @@ def test_current_trace_id_inside_and_outside(traced: Traced) -> None:
 
 def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
     class Completion:
-        model = "gpt-4o-mini-2024"
-        choices = [{"message": {"content": "Paris."}}]
-        usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+        def __init__(self) -> None:
+            self.model = "gpt-4o-mini-2024"
+            self.choices = [{"message": {"content": "Paris."}}]
+            self.usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
 
     @tracer.retrieval
     def search(query: str) -> list[dict[str, Any]]:

@@ -1,0 +1,252 @@
+"""Scrubbing before anything is stored: default patterns, user patterns, callback, notes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+import tracer
+from storage.records import ContextRecord, TraceRecord
+from tests.tracer_helpers import Traced, make_traced, traced_session
+from tracer._scrub import Scrubber, default_pattern_names
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    yield from traced_session()
+
+
+R = "[REDACTED]"
+
+
+def scrub(text: str, options: tracer.ScrubbingOptions | None = None) -> tuple[str, list[str]]:
+    notes: list[str] = []
+    return Scrubber(options or tracer.ScrubbingOptions()).scrub_text(text, "f", notes), notes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "pattern"),
+    [
+        ("key sk-proj-abcdefghijklmnop1234 here", f"key {R} here", "api_key"),
+        ("aws AKIAIOSFODNN7EXAMPLE!", f"aws {R}!", "api_key"),
+        ("gh ghp_" + "a" * 36, f"gh {R}", "api_key"),
+        ("slack xoxb-1234567890-abcdef", f"slack {R}", "api_key"),
+        ("google AIza" + "B" * 35, f"google {R}", "api_key"),
+        ('{"api_key": "abc123def456"}', f'{{"api_key": "{R}"}}', "api_key"),
+        ("Authorization: Bearer abc.def-ghi_jkl", f"Authorization: Bearer {R}", "bearer_token"),
+        ("jwt eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4", f"jwt {R}", "bearer_token"),
+        ("login with password=hunter2; ok", f"login with password={R}; ok", "password"),
+        ("PASSWORD: 's3cr3t!'", f"PASSWORD: '{R}'", "password"),
+        ("mail jane.doe+rag@example.co.uk now", f"mail {R} now", "email"),
+        ("card 4111 1111 1111 1111 exp", f"card {R} exp", "card_number"),
+        ("card 5500-0000-0000-0004.", f"card {R}.", "card_number"),
+    ],
+)
+def test_default_patterns(text: str, expected: str, pattern: str) -> None:
+    scrubbed, notes = scrub(text)
+    assert scrubbed == expected
+    assert notes == [f"scrubbed {pattern} in f"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The capital of France is Paris.",
+        "Order 1234 5678 9012 3456 is not a valid card (Luhn fails).",
+        "Call 555-0100 between 9 and 17.",
+        "The key insight: recall matters.",
+        "Use token-based retrieval with a bearer of good news.",
+        "Reading the password policy page is fine.",
+    ],
+)
+def test_ordinary_text_is_left_alone(text: str) -> None:
+    assert scrub(text) == (text, [])
+
+
+def test_user_patterns_and_callback() -> None:
+    seen = []
+
+    def callback(match: tracer.ScrubMatch) -> str | None:
+        seen.append((match.path, match.value, match.pattern))
+        if match.pattern == "email" and match.value.endswith("@example.com"):
+            return match.value  # keep: public support address
+        if match.pattern == "custom":
+            return "<employee>"
+        return None
+
+    options = tracer.ScrubbingOptions(extra_patterns=[r"EMP-\d{6}"], callback=callback)
+    text = "support@example.com, private@corp.io, emp-123456"
+    scrubbed, notes = scrub(text, options)
+    assert scrubbed == f"support@example.com, {R}, <employee>"
+    assert ("f", "support@example.com", "email") in seen
+    assert ("f", "emp-123456", "custom") in seen
+    assert notes == ["scrubbed email in f", "scrubbed custom in f"]
+
+
+def test_raising_callback_redacts(caplog: pytest.LogCaptureFixture) -> None:
+    def callback(match: tracer.ScrubMatch) -> str | None:
+        raise RuntimeError("callback bug")
+
+    scrubbed, _ = scrub("a@b.example", tracer.ScrubbingOptions(callback=callback))
+    assert scrubbed == R
+    assert "scrubbing callback raised" in caplog.text
+
+
+def test_defaults_can_be_switched_off_and_replacement_changed() -> None:
+    assert scrub("x@y.example", tracer.ScrubbingOptions(default_patterns=False)) == (
+        "x@y.example",
+        [],
+    )
+    options = tracer.ScrubbingOptions(replacement="***")
+    assert scrub("x@y.example", options)[0] == "***"
+    assert set(default_pattern_names()) == {
+        "bearer_token",
+        "api_key",
+        "password",
+        "email",
+        "card_number",
+    }
+
+
+def _record(**fields: Any) -> TraceRecord:
+    base: dict[str, Any] = {
+        "trace_id": "1" * 32,
+        "app_name": "app",
+        "service_name": "svc",
+        "started_at": datetime.now(timezone.utc),
+        "duration_ms": 1.0,
+    }
+    base.update(fields)
+    return TraceRecord(**base)
+
+
+def test_record_scrubbing_covers_every_field_and_notes_paths() -> None:
+    record = _record(
+        user_input="I am bob@example.org",
+        response="Your key is sk-abcdefghijklmnopqrstu",
+        reference="ok",
+        reference_contexts=["call me at carol@example.org"],
+        retrieved_contexts=[
+            ContextRecord("clean", id="1", metadata={"source": "a.md", "api_key": "k-123"}),
+            ContextRecord("dave@example.org wrote", id="2", metadata={"nested": {"token": 5}}),
+        ],
+        metadata={"user": {"email": "erin@example.org"}, "session_id": "abc"},
+    )
+    Scrubber(tracer.ScrubbingOptions()).scrub_record(record)
+    assert record.user_input == f"I am {R}"
+    assert record.response == f"Your key is {R}"
+    assert record.reference_contexts == [f"call me at {R}"]
+    assert record.retrieved_contexts[0].content == "clean"
+    assert record.retrieved_contexts[0].metadata == {"source": "a.md", "api_key": R}
+    assert record.retrieved_contexts[1].content == f"{R} wrote"
+    assert record.retrieved_contexts[1].metadata == {"nested": {"token": R}}
+    assert record.metadata == {"user": {"email": R}, "session_id": R}
+    assert record.notes == [
+        "scrubbed email in user_input",
+        "scrubbed api_key in response",
+        "scrubbed email in reference_contexts[0]",
+        "scrubbed email in retrieved_contexts[1].content",
+        "scrubbed sensitive_key in retrieved_contexts[0].metadata.api_key",
+        "scrubbed sensitive_key in retrieved_contexts[1].metadata.nested.token",
+        "scrubbed email in metadata.user.email",
+        "scrubbed sensitive_key in metadata.session_id",
+    ]
+
+
+def test_sensitive_key_names() -> None:
+    scrubber = Scrubber(tracer.ScrubbingOptions())
+    for key in (
+        "password",
+        "API_KEY",
+        "apiKey",
+        "access_token",
+        "Authorization",
+        "cookie",
+        "session",
+        "credit_card",
+        "ssn",
+        "private-key",
+        "client_secret",
+    ):
+        assert scrubber.is_sensitive_key(key), key
+    for key in ("source", "author", "prompt_tokens", "tokenizer", "page", "title", "keywords"):
+        assert not scrubber.is_sensitive_key(key), key
+
+
+def test_stored_record_is_scrubbed_but_spans_are_not_by_default(traced: Traced) -> None:
+    @tracer.retrieval
+    def search(query: str) -> list[dict[str, Any]]:
+        return [{"content": "contact ops@corp.example", "metadata": {"password": "pw"}}]
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        search(question)
+        return "done"
+
+    answer("my card is 4111111111111111")
+    record = traced.record()
+    assert record.user_input == f"my card is {R}"
+    assert record.retrieved_contexts[0].content == f"contact {R}"
+    assert record.retrieved_contexts[0].metadata == {"password": R}
+    assert "scrubbed card_number in user_input" in record.notes
+    assert traced.span("answer").attributes["input.value"] == "my card is 4111111111111111"
+
+
+def test_span_scrubbing_option() -> None:
+    state = make_traced(scrubbing=tracer.ScrubbingOptions(scrub_span_attributes=True))
+    try:
+
+        @tracer.retrieval
+        def search(query: str) -> list[str]:
+            return ["contact ops@corp.example"]
+
+        search("who is bob@example.org")
+        attributes = state.span("search").attributes
+        assert attributes["input.value"] == f"who is {R}"
+        assert attributes["retrieval.documents.0.document.content"] == f"contact {R}"
+    finally:
+        tracer.shutdown(1)
+
+
+def test_scrubbing_off_stores_text_unchanged() -> None:
+    state = make_traced(scrubbing=False)
+    try:
+
+        @tracer.rag
+        def answer(question: str) -> str:
+            return "ok"
+
+        answer("mail bob@example.org")
+        record = state.record()
+        assert record.user_input == "mail bob@example.org" and record.notes == []
+    finally:
+        tracer.shutdown(1)
+
+
+def test_long_text_is_truncated_and_noted() -> None:
+    state = make_traced(max_text_length=10)
+    try:
+
+        @tracer.retrieval
+        def search(query: str) -> list[str]:
+            return ["x" * 25]
+
+        @tracer.rag
+        def answer(question: str) -> str:
+            search(question)
+            return "short"
+
+        answer("q" * 12)
+        record = state.record()
+        assert record.user_input == "q" * 10
+        assert record.retrieved_contexts[0].content == "x" * 10
+        assert record.response == "short"
+        assert record.notes == [
+            "truncated retrieved_contexts[0] from 25 to 10 characters",
+            "truncated user_input from 12 to 10 characters",
+        ]
+    finally:
+        tracer.shutdown(1)

@@ -1,0 +1,434 @@
+"""The bounded queue and the writer: batching, storage outages, drops, flush, references,
+failures inside the tracer, fork and exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracer
+from storage.records import TraceRecord
+from tests.tracer_helpers import (
+    FileSink,
+    FlakySink,
+    MemorySink,
+    Traced,
+    dropped,
+    make_traced,
+    traced_session,
+)
+from tracer._runtime import stats
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    yield from traced_session()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@tracer.retrieval
+def search(query: str) -> list[str]:
+    return [f"doc for {query}"]
+
+
+@tracer.rag
+def answer(question: str) -> str:
+    search(question)
+    return f"answer to {question}"
+
+
+class BlockingSink(MemorySink):
+    """Blocks every write until ``release`` is set (a very slow database)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+        self.entered.set()
+        self.release.wait(10)
+        super().write_traces(records)
+
+
+def _wait_for(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def _dropped_points(state: Traced) -> dict[tuple[str, str], float]:
+    return {
+        (a["reason"], a.get("rag.app", "")): v for a, v in state.metric_points("rag.traces.dropped")
+    }
+
+
+# -- batching -------------------------------------------------------------------------------------
+
+
+def test_records_are_written_in_batches() -> None:
+    state = make_traced(max_batch_size=16, flush_interval=5.0)
+    try:
+        for i in range(100):
+            answer(f"q{i}")
+        assert tracer.flush(5)
+        records = state.sink.records
+        assert sorted(r.user_input for r in records) == sorted(f"q{i}" for i in range(100))
+        assert max(state.sink.batches) <= 16
+        assert sum(state.sink.batches) == 100
+    finally:
+        tracer.shutdown(1)
+
+
+def test_flush_interval_writes_without_a_full_batch(traced: Traced) -> None:
+    answer("lonely")
+    _wait_for(lambda: len(traced.sink.records) == 1, timeout=2.0)
+
+
+# -- the queue never blocks and never grows past its bound ----------------------------------------
+
+
+def test_full_queue_drops_without_blocking_and_counts(caplog: pytest.LogCaptureFixture) -> None:
+    sink = BlockingSink()
+    state = make_traced(sink=sink, max_queue_size=5, max_batch_size=2, flush_interval=0.01)
+    stats()._last_drop_log = 0.0
+    before = dropped("queue_full")
+    try:
+        answer("first")
+        assert sink.entered.wait(5)  # the writer is now stuck inside the sink
+        slowest = 0.0
+        sizes = []
+        with caplog.at_level(logging.WARNING, logger="recalltrace.tracer"):
+            for i in range(50):
+                start = time.perf_counter()
+                assert answer(f"q{i}") == f"answer to q{i}"
+                slowest = max(slowest, time.perf_counter() - start)
+                sizes.append(state.metric_points("rag.tracer.queue.size")[0][1])
+        assert slowest < 0.5
+        assert max(sizes) <= 5
+        lost = dropped("queue_full") - before
+        assert lost == 50 - 4  # "first" is held by the writer, four more fit in the bound
+        assert _dropped_points(state)[("queue_full", "answer")] >= lost
+        warnings = [r for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(warnings) == 1, "drops are logged at a limited rate"
+    finally:
+        sink.release.set()
+        tracer.shutdown(2)
+    assert len(sink.records) == 5
+
+
+# -- storage down ---------------------------------------------------------------------------------
+
+
+def test_storage_down_app_keeps_serving_records_retried_then_dropped() -> None:
+    sink = FlakySink(down=True)
+    state = make_traced(
+        sink=sink, max_queue_size=10, max_write_attempts=3, retry_backoff=0.2, flush_interval=0.01
+    )
+    storage_errors = dropped("storage_error")
+    queue_full = dropped("queue_full")
+    try:
+        for i in range(40):
+            assert answer(f"q{i}") == f"answer to q{i}"
+        assert tracer.flush(0.1) is False  # nothing can be stored while the database is down
+        _wait_for(
+            lambda: (
+                (dropped("storage_error") - storage_errors) + (dropped("queue_full") - queue_full)
+                == 40
+            )
+        )
+        lost = (dropped("storage_error") - storage_errors) + (dropped("queue_full") - queue_full)
+        assert lost == 40
+        assert sink.failures >= 3
+        points = _dropped_points(state)
+        assert points[("storage_error", "answer")] >= 10
+        # The database comes back: new traces are stored again.
+        sink.down = False
+        answer("after the outage")
+        assert tracer.flush(5)
+        assert [r.user_input for r in sink.records] == ["after the outage"]
+    finally:
+        tracer.shutdown(2)
+
+
+def test_short_outage_loses_nothing() -> None:
+    sink = FlakySink(down=True)
+    make_traced(sink=sink, max_write_attempts=50, retry_backoff=0.01, flush_interval=0.01)
+    before = dropped()
+    try:
+        for i in range(10):
+            answer(f"q{i}")
+        _wait_for(lambda: sink.failures >= 2)
+        sink.down = False
+        assert tracer.flush(5)
+        assert sorted(r.user_input for r in sink.records) == sorted(f"q{i}" for i in range(10))
+        assert dropped() == before
+    finally:
+        tracer.shutdown(2)
+
+
+def test_storage_that_cannot_even_open_is_survived() -> None:
+    def broken_factory() -> Any:
+        raise OSError("no such database")
+
+    state = make_traced(max_write_attempts=2, flush_interval=0.01)
+    from tracer import _runtime
+
+    assert _runtime.current is not None
+    _runtime.current.writer._sink_factory = broken_factory
+    _runtime.current.writer._sink = None
+    before = dropped("storage_error")
+    try:
+        assert answer("q") == "answer to q"
+        _wait_for(lambda: dropped("storage_error") > before)
+        assert state.sink.records == []
+    finally:
+        tracer.shutdown(1)
+
+
+# -- flush and shutdown ---------------------------------------------------------------------------
+
+
+def test_shutdown_drains_and_later_traces_are_dropped() -> None:
+    state = make_traced(flush_interval=60.0)  # only flush/shutdown make the writer write
+    for i in range(5):
+        answer(f"q{i}")
+    assert state.sink.records == []
+    assert tracer.shutdown(5)
+    assert len(state.sink.records) == 5
+    before = dropped("shutdown")
+    assert answer("late") == "answer to late"
+    assert dropped("shutdown") == before + 1
+
+
+def test_flush_with_nothing_queued_returns_at_once(traced: Traced) -> None:
+    start = time.perf_counter()
+    assert tracer.flush(5)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
+    out = tmp_path / "records.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import tracer
+        from tests.tracer_helpers import FileSink
+
+        tracer.configure(sink=FileSink({str(out)!r}), flush_interval=3600, tracer_provider="own")
+
+        @tracer.retrieval
+        def search(query):
+            return ["doc one", "doc two"]
+
+        @tracer.rag
+        def answer(question):
+            search(question)
+            return "bye"
+
+        answer("one-shot job")
+        # no flush: the exit hook drains the queue
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=tmp_path)
+    lines = FileSink(out).lines()
+    assert len(lines) == 1
+    assert lines[0]["user_input"] == "one-shot job"
+    assert lines[0]["contexts"] == ["doc one", "doc two"]
+
+
+# -- references -----------------------------------------------------------------------------------
+
+
+def test_reference_set_inside_the_trace_is_merged(traced: Traced) -> None:
+    @tracer.rag
+    def answer_with_gold(question: str) -> str:
+        tracer.set_reference(tracer.current_trace_id(), reference="gold")
+        tracer.set_reference(None, reference_context_ids=["d1", 2])
+        return "a"
+
+    answer_with_gold("q")
+    record = traced.record()
+    assert record.reference == "gold"
+    assert record.reference_context_ids == ["d1", "2"]
+    assert traced.sink.references == []
+
+
+def test_reference_for_a_queued_trace_is_merged_before_writing() -> None:
+    sink = BlockingSink()
+    make_traced(sink=sink, flush_interval=0.01)
+    try:
+        ids = []
+
+        @tracer.rag
+        def remember(question: str) -> str:
+            ids.append(tracer.current_trace_id())
+            return "a"
+
+        remember("first")
+        assert sink.entered.wait(5)
+        remember("queued")  # waits behind the blocked write
+        tracer.set_reference(ids[1], reference="late gold", reference_contexts=["ctx"])
+        sink.release.set()
+        assert tracer.flush(5)
+        record = sink.by_id(ids[1])
+        assert (record.reference, record.reference_contexts) == ("late gold", ["ctx"])
+        assert sink.references == []
+    finally:
+        sink.release.set()
+        tracer.shutdown(2)
+
+
+def test_reference_after_the_trace_was_stored_goes_to_storage(traced: Traced) -> None:
+    ids = []
+
+    @tracer.rag
+    def remember(question: str) -> str:
+        ids.append(tracer.current_trace_id())
+        return "a"
+
+    remember("q")
+    assert tracer.flush(5)
+    tracer.set_reference(ids[0].upper(), reference="arrived a day later")
+    assert tracer.flush(5)
+    assert traced.sink.by_id(ids[0]).reference == "arrived a day later"
+    assert [u.trace_id for u in traced.sink.references] == ids
+
+
+def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
+    trace_id = "ab" * 16
+    tracer.set_reference(trace_id, reference="gold")
+    time.sleep(0.1)  # the writer tried and got TraceNotFound
+    record = TraceRecord(
+        trace_id=trace_id,
+        app_name="other-process",
+        service_name="svc",
+        started_at=__import__("datetime").datetime.now(__import__("datetime").timezone.utc),
+        duration_ms=1.0,
+    )
+    traced.sink.write_traces([record])  # stored meanwhile, e.g. by another process
+    assert tracer.flush(5)
+    assert traced.sink.by_id(trace_id).reference == "gold"
+
+
+def test_reference_for_an_unknown_trace_is_dropped_after_waiting() -> None:
+    make_traced(reference_wait=0.2)
+    before = dropped("reference_not_found")
+    try:
+        tracer.set_reference("cd" * 16, reference="nobody")
+        assert tracer.flush(5)
+        assert dropped("reference_not_found") == before + 1
+    finally:
+        tracer.shutdown(1)
+
+
+def test_reference_for_a_trace_no_rate_samples_is_ignored() -> None:
+    state = make_traced(sample_rate=0.0)
+    try:
+        tracer.set_reference("ef" * 16, reference="x")
+        assert tracer.flush(1)
+        assert state.sink.references == []
+    finally:
+        tracer.shutdown(1)
+
+
+def test_malformed_trace_ids_are_refused(traced: Traced) -> None:
+    for bad in ("not hex", "", "0" * 32, "1" * 33):
+        with pytest.raises(ValueError):
+            tracer.set_reference(bad, reference="x")
+    with pytest.raises(ValueError):
+        tracer.set_reference(None, reference="x")  # no open trace
+
+
+# -- failures inside the tracer -------------------------------------------------------------------
+
+
+def _break_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracer import _runtime
+
+    def broken(state: Any) -> None:
+        raise RuntimeError("tracer bug")
+
+    assert _runtime.current is not None
+    monkeypatch.setattr(_runtime.current, "finish_trace", broken)
+
+
+def test_internal_failure_never_reaches_the_caller_in_production(
+    traced: Traced, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RECALLTRACE_RAISE_INTERNAL_ERRORS", "0")
+    _break_finish(monkeypatch)
+    with caplog.at_level(logging.ERROR, logger="recalltrace.tracer"):
+        assert answer("q") == "answer to q"
+        assert answer("again") == "answer to q".replace("q", "again")
+    messages = [r.getMessage() for r in caplog.records if "internal error" in r.getMessage()]
+    assert len(messages) == 1, "logged once, not per call"
+
+
+def test_internal_failure_is_raised_under_pytest(
+    traced: Traced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RECALLTRACE_RAISE_INTERNAL_ERRORS", raising=False)
+    _break_finish(monkeypatch)
+    with pytest.raises(RuntimeError, match="tracer bug"):
+        answer("q")
+
+
+def test_failure_opening_the_span_runs_the_function_plainly(
+    traced: Traced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracer import _runtime
+
+    monkeypatch.setenv("RECALLTRACE_RAISE_INTERNAL_ERRORS", "0")
+    assert _runtime.current is not None
+
+    class BrokenTracer:
+        def start_span(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("provider bug")
+
+    monkeypatch.setattr(_runtime.current, "otel_tracer", BrokenTracer())
+    assert answer("q") == "answer to q"
+    assert traced.spans() == []
+
+
+# -- fork -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_gets_a_working_writer(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path / "records.jsonl")
+    make_traced(sink=sink)  # type: ignore[arg-type]
+    try:
+        answer("in the parent")
+        assert tracer.flush(5)  # the parent's writer thread is running
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 1
+            try:
+                answer("in the child")
+                code = 0 if tracer.flush(5) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        answer("in the parent again")
+        assert tracer.flush(5)
+        inputs = sorted(line["user_input"] for line in sink.lines())
+        assert inputs == ["in the child", "in the parent", "in the parent again"]
+    finally:
+        tracer.shutdown(2)
