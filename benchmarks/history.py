@@ -31,10 +31,10 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scorers.catalog import CATALOG  # noqa: E402
-from storage.db import create_engine_from_url  # noqa: E402
-from storage.history import History  # noqa: E402
-from storage.migrate import upgrade  # noqa: E402
+from scorers.catalog import CATALOG
+from storage.db import create_engine_from_url
+from storage.history import History
+from storage.migrate import upgrade
 
 DATABASE = "rt_bench_history"
 TARGET_MS = 100.0
