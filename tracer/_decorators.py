@@ -354,6 +354,8 @@ def _finish_rag(call: _Call, answer: str | None) -> None:
 
 
 def _answer_of(spec: _Spec, result: Any) -> str | None:
+    if type(result) is str and spec.response_extractor is None:
+        return result
     try:
         if spec.response_extractor is not None:
             value = spec.response_extractor(result)
@@ -365,6 +367,8 @@ def _answer_of(spec: _Spec, result: Any) -> str | None:
 
 
 def _generation_of(result: Any) -> tuple[str | None, str | None, Usage | None]:
+    if type(result) is str:
+        return result, None, None
     try:
         return read_generation_text(result), read_model(result), read_usage(result)
     except Exception:
@@ -412,7 +416,8 @@ def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> N
                 call.state.error = True
         elif call.outermost and not isinstance(exc, GeneratorExit):
             call.state.error = True
-            call.state.notes.append(f"root interrupted by {type(exc).__name__}")
+            if call.sampled:
+                call.state.notes.append(f"root interrupted by {type(exc).__name__}")
         _end(call)
     except Exception:
         internal_error("ending a failed span")
@@ -493,7 +498,7 @@ def _stream_record(call: _Call, stream: _Stream) -> None:
 
 def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
     try:
-        if closed_early and call.outermost:
+        if closed_early and call.outermost and call.sampled:
             call.state.notes.append("stream closed by the caller before its end")
         _stream_record(call, stream)
         _end(call)

@@ -9,6 +9,7 @@ per-call work is one dict lookup and a few attribute reads.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -36,11 +37,12 @@ class Usage(NamedTuple):
 _CONTENT_KEYS = ("content", "text", "page_content", "document", "chunk", "body")
 _ID_KEYS = ("id", "doc_id", "document_id", "chunk_id", "node_id", "id_")
 _SCORE_KEYS = ("score", "similarity", "relevance_score")
-_METADATA_KEYS = ("metadata", "meta")
 _ANSWER_KEYS = ("answer", "response", "output", "result", "text", "content", "completion")
 _DOC_LIST_KEYS = ("documents", "docs", "contexts", "results", "nodes", "source_nodes", "matches")
 
 _EMPTY: dict[str, Any] = {}
+# Builds a Doc without NamedTuple's Python-level __new__ (this runs once per document).
+_new_doc: Callable[[tuple[Any, ...]], Doc] = functools.partial(tuple.__new__, Doc)
 
 
 def _as_id(value: Any) -> str | None:
@@ -84,15 +86,16 @@ def _as_text(value: Any) -> str:
 
 
 def _doc_from_str(obj: Any) -> Doc:
-    return Doc(obj, None, None, _EMPTY)
+    return _new_doc((obj, None, None, _EMPTY))
 
 
 def _doc_from_mapping(obj: Any) -> Doc:
-    content: Any = None
-    for key in _CONTENT_KEYS:
-        if key in obj:
-            content = obj[key]
-            break
+    content: Any = obj.get("content")
+    if content is None:
+        for key in _CONTENT_KEYS:
+            if key in obj:
+                content = obj[key]
+                break
     if content is not None and not isinstance(content, str):
         # A nested document, e.g. {"document": <Document>, "score": 0.8}.
         inner = read_document(content)
@@ -103,18 +106,18 @@ def _doc_from_mapping(obj: Any) -> Doc:
             score if score is not None else inner.score,
             inner.metadata,
         )
-    metadata = _EMPTY
-    for key in _METADATA_KEYS:
-        if key in obj:
-            metadata = _as_metadata(obj[key])
-            break
+    metadata = obj.get("metadata")
+    metadata = _as_metadata(metadata if metadata is not None else obj.get("meta"))
     doc_id = _first_id(obj)
     if doc_id is None and metadata:
         doc_id = _first_id(metadata)
-    return Doc("" if content is None else content, doc_id, _first_score(obj), metadata)
+    return _new_doc(("" if content is None else content, doc_id, _first_score(obj), metadata))
 
 
 def _first_id(obj: Mapping[str, Any]) -> str | None:
+    value = obj.get("id")
+    if type(value) is str and value:
+        return value
     for key in _ID_KEYS:
         if key in obj:
             value = _as_id(obj[key])
@@ -124,6 +127,9 @@ def _first_id(obj: Mapping[str, Any]) -> str | None:
 
 
 def _first_score(obj: Mapping[str, Any]) -> float | None:
+    value = obj.get("score")
+    if value is not None:
+        return value if type(value) is float else _as_score(value)
     for key in _SCORE_KEYS:
         if key in obj:
             return _as_score(obj[key])
@@ -256,9 +262,13 @@ def read_documents(result: Any) -> list[Doc]:
 
 
 def _get(obj: Any, name: str) -> Any:
-    if isinstance(obj, Mapping):
+    # dict first and attributes next: an isinstance check against the Mapping ABC is slow.
+    if isinstance(obj, dict):
         return obj.get(name)
-    return getattr(obj, name, None)
+    value = getattr(obj, name, None)
+    if value is None and isinstance(obj, Mapping):
+        return obj.get(name)
+    return value
 
 
 def _first(obj: Any) -> Any:
@@ -402,7 +412,7 @@ def to_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     try:
-        return json.dumps(value, default=str, ensure_ascii=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError):
         return str(value)
 
@@ -429,9 +439,13 @@ def to_id_list(value: Any) -> list[str] | None:
     return [str(value)]
 
 
+# One encoder for all calls: ``json.dumps`` with options builds a new encoder every time.
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
+
+
 def metadata_json(metadata: Mapping[str, Any]) -> str:
     """Metadata as the JSON string OpenInference puts in ``document.metadata``."""
     try:
-        return json.dumps(metadata, default=str, ensure_ascii=False)
+        return _ENCODER.encode(metadata)
     except (TypeError, ValueError):
         return str(metadata)

@@ -54,6 +54,11 @@ class TraceState:
         self.start_perf_ns = start_perf_ns
         self.duration_ms = 0.0
         self.service_name = ""
+        self.error = False
+        self.closed = False
+        if not sampled:
+            # Nothing is captured for an unsampled trace; its capture fields stay unset.
+            return
         self.user_input: Any = None
         self.response: str | None = None
         self.response_chunks: list[str] | None = None
@@ -63,9 +68,7 @@ class TraceState:
         self.reference_contexts: Any = None
         self.reference_context_ids: Any = None
         self.metadata: dict[str, Any] = {}
-        self.error = False
         self.notes: list[str] = []
-        self.closed = False
 
     def hex_id(self) -> str:
         """The trace id as 32 lowercase hex digits."""
