@@ -15,6 +15,7 @@ import csv
 import html
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -296,9 +297,9 @@ def _console() -> Console:
     from rich.console import Console
 
     # Piped output gets a generous fixed width instead of rich's 80-column default, so
-    # tables are not squeezed when redirected to a file.
+    # tables are not squeezed when redirected to a file ($COLUMNS still wins).
     console = Console(highlight=False, soft_wrap=False)
-    if not console.is_terminal:
+    if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(highlight=False, soft_wrap=False, width=120)
     return console
 

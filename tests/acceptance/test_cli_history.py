@@ -1,0 +1,596 @@
+"""The history commands as a user runs them: the installed ``recalltrace`` script in a
+subprocess, on a SQLite file and on Postgres, over data stored the way a worker stores it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from storage.db import create_engine_from_url
+from storage.migrate import upgrade
+from storage.records import TraceRecord
+from storage.repository import Repository
+from tests.conftest import _admin_engine, _base_url, truncate_all
+from tests.factories import make_trace
+
+METRICS = (
+    "llm_context_recall",
+    "id_based_context_recall",
+    "chunk_context_recall",
+    "context_entity_recall",
+)
+SCRIPT = shutil.which("recalltrace", path=str(Path(sys.executable).parent))
+COMMAND = [SCRIPT] if SCRIPT else [sys.executable, "-m", "tracer.cli"]
+
+CLAIMS = [
+    {
+        "statement": "Paris is the capital of France.",
+        "reason": "Context 0 says so.",
+        "attributed": 1,
+    },
+    {
+        "statement": "Paris hosts the Louvre museum.",
+        "reason": "No context mentions it.",
+        "attributed": 0,
+    },
+]
+CHUNKS = {
+    "evaluated_chunks": [
+        {"id_chunk": 0, "is_relevant": True, "is_included": True, "missing_info": None},
+        {
+            "id_chunk": 1,
+            "is_relevant": True,
+            "is_included": False,
+            "missing_info": "the population of Paris",
+        },
+    ],
+    "missing_information": [{"chunk_id": 1, "missing_info": "the population of Paris"}],
+}
+ENTITIES = {
+    "reference_entities": ["Paris", "France", "Louvre"],
+    "context_entities": ["Paris", "France"],
+    "found_entities": ["Paris", "France"],
+    "missing_entities": ["Louvre"],
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    metric: str
+    value: float | None
+    status: str = "scored"
+    reason: str = "Scored from the stored evidence."
+    details: Mapping[str, Any] = field(default_factory=dict)
+    model: str | None = "judge-model"
+    prompt_tokens: int | None = 1200
+    completion_tokens: int | None = 80
+    cost_usd: float | None = 0.0003
+    latency_ms: float | None = 900.0
+    version: str = "1"
+
+
+@dataclass
+class Seeded:
+    """A database holding a known history."""
+
+    url: str
+    backend: str
+    now: datetime
+    plan: list[tuple[TraceRecord, list[Result]]]
+
+    def trace(self, index: int) -> TraceRecord:
+        return self.plan[index][0]
+
+    def values(self, metric: str, *, since: datetime, app: str | None = None) -> list[float]:
+        return [
+            r.value
+            for t, results in self.plan
+            for r in results
+            if r.metric == metric
+            and r.value is not None
+            and t.started_at >= since
+            and (app is None or t.app_name == app)
+        ]
+
+
+def _plan(now: datetime) -> list[tuple[TraceRecord, list[Result]]]:
+    def trace(hours_ago: float, app: str) -> TraceRecord:
+        return make_trace(
+            started_at=now - timedelta(hours=hours_ago),
+            app_name=app,
+            reference_context_ids=["doc_0", "doc_7"],
+        )
+
+    def ok(metric: str, value: float, **kwargs: Any) -> Result:
+        return Result(metric, value, **kwargs)
+
+    def failed(metric: str) -> Result:
+        return Result(metric, None, status="failed", reason="The judge answered nonsense twice.")
+
+    def skipped(metric: str) -> Result:
+        return Result(metric, None, status="skipped", reason="Nothing to score here.")
+
+    return [
+        (
+            trace(0.5, "support-bot"),
+            [
+                ok("llm_context_recall", 0.9),
+                ok("id_based_context_recall", 1.0),
+                ok("chunk_context_recall", 0.75),
+                ok("context_entity_recall", 1.0),
+            ],
+        ),
+        (
+            trace(3, "support-bot"),
+            [
+                ok(
+                    "llm_context_recall",
+                    0.5,
+                    reason="One of two reference claims is supported.",
+                    details={"claims": CLAIMS, "mode": "one_call"},
+                ),
+                ok(
+                    "id_based_context_recall",
+                    0.5,
+                    details={"found_ids": ["doc_0"], "missing_ids": ["doc_7"]},
+                ),
+                ok("chunk_context_recall", 0.5, details=CHUNKS),
+                ok("context_entity_recall", 2 / 3, details=ENTITIES),
+            ],
+        ),
+        (
+            trace(26, "docs-search"),
+            [
+                ok("llm_context_recall", 0.25, reason="Only a quarter of the claims are backed."),
+                ok("id_based_context_recall", 0.0),
+                failed("chunk_context_recall"),
+                ok("context_entity_recall", 0.25),
+            ],
+        ),
+        (
+            trace(27, "docs-search"),
+            [
+                ok("llm_context_recall", 0.75),
+                ok("id_based_context_recall", 1.0),
+                skipped("chunk_context_recall"),
+                failed("context_entity_recall"),
+            ],
+        ),
+        (
+            trace(50, "support-bot"),
+            [
+                ok("llm_context_recall", 0.1, reason="Almost nothing of the reference was found."),
+                ok("id_based_context_recall", 0.5),
+                ok("chunk_context_recall", 0.2),
+                ok("context_entity_recall", 0.4),
+            ],
+        ),
+        # Outside the default window of seven days.
+        (trace(24 * 10, "support-bot"), [ok("llm_context_recall", 0.0)]),
+    ]
+
+
+def _seed(url: str, now: datetime) -> list[tuple[TraceRecord, list[Result]]]:
+    plan = _plan(now)
+    engine = create_engine_from_url(url)
+    try:
+        truncate_all(engine)
+        repo = Repository(engine, metrics=METRICS)
+        repo.write_traces([t for t, _ in plan])
+        wanted = {(t.trace_id, r.metric): r for t, results in plan for r in results}
+        jobs = repo.claim_jobs("seed", limit=1000, lease=timedelta(minutes=5))
+        unplanned = []
+        for job in jobs:
+            result = wanted.pop((job.trace_id, job.metric), None)
+            if result is None:
+                unplanned.append(job.id)
+            else:
+                repo.finish_job(job, result)
+        repo.release_jobs("seed", unplanned)
+        assert not wanted
+    finally:
+        engine.dispose()
+    return plan
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def seeded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Seeded:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('history') / 'history.db'}"
+        upgrade(url)
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    now = datetime.now(timezone.utc)
+    return Seeded(url=url, backend=request.param, now=now, plan=_seed(url, now))
+
+
+def run(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``recalltrace`` with ``args`` (plus ``--database-url url``)."""
+    env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
+    env["COLUMNS"] = "200"
+    command = [*COMMAND, *args] + (["--database-url", url] if url else [])
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def run_all(*commands: tuple[str, ...], url: str | None) -> list[subprocess.CompletedProcess[str]]:
+    """Run independent read-only commands side by side (each is mostly interpreter start)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return list(pool.map(lambda args: run(*args, url=url), commands))
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("recalltrace: error: ")
+    return lines[0]
+
+
+def expected_stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        p10 = p50 = p90 = ordered[0]
+    else:
+        # An independent check of percentile_cont's linear interpolation.
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+        p10, p50, p90 = deciles[0], deciles[4], deciles[8]
+    return {"mean": statistics.fmean(ordered), "p10": p10, "p50": p50, "p90": p90}
+
+
+# -- scores summary ------------------------------------------------------------------------------
+
+
+def test_summary_json_csv_and_table_agree_with_the_stored_scores(seeded: Seeded) -> None:
+    as_json, as_csv, as_table = run_all(
+        ("scores", "summary", "--format", "json"),
+        ("scores", "summary", "--format", "csv"),
+        ("scores", "summary"),
+        url=seeded.url,
+    )
+    rows = json.loads(ok(as_json))
+    week = seeded.now - timedelta(days=7)
+
+    expected: dict[tuple[str, str], dict[str, Any]] = {}
+    for trace, results in seeded.plan:
+        if trace.started_at < week:
+            continue
+        day = trace.started_at.strftime("%Y-%m-%dT00:00:00+00:00")
+        for r in results:
+            entry = expected.setdefault((day, r.metric), {"values": [], "skipped": 0, "failed": 0})
+            if r.value is not None:
+                entry["values"].append(r.value)
+            else:
+                entry[r.status] += 1
+    assert sorted((r["bucket_start"], r["metric"]) for r in rows) == sorted(expected)
+    for row in rows:
+        want = expected[(row["bucket_start"], row["metric"])]
+        assert row["count"] == len(want["values"])
+        assert (row["skipped"], row["failed"]) == (want["skipped"], want["failed"])
+        if want["values"]:
+            for key, value in expected_stats(want["values"]).items():
+                assert row[key] == pytest.approx(value), (row, key)
+        else:
+            assert row["mean"] is None and row["p50"] is None
+
+    parsed = list(csv.DictReader(io.StringIO(ok(as_csv))))
+    assert len(parsed) == len(rows)
+    for line, row in zip(parsed, rows, strict=True):
+        assert set(line) == set(row)
+        assert line["bucket_start"] == row["bucket_start"]
+        assert int(line["count"]) == row["count"]
+        assert int(line["failed"]) == row["failed"]
+        if row["mean"] is None:
+            assert line["mean"] == ""
+        else:
+            assert float(line["mean"]) == pytest.approx(row["mean"])
+
+    table = ok(as_table)
+    for heading in ("count", "mean", "p10", "p50", "p90", "skipped", "failed"):
+        assert heading in table
+    assert "context_entity_recall" in table
+    assert seeded.now.strftime("%Y-%m-%d") in table
+
+
+def test_summary_filters_by_metric_app_and_hour(seeded: Seeded) -> None:
+    since = (seeded.now - timedelta(days=2, hours=12)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (result,) = run_all(
+        (
+            "scores",
+            "summary",
+            "--bucket",
+            "hour",
+            "--metric",
+            "llm_context_recall",
+            "--app",
+            "support-bot",
+            "--since",
+            since,
+            "--format",
+            "json",
+        ),
+        url=seeded.url,
+    )
+    rows = json.loads(ok(result))
+    assert {r["metric"] for r in rows} == {"llm_context_recall"}
+    assert sorted(r["mean"] for r in rows) == sorted(
+        seeded.values(
+            "llm_context_recall", since=seeded.now - timedelta(days=2, hours=12), app="support-bot"
+        )
+    )
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:00:00\+00:00", r["bucket_start"]) for r in rows)
+
+
+# -- scores worst ------------------------------------------------------------------------------
+
+
+def test_worst_lists_the_lowest_traces_with_reasons(seeded: Seeded) -> None:
+    as_json, as_table = run_all(
+        ("scores", "worst", "--metric", "llm_context_recall", "--limit", "2", "--format", "json"),
+        ("scores", "worst", "--metric", "llm_context_recall", "--limit", "3"),
+        url=seeded.url,
+    )
+    rows = json.loads(ok(as_json))
+    week_values = sorted(seeded.values("llm_context_recall", since=seeded.now - timedelta(7)))
+    assert [r["value"] for r in rows] == week_values[:2] == [0.1, 0.25]
+    assert rows[0]["trace_id"] == seeded.trace(4).trace_id
+    assert rows[0]["reason"] == "Almost nothing of the reference was found."
+    table = ok(as_table)
+    assert seeded.trace(4).trace_id in table
+    assert "Only a quarter of the claims are backed." in table
+    assert seeded.trace(5).trace_id not in table  # older than the default week
+
+
+# -- trace show ----------------------------------------------------------------------------------
+
+
+def test_trace_show_renders_inputs_scores_and_evidence(seeded: Seeded) -> None:
+    trace = seeded.trace(1)
+    as_table, as_json = run_all(
+        ("trace", "show", trace.trace_id),
+        ("trace", "show", trace.trace_id, "--format", "json"),
+        url=seeded.url,
+    )
+    table = ok(as_table)
+    for expected in (
+        trace.user_input,
+        trace.response,
+        trace.reference,
+        trace.retrieved_contexts[0].content[:40],
+        "doc_2",
+        # llm_context_recall: claims with verdicts
+        "Paris hosts the Louvre museum.",
+        "No context mentions it.",
+        "One of two reference claims is supported.",
+        # id_based_context_recall: missing reference ids
+        "missing ids",
+        "doc_7",
+        # chunk_context_recall: missing information per chunk
+        "the population of Paris",
+        "missing information",
+        # context_entity_recall: entity sets
+        "missing entities",
+        "Louvre",
+        "judge-model",
+    ):
+        assert expected is not None and expected in table, expected
+    assert re.search(r"attributed", table) and re.search(r"\bno\b", table)
+
+    document = json.loads(ok(as_json))
+    assert document["trace_id"] == trace.trace_id
+    assert [c["content"] for c in document["contexts"]] == [
+        c.content for c in trace.retrieved_contexts
+    ]
+    details = {s["metric"]: s["details"] for s in document["scores"]}
+    assert details["llm_context_recall"]["claims"] == CLAIMS
+    assert details["chunk_context_recall"] == CHUNKS
+    assert details["context_entity_recall"] == ENTITIES
+    assert details["id_based_context_recall"]["missing_ids"] == ["doc_7"]
+
+
+# -- scores plot -----------------------------------------------------------------------------------
+
+
+def test_plot_writes_a_self_contained_html_page_with_the_data(
+    seeded: Seeded, tmp_path: Path
+) -> None:
+    out = tmp_path / "recall.html"
+    page_result, summary_result = run_all(
+        ("scores", "plot", "--out", str(out)),
+        ("scores", "summary", "--format", "json"),
+        url=seeded.url,
+    )
+    ok(page_result)
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<svg" in page and "</html>" in page
+    # Self-contained: nothing is fetched from elsewhere.
+    assert not re.search(r"""(src|href)\s*=|@import|url\(""", page)
+    embedded = re.search(
+        r'<script type="application/json" id="recalltrace-data">(.*?)</script>', page, re.S
+    )
+    assert embedded is not None
+    data = json.loads(embedded.group(1))
+    assert data["rows"] == json.loads(ok(summary_result))
+    # The number of scored results per bucket is drawn (and listed in the table).
+    day = seeded.now.strftime("%Y-%m-%d")
+    today = sum(r["count"] for r in data["rows"] if r["bucket_start"].startswith(day))
+    assert f">{today}</text>" in page
+
+
+def test_plot_svg_is_valid_and_png_is_refused(seeded: Seeded, tmp_path: Path) -> None:
+    if seeded.backend != "sqlite":
+        pytest.skip("file formats do not depend on the backend")
+    svg, png = run_all(
+        ("scores", "plot", "--out", str(tmp_path / "recall.svg"), "--bucket", "hour"),
+        ("scores", "plot", "--out", str(tmp_path / "recall.png")),
+        url=seeded.url,
+    )
+    ok(svg)
+    root = ET.parse(tmp_path / "recall.svg").getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert len(root.findall(".//{http://www.w3.org/2000/svg}circle")) >= 8
+    message = one_line_error(png)
+    assert "PNG" in message and ".html" in message
+    assert not (tmp_path / "recall.png").exists()
+
+
+# -- check -----------------------------------------------------------------------------------------
+
+
+def test_check_exit_codes(seeded: Seeded) -> None:
+    mean = statistics.fmean(
+        seeded.values("llm_context_recall", since=seeded.now - timedelta(days=2))
+    )
+    check = ("check", "--metric", "llm_context_recall", "--since", "2d")
+    passing, failing, too_few, empty = run_all(
+        (*check, "--min", f"{mean - 0.01:.4f}"),
+        (*check, "--min", f"{mean + 0.01:.4f}"),
+        (*check, "--min", "0.1", "--min-count", "5"),
+        ("check", "--metric", "llm_context_recall", "--since", "5m", "--min", "0.1"),
+        url=seeded.url,
+    )
+    out = ok(passing)
+    assert out.startswith("OK llm_context_recall: mean ") and out.count("\n") == 1
+    assert f"{mean:.4f}" in out and "over 4 scored traces" in out
+
+    for result, reason in ((failing, "is below"), (too_few, "fewer than the 5 required")):
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("FAIL llm_context_recall: ") and reason in line
+    assert empty.returncode == 1
+    assert "0 scored traces" in empty.stderr
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def test_jobs_list_and_retry(seeded: Seeded) -> None:
+    listed = json.loads(ok(run("jobs", "list", "--format", "json", url=seeded.url)))
+    failed = {(j["trace_id"], j["metric"]) for j in listed if j["problem"] == "failed"}
+    assert failed == {
+        (seeded.trace(2).trace_id, "chunk_context_recall"),
+        (seeded.trace(3).trace_id, "context_entity_recall"),
+    }
+    assert all(j["last_error"] == "The judge answered nonsense twice." for j in listed)
+
+    table, retried_one = run_all(
+        ("jobs", "list"),
+        ("jobs", "retry", "--metric", "chunk_context_recall"),
+        url=seeded.url,
+    )
+    assert "context_entity_recall" in ok(table)
+    assert ok(retried_one).startswith("queued again: 1 failed job")
+    rest = ok(run("jobs", "retry", url=seeded.url))
+    assert rest.startswith("queued again: 1 failed job, 0 jobs whose lease had expired")
+    assert json.loads(ok(run("jobs", "list", "--format", "json", url=seeded.url))) == []
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_unknown_trace_id_is_one_line(seeded: Seeded) -> None:
+    missing = "f" * 32
+    message = one_line_error(run("trace", "show", missing, url=seeded.url))
+    assert message == f"recalltrace: error: no trace is stored with id '{missing}'"
+
+
+def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
+    # Checked before the database is touched, so one backend shows it.
+    url = f"sqlite:///{tmp_path / 'args.db'}"
+    upgrade(url)
+    bad_since, bad_until, bad_metric, bad_check = run_all(
+        ("scores", "summary", "--since", "3 fortnights"),
+        ("scores", "plot", "--out", str(tmp_path / "x.html"), "--until", "2026-13-01"),
+        ("scores", "worst", "--metric", "context_precision"),
+        ("check", "--metric", "nope", "--min", "0.5"),
+        url=url,
+    )
+    assert "invalid time '3 fortnights'" in one_line_error(bad_since)
+    assert "invalid time '2026-13-01'" in one_line_error(bad_until)
+    message = one_line_error(bad_metric)
+    assert "unknown metric 'context_precision'" in message and "llm_context_recall" in message
+    assert "unknown metric 'nope'" in one_line_error(bad_check)
+
+
+def test_unmigrated_and_missing_sqlite_databases(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    unmigrated, missing = (
+        run("scores", "summary", url=f"sqlite:///{empty}"),
+        run("trace", "show", "a" * 32, url=f"sqlite:///{tmp_path / 'typo.db'}"),
+    )
+    assert "not migrated" in one_line_error(unmigrated)
+    assert "no database file" in one_line_error(missing)
+    assert not (tmp_path / "typo.db").exists()
+
+
+@pytest.mark.postgres
+def test_unmigrated_postgres_database(postgres_url: str) -> None:
+    name = f"rt_hist_empty_{uuid.uuid4().hex[:8]}"
+    admin = _admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(_base_url()).set(database=name).render_as_string(hide_password=False)
+        for result in run_all(
+            ("scores", "summary"),
+            ("check", "--metric", "llm_context_recall", "--min", "0.5"),
+            url=url,
+        ):
+            assert "not migrated: run `recalltrace db upgrade`" in one_line_error(result)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_unreachable_and_malformed_database_urls() -> None:
+    unreachable, malformed = run_all(
+        (
+            "scores",
+            "worst",
+            "--database-url",
+            "postgresql+psycopg://alice:hunter2-secret@127.0.0.1:1/nowhere",
+        ),
+        ("jobs", "list", "--database-url", "mysql://bob:pw-xyz@db/x"),
+        url=None,
+    )
+    message = one_line_error(unreachable)
+    assert message.startswith("recalltrace: error: cannot reach the database")
+    assert "hunter2-secret" not in message
+    assert "unsupported database backend" in one_line_error(malformed)
+    assert "pw-xyz" not in malformed.stderr
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_default_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # The commands default to ./recalltrace.db; run from a scratch folder so none is created.
+    monkeypatch.chdir(tmp_path)
+    yield
