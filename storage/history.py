@@ -91,12 +91,14 @@ def parse_duration(text: str) -> timedelta:
 
 
 def parse_time(text: str, *, now: datetime | None = None) -> datetime:
-    """Turn a duration (``7d``: that long before ``now``) or an ISO timestamp into a UTC time.
+    """Turn ``now``, a duration (``7d``: that long before now) or an ISO timestamp into UTC.
 
     Timestamps without an offset, and plain dates (midnight), are taken as UTC. Raises
     :class:`TimeSpecError` naming the bad value.
     """
     stripped = text.strip()
+    if stripped.lower() == "now":
+        return (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     if _DURATION.match(stripped):
         reference = now or datetime.now(timezone.utc)
         return reference.astimezone(timezone.utc) - parse_duration(stripped)
