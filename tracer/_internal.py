@@ -19,6 +19,15 @@ _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _logged_lock
+    _logged_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _first_time(where: str) -> bool:
     with _logged_lock:
         if where in _logged:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import random
 import threading
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,18 @@ _stats = TracerStats()
 _lock = threading.RLock()
 _atexit_registered = False
 current: Runtime | None = None
+
+
+def _after_fork_in_child() -> None:
+    # The parent's counts are the parent's; a lock held by one of its threads at the moment of
+    # the fork would never be released here.
+    global _lock
+    _lock = threading.RLock()
+    _stats.reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stats() -> TracerStats:
@@ -124,8 +137,6 @@ def _resolve_tracer_provider(config: TracerConfig) -> tuple[Any, bool]:
 
 
 def _make_own_provider(config: TracerConfig) -> Any:
-    import os
-
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 

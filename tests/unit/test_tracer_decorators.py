@@ -559,6 +559,31 @@ def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced)
     assert spans["q (detached)"].context.trace_id != root.context.trace_id
 
 
+def test_opentelemetry_context_propagation_joins_the_trace(traced: Traced) -> None:
+    from opentelemetry import context as otel_context
+
+    @tracer.retrieval
+    def search(query: str) -> list[str]:
+        return [f"doc for {query}"]
+
+    def worker(ctx: Any, query: str) -> None:
+        token = otel_context.attach(ctx)
+        try:
+            search(query)
+        finally:
+            otel_context.detach(token)
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        thread = threading.Thread(target=worker, args=(otel_context.get_current(), question))
+        thread.start()
+        thread.join()
+        return "ok"
+
+    answer("q")
+    assert [c.content for c in traced.record().retrieved_contexts] == ["doc for q"]
+
+
 def test_asyncio_to_thread_carries_the_context(traced: Traced) -> None:
     @tracer.retrieval
     def search(query: str) -> list[str]:
