@@ -31,6 +31,10 @@ def test_durations_count_back_from_now(text: str, delta: timedelta) -> None:
     assert parse_time(text, now=NOW) == NOW - delta
 
 
+def test_now_is_now() -> None:
+    assert parse_time("now", now=NOW) == NOW
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -40,10 +44,6 @@ def test_durations_count_back_from_now(text: str, delta: timedelta) -> None:
         ("2026-11-01 10:00:00+02:00", datetime(2026, 11, 1, 8, tzinfo=timezone.utc)),
     ],
 )
-def test_now_is_now() -> None:
-    assert parse_time("now", now=NOW) == NOW
-
-
 def test_timestamps_are_read_as_utc(text: str, expected: datetime) -> None:
     parsed = parse_time(text, now=NOW)
     assert parsed == expected
