@@ -232,17 +232,15 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         )
         attributes = spec.attributes
         if value is not None:
-            text = value if isinstance(value, str) else to_text(value)
-            if runtime.span_scrub is not None:
-                text = runtime.span_scrub(text)
-            attributes = dict(attributes)
-            attributes[INPUT_VALUE] = text
-            if not isinstance(value, str):
-                attributes[INPUT_MIME_TYPE] = "application/json"
+            attributes = _with_input(runtime, attributes, value, spec)
         otel = _otel
         parent = otel.get_current()
         state: Any = parent.get(otel.state_key)
         span = runtime.otel_tracer.start_span(spec.name, parent, attributes=attributes)
+    except Exception:
+        internal_error("opening a span")
+        return None
+    try:
         if state is None or state.closed:
             trace_id = span.get_span_context().trace_id or otel.random_trace_id()
             state = otel.TraceState(
@@ -266,8 +264,24 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
                 state.metadata.update(spec.metadata)
         return call
     except Exception:
+        span.end()
         internal_error("opening a span")
         return None
+
+
+def _with_input(runtime: Any, attributes: dict[str, Any], value: Any, spec: _Spec) -> Any:
+    try:
+        text = value if isinstance(value, str) else to_text(value)
+        if runtime.span_scrub is not None:
+            text = runtime.span_scrub(text)
+    except Exception:
+        user_code_error(f"reading the input of {spec.qualname}")
+        return attributes
+    attributes = dict(attributes)
+    attributes[INPUT_VALUE] = text
+    if not isinstance(value, str):
+        attributes[INPUT_MIME_TYPE] = "application/json"
+    return attributes
 
 
 def _capture_references(spec: _Spec, state: Any, args: tuple[Any, ...], kwargs: Any) -> None:
