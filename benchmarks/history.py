@@ -1,13 +1,13 @@
 """Latency of the history queries on Postgres with a million stored scores.
 
-Creates a dedicated database (``rt_bench_history``) beside the one in
-``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local ``test`` database), migrates it, fills it
+Creates a dedicated database (``rt_bench_history``) on the benchmark server (see
+``benchmarks/_pg.py``: ``$RECALLTRACE_BENCH_DATABASE_URL``, else the test server), fills it
 server-side (``INSERT ... SELECT generate_series``) with traces spread over 30 days, their
 retrieved contexts, one score and one finished job per (trace, metric), then times the queries
 ``recalltrace`` runs, through :class:`storage.history.History`, and drops the database.
 
     .venv/bin/python benchmarks/history.py                 # 1,000,000 scores
-    .venv/bin/python benchmarks/history.py --scores 200000 --keep
+    .venv/bin/python benchmarks/history.py --scores 200000
 
 Prints the median latency of each query and whether it meets the 100 ms target.
 """
@@ -15,7 +15,6 @@ Prints the median latency of each query and whether it meets the 100 ms target.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import subprocess
@@ -27,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._pg import scratch_database
 from scorers.catalog import CATALOG
 from storage.db import create_engine_from_url
 from storage.history import History
-from storage.migrate import upgrade
 
 DATABASE = "rt_bench_history"
 TARGET_MS = 100.0
@@ -49,21 +47,6 @@ BASE_VALUE = {
     "chunk_context_recall": 0.88,
     "judge_context_recall": 0.74,
 }
-
-
-def _base_url() -> str:
-    return os.environ.get(
-        "RECALLTRACE_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-    )
-
-
-def _admin() -> Engine:
-    url = make_url(_base_url()).set(database="postgres").render_as_string(hide_password=False)
-    return create_engine_from_url(url, isolation_level="AUTOCOMMIT", pool_size=1)
-
-
-def _bench_url() -> str:
-    return make_url(_base_url()).set(database=DATABASE).render_as_string(hide_password=False)
 
 
 def _metrics_values() -> str:
@@ -221,16 +204,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scores", type=int, default=1_000_000, help="score rows to store")
     parser.add_argument("--repeat", type=int, default=21, help="timed runs per query")
-    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
 
-    admin = _admin()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
-    url = _bench_url()
-    try:
-        upgrade(url)
+    with scratch_database(DATABASE) as url:
         engine = create_engine_from_url(url)
         now = datetime.now(timezone.utc).replace(microsecond=0)
         started = time.perf_counter()
@@ -301,11 +277,6 @@ def main() -> int:
             f"included: median {cli:.0f} ms of 5 runs"
         )
         engine.dispose()
-    finally:
-        if not args.keep:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-        admin.dispose()
     return 0
 
 
