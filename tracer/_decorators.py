@@ -625,9 +625,27 @@ def _wrap_async_generator(fn: Callable[..., Any], spec: _Spec) -> Callable[..., 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         call = _start(spec, args, kwargs)
         if call is None:
-            async for item in fn(*args, **kwargs):
-                yield item
-            return
+            # Untraced, but still forwarding asend/athrow/aclose like the traced path.
+            plain = fn(*args, **kwargs)
+            sent: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    if error is None:
+                        value = await plain.asend(sent)
+                    else:
+                        raised, error = error, None
+                        value = await plain.athrow(raised)
+                except StopAsyncIteration:
+                    return
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    await plain.aclose()
+                    raise
+                except BaseException as exc:
+                    error = exc
+                    sent = None
         attach = _otel.attach
         ctx = call.ctx
         stream = _Stream()

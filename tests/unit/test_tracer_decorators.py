@@ -697,7 +697,23 @@ def test_disabled_tracer_runs_functions_plainly() -> None:
             assert tracer.current_trace_id() is None
             return "ok"
 
+        @tracer.generation
+        async def echo(prompt: str) -> Any:
+            value = yield "ready"
+            while True:
+                try:
+                    value = yield f"got {value}"
+                except Boom:
+                    value = "recovered"
+
+        async def drive() -> list[str]:
+            gen = echo("p")
+            out = [await gen.asend(None), await gen.asend(3), await gen.athrow(Boom())]
+            await gen.aclose()
+            return out
+
         assert answer("q") == "ok"
+        assert asyncio.run(drive()) == ["ready", "got 3", "got recovered"]
         assert state.spans() == [] and state.records() == []
     finally:
         tracer.shutdown(1)
