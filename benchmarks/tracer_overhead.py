@@ -13,8 +13,9 @@ interleaved blocks so that drift of the machine affects all of them alike:
   scrubbed and handed to a sink on the writer thread).
 
 All traced variants use one SDK TracerProvider with a BatchSpanProcessor and an exporter that
-discards, and the recalltrace sink discards the records too, so the figures are the tracing cost
-on the request path (including the writer thread's competition for the GIL), not storage's.
+discards, and the recalltrace sink discards the records too (unless ``--database-url`` is given),
+so the figures are the tracing cost on the request path (including the writer thread's
+competition for the GIL: assembly and scrubbing run in the same process), not storage's.
 
 Run: ``.venv/bin/python benchmarks/tracer_overhead.py [--calls 20000] [--warmup 2000]``
 """
@@ -61,6 +62,21 @@ class DiscardingSink:
 
     def attach_reference(self, update: Any) -> int:
         return 0
+
+
+class CountingSink:
+    """Real storage, counting what it wrote."""
+
+    def __init__(self, repository: Any) -> None:
+        self.repository = repository
+        self.written = 0
+
+    def write_traces(self, records: Sequence[Any]) -> None:
+        self.repository.write_traces(records)
+        self.written += len(records)
+
+    def attach_reference(self, update: Any) -> int:
+        return int(self.repository.attach_reference(update))
 
 
 def _text(seed: int, length: int) -> str:
@@ -201,12 +217,21 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000, help="measured calls per variant")
     parser.add_argument("--warmup", type=int, default=2_000, help="warm-up calls per variant")
     parser.add_argument("--blocks", type=int, default=10, help="interleaved blocks")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="write the records to real storage at this URL instead of discarding them",
+    )
     args = parser.parse_args()
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
     trace.set_tracer_provider(provider)
-    sink = DiscardingSink()
+    sink: Any = DiscardingSink()
+    if args.database_url:
+        from storage import open_repository
+
+        sink = CountingSink(open_repository(args.database_url))
 
     def at_rate(rate: float) -> Callable[[], None]:
         def setup() -> None:
@@ -226,7 +251,7 @@ def main() -> None:
         ("recalltrace@1", rt_answer, at_rate(1.0)),
     ]
     samples: dict[str, list[int]] = {name: [] for name, _, _ in variants}
-    for name, fn, setup in variants:
+    for _, fn, setup in variants:
         setup()
         _run_block(fn, args.warmup, [])
         tracer.flush(30)
