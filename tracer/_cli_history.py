@@ -280,6 +280,10 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _short_when(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
 def _window_text(since: datetime | None, until: datetime | None) -> str:
     start = "the beginning" if since is None else _when(since)
     return f"traces started from {start} to {_when(until)}"
@@ -401,6 +405,7 @@ def _cmd_worst(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         _print_csv(WORST_FIELDS, [r.as_dict() for r in rows])
     else:
+        from rich.markup import escape
         from rich.table import Table
 
         console = _console()
@@ -410,19 +415,17 @@ def _cmd_worst(args: argparse.Namespace) -> int:
             return EXIT_OK
         table = Table(title=f"Lowest scores, {window}", title_justify="left", show_lines=True)
         table.add_column("value", justify="right")
-        table.add_column("metric")
-        table.add_column("trace id", no_wrap=True, min_width=32)
-        table.add_column("app")
-        table.add_column("started")
+        table.add_column("metric", overflow="fold")
+        table.add_column("trace id / app", min_width=32)
+        table.add_column("started (UTC)")
         table.add_column("reason", ratio=1)
         for r in rows:
             table.add_row(
                 _num(r.value),
                 r.metric,
-                r.trace_id,
-                r.app_name,
-                _when(r.trace_started_at),
-                r.reason,
+                f"{r.trace_id}\n[dim]{escape(r.app_name)}[/dim]",
+                _short_when(r.trace_started_at),
+                escape(r.reason),
             )
         console.print(table)
     return EXIT_OK
@@ -930,23 +933,21 @@ def _cmd_jobs_list(args: argparse.Namespace) -> int:
         if not rows:
             console.print("No failed or stuck jobs.")
             return EXIT_OK
-        table = Table(title="Failed and stuck jobs", title_justify="left")
-        table.add_column("id", justify="right")
-        table.add_column("metric")
-        table.add_column("problem")
-        table.add_column("attempts", justify="right")
-        table.add_column("updated")
-        table.add_column("trace id", no_wrap=True, min_width=32)
-        table.add_column("last error", ratio=1)
+        table = Table(title="Failed and stuck jobs", title_justify="left", show_lines=True)
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("metric", overflow="fold")
+        table.add_column("problem", no_wrap=True)
+        table.add_column("attempts", justify="right", no_wrap=True)
+        table.add_column("updated (UTC)")
+        table.add_column("trace id / last error", ratio=1, min_width=32)
         for r in rows:
             table.add_row(
                 str(r.id),
                 r.metric,
                 r.problem or r.status,
                 str(r.attempts),
-                _when(r.updated_at),
-                r.trace_id,
-                escape(r.last_error or "-"),
+                _short_when(r.updated_at),
+                f"{r.trace_id}\n{escape(r.last_error or '-')}",
             )
         console.print(table)
         console.print(
