@@ -17,7 +17,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,7 +51,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
     _add_common(summary, metric_help="only this metric (default: every metric)")
     _add_bucket(summary)
     _add_format(summary)
-    summary.set_defaults(handler=_cmd_summary)
+    summary.set_defaults(handler=_piped(_cmd_summary))
 
     worst = scores_sub.add_parser(
         "worst",
@@ -63,7 +63,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
     )
     _add_format(worst)
-    worst.set_defaults(handler=_cmd_worst)
+    worst.set_defaults(handler=_piped(_cmd_worst))
 
     plot = scores_sub.add_parser(
         "plot",
@@ -76,7 +76,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
     plot.add_argument(
         "--out", required=True, metavar="FILE", help="output file: FILE.html or FILE.svg"
     )
-    plot.set_defaults(handler=_cmd_plot)
+    plot.set_defaults(handler=_piped(_cmd_plot))
 
     trace = sub.add_parser("trace", help="inspect one stored trace")
     trace_sub = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -94,7 +94,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         metavar="N",
         help="shorten each context to N characters in tables (0: never; default: 800)",
     )
-    show.set_defaults(handler=_cmd_trace_show)
+    show.set_defaults(handler=_piped(_cmd_trace_show))
 
     check = sub.add_parser(
         "check",
@@ -120,7 +120,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         metavar="N",
         help="fail when fewer than N traces were scored (default: 1)",
     )
-    check.set_defaults(handler=_cmd_check)
+    check.set_defaults(handler=_piped(_cmd_check))
 
     jobs = sub.add_parser("jobs", help="failed and stuck scoring jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
@@ -145,7 +145,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         "--limit", type=_positive_int, default=100, metavar="N", help="rows (default: 100)"
     )
     _add_format(jobs_list)
-    jobs_list.set_defaults(handler=_cmd_jobs_list)
+    jobs_list.set_defaults(handler=_piped(_cmd_jobs_list))
 
     jobs_retry = jobs_sub.add_parser(
         "retry",
@@ -163,7 +163,24 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         metavar="JOB_ID",
         help="only this failed job (repeatable)",
     )
-    jobs_retry.set_defaults(handler=_cmd_jobs_retry)
+    jobs_retry.set_defaults(handler=_piped(_cmd_jobs_retry))
+
+
+def _piped(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run ``handler``; a reader that stops early (``| head``) ends the output quietly."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result = handler(args)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            # Point stdout at /dev/null so the interpreter's final flush does not fail too.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_OK
+
+    return run
 
 
 def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
