@@ -52,6 +52,8 @@ class Scorer(Protocol):
 
 
 def _check_list(name: str, value: Any, allow_int: bool) -> list[str]:
+    if type(value) is list and all(type(item) is str for item in value):
+        return value  # the common case, checked in one pass
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ScorerInputError(f"{name} must be a list of strings, not {type(value).__name__}")
     items: list[str] = []

@@ -424,6 +424,11 @@ class JudgeClient:
             logger.exception("the judge's on_call hook raised")
 
     def _cost(self, litellm: Any, response: Any) -> float | None:
+        hidden = getattr(response, "_hidden_params", None) or {}
+        if "response_cost" in hidden:
+            # LiteLLM priced the response already (None when the model has no price).
+            cost = hidden["response_cost"]
+            return None if cost is None else float(cost)
         try:
             cost = litellm.completion_cost(completion_response=response)
         except Exception:

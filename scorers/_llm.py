@@ -391,7 +391,7 @@ class LLMContextRecall(LLMScorer):
             return self.nothing_retrieved(accounting, started)
         if not self.split_claims:
             user = prompts.tagged(
-                question=question, context=prompts.numbered(contexts), reference=reference
+                question=question, context=prompts.joined(contexts), reference=reference
             )
             claims = await self.ask(
                 "claims_with_verdicts",
@@ -412,7 +412,7 @@ class LLMContextRecall(LLMScorer):
             )
             user = prompts.tagged(
                 question=question,
-                context=prompts.numbered(contexts),
+                context=prompts.joined(contexts),
                 claims=prompts.numbered(statements),
             )
             parse = _verdicts_parser(len(statements))
@@ -684,7 +684,7 @@ class JudgeContextRecall(LLMScorer):
             return self.nothing_retrieved(accounting, started)
         user = prompts.tagged(
             question=clean["user_input"],
-            context=prompts.numbered(contexts),
+            context=prompts.joined(contexts),
             expected_answer=clean["reference"],
             response=clean["response"],
         )

@@ -13,6 +13,47 @@ from scorers._result import ScoreResult
 
 Measure = Literal["levenshtein", "hamming", "jaro", "jaro_winkler"]
 
+_numpy: Any
+try:  # RapidFuzz's all-pairs matrix needs NumPy; without it a loop gives the same numbers.
+    import numpy as _numpy
+except ImportError:  # pragma: no cover - depends on the environment
+    _numpy = None
+
+
+def _candidates(
+    references: list[str], retrieved: list[str], threshold: float
+) -> list[list[tuple[float, int]]]:
+    """Per reference, the retrieved contexts whose similarity bound exceeds ``threshold``, as
+    ``(bound, index)`` pairs, highest bound first."""
+    if _numpy is not None:
+        rows = process.cdist(
+            references, retrieved, scorer=LCSseq.similarity, dtype=_numpy.int32, workers=1
+        ).tolist()
+    else:
+        similarity = LCSseq.similarity
+        rows = [[similarity(r, c) for c in retrieved] for r in references]
+    lengths = [len(c) for c in retrieved]
+    # The bound is common / longest; pairs clearly below the threshold are dropped with one
+    # multiplication, the rest get the bound computed exactly as the similarity would be.
+    margin = threshold - 1e-9
+    out: list[list[tuple[float, int]]] = []
+    for reference, row in zip(references, rows, strict=True):
+        length = len(reference)
+        pairs = []
+        for index, common in enumerate(row):
+            other = lengths[index]
+            longest = length if length > other else other
+            if common < margin * longest:
+                continue
+            bound = 1.0 - (longest - common) / longest if longest else 1.0
+            if bound > threshold:
+                pairs.append((bound, index))
+        if len(pairs) > 1:
+            pairs.sort(key=lambda pair: (-pair[0], pair[1]))
+        out.append(pairs)
+    return out
+
+
 _MEASURES: dict[str, Any] = {
     "levenshtein": Levenshtein,
     "hamming": Hamming,
@@ -57,39 +98,41 @@ class NonLLMContextRecall(BaseScorer):
     async def _ascore(self, clean: dict[str, Any], started: float) -> ScoreResult:
         return self._compute(clean, started)
 
-    def _best_match(self, reference: str, retrieved: list[str]) -> tuple[int | None, float | None]:
-        """Index and similarity of the best retrieved match when it passes the threshold.
+    def _best_matches(
+        self, references: list[str], retrieved: list[str]
+    ) -> list[tuple[int | None, float | None]]:
+        """For each reference: index and similarity of its best retrieved match when that
+        passes the threshold, else ``(None, None)``.
 
-        Returns ``(None, None)`` when no retrieved context passes. The similarity is computed
-        exactly as ``1 - normalized_distance`` so scores agree bit for bit with a plain loop.
+        Similarities are computed exactly as ``1 - normalized_distance``, so scores agree bit
+        for bit with a plain loop over every pair.
         """
         threshold = self.threshold
+        distance = self._distance
         if self.measure != "levenshtein":
-            match = process.extractOne(reference, retrieved, scorer=self._distance)
-            if match is None:
-                return None, None
-            similarity = 1.0 - match[1]
-            return (match[2], similarity) if similarity > threshold else (None, None)
-        # Levenshtein: max(len) - LCS <= distance <= Indel distance. The LCS bound is several
-        # times cheaper than the distance itself and rules out most unrelated pairs, so the
-        # exact distance runs only for candidates that might pass.
-        best_index: int | None = None
-        best_similarity = -1.0
-        length = len(reference)
-        for index, candidate in enumerate(retrieved):
-            longest = max(length, len(candidate))
-            if longest == 0:
-                similarity = 1.0
-            else:
-                upper = 1.0 - (longest - LCSseq.similarity(reference, candidate)) / longest
-                if upper <= threshold or upper <= best_similarity:
-                    continue
-                similarity = 1.0 - self._distance(reference, candidate)
-            if similarity > best_similarity:
-                best_index, best_similarity = index, similarity
-        if best_index is None or not best_similarity > threshold:
-            return None, None
-        return best_index, best_similarity
+            out: list[tuple[int | None, float | None]] = []
+            for reference in references:
+                match = process.extractOne(reference, retrieved, scorer=distance)
+                similarity = 1.0 - match[1]
+                out.append((match[2], similarity) if similarity > threshold else (None, None))
+            return out
+        # Levenshtein: distance >= max(len) - LCS, so 1 - (max(len) - LCS) / max(len) bounds
+        # the similarity from above. The LCS is several times cheaper than the distance and the
+        # bound rules out most unrelated pairs; the exact distance runs only for the rest.
+        out = []
+        for reference, candidates in zip(
+            references, _candidates(references, retrieved, threshold), strict=True
+        ):
+            best_index: int | None = None
+            best = -1.0
+            for upper, index in candidates:
+                if upper <= best:
+                    break  # sorted by bound: no later candidate can beat the best
+                similarity = 1.0 - distance(reference, retrieved[index])
+                if similarity > best:
+                    best_index, best = index, similarity
+            out.append((best_index, best) if best > threshold else (None, None))
+        return out
 
     def _compute(self, clean: dict[str, Any], started: float) -> ScoreResult:
         missing = self.missing_input(clean)
@@ -107,8 +150,8 @@ class NonLLMContextRecall(BaseScorer):
             )
         matches = []
         found = 0
-        for ref_index, reference in enumerate(references):
-            match_index, similarity = self._best_match(reference, retrieved)
+        best = self._best_matches(references, retrieved)
+        for ref_index, (match_index, similarity) in enumerate(best):
             if match_index is not None:
                 found += 1
             matches.append(

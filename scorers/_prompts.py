@@ -15,55 +15,51 @@ from typing import Any
 PROMPT_VERSION = "1"
 
 CLAIMS_WITH_VERDICTS = (
-    "You check a reference answer against retrieved context.\n"
-    "Split the reference into short self-contained claims (resolve pronouns, keep names and "
-    "numbers). For each claim set attributed to 1 if the context states or clearly implies it, "
-    "else 0. Use only the context, not your own knowledge. Keep each reason under 15 words.\n"
-    'Reply with JSON only: {"claims":[{"statement":"...","reason":"...","attributed":0}]}'
+    "Split the reference into short self-contained claims (resolve pronouns). For each claim, "
+    "attributed is 1 if the context states or implies it, else 0; use the context only, not "
+    "your knowledge. Reasons: under 12 words.\n"
+    'JSON only: {"claims":[{"statement":"...","reason":"...","attributed":0}]}'
 )
 
 REFERENCE_CLAIMS = (
-    "Split the reference into short self-contained claims (resolve pronouns, keep names and "
-    "numbers); one fact per claim.\n"
-    'Reply with JSON only: {"claims":["..."]}'
+    "Split the reference into short self-contained claims, one fact each (resolve pronouns).\n"
+    'JSON only: {"claims":["..."]}'
 )
 
 CLAIM_VERDICTS = (
-    "You check numbered claims against retrieved context. For each claim set attributed to 1 if "
-    "the context states or clearly implies it, else 0. Use only the context, not your own "
-    "knowledge. Give one verdict per claim id, each reason under 15 words.\n"
-    'Reply with JSON only: {"verdicts":[{"claim":0,"reason":"...","attributed":0}]}'
+    "For each numbered claim, attributed is 1 if the context states or implies it, else 0; use "
+    "the context only, not your knowledge. One verdict per claim id; reasons under 12 words.\n"
+    'JSON only: {"verdicts":[{"claim":0,"reason":"...","attributed":0}]}'
 )
 
 ENTITIES = (
-    "List the distinct named entities in the text: people, places, organisations, dates, "
-    "quantities, titles, products and events. Give each entity once, in its full name; merge "
-    "different mentions of the same entity.\n"
-    'Reply with JSON only: {"entities":["..."]}'
+    "List the distinct named entities in the text (people, places, organisations, dates, "
+    "quantities, works, products, events), each once, by its full name.\n"
+    'JSON only: {"entities":["..."]}'
 )
 
 CHUNK_RECALL = (
-    "You check whether an answer uses the relevant retrieved chunks. For every chunk id: "
-    "is_relevant is true if the chunk helps answer the question; is_included is true if its key "
-    "information is reflected in the answer (meaning, not wording); missing_info says what key "
-    "information the answer leaves out when relevant but not included, else null. Evaluate "
-    "each chunk id exactly once.\n"
-    'Reply with JSON only: {"evaluated_chunks":[{"id_chunk":0,"is_relevant":true,'
-    '"is_included":false,"missing_info":null}]}'
+    "For every chunk id: is_relevant: it helps answer the question; is_included: its key "
+    "information is in the answer (meaning, not wording); missing_info: if relevant but not "
+    "included, the key information the answer lacks, else null. Evaluate each id once.\n"
+    'JSON only: {"evaluated_chunks":[{"id_chunk":0,"is_relevant":true,"is_included":false,'
+    '"missing_info":null}]}'
 )
 
 JUDGE_RECALL = (
-    "Rate how well the response matches the expected answer, given the question and the "
-    "context, as context_recall_score from 0.0 to 1.0: 0.0 unrelated to the context and the "
-    "expected answer; 0.1-0.3 minimally relevant, misses key points; 0.4-0.6 partly correct, "
-    "lacks detail or accuracy; 0.7-0.9 mostly accurate, minor discrepancies; 1.0 matches fully. "
-    "Give a one-sentence reason.\n"
-    'Reply with JSON only: {"context_recall_score":0.0,"reason":"..."}'
+    "Score how well the response matches the expected answer, given the question and context, "
+    "as context_recall_score: 0.0 unrelated; 0.1-0.3 minimally relevant, misses key points; "
+    "0.4-0.6 partly correct, lacks detail or accuracy; 0.7-0.9 mostly accurate, minor "
+    "discrepancies; 1.0 full match. Reason: one sentence.\n"
+    'JSON only: {"context_recall_score":0.0,"reason":"..."}'
 )
 
-RETRY_NOTE = (
-    "Your previous reply was invalid: {problem} Reply again with JSON only, in the required shape."
-)
+RETRY_NOTE = "Your reply was invalid: {problem} Answer again, JSON only, in the required shape."
+
+
+def joined(items: Sequence[str]) -> str:
+    """Passages separated by blank lines, where the judge never needs to refer to one by id."""
+    return "\n\n".join(items)
 
 
 def numbered(items: Sequence[str]) -> str:

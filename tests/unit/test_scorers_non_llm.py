@@ -262,3 +262,41 @@ def test_id_properties(retrieved: list, reference: list, rnd: object, extra: obj
     )
     more = scorer.score(retrieved_context_ids=[*retrieved, extra], reference_context_ids=reference)
     assert more.value is not None and more.value >= value
+
+
+def _edited_windows(seed: int) -> tuple[list[str], list[str]]:
+    import random
+
+    rnd = random.Random(seed)
+    words = [*PARIS.split(), *TOWER.split(), "river", "museum", "bridge", "north", "built"]
+
+    def text() -> str:
+        return " ".join(rnd.choice(words) for _ in range(40))[:300]
+
+    retrieved = [text() for _ in range(10)]
+    reference = [
+        "".join(c if rnd.random() > rate else "x" for c in rnd.choice(retrieved))
+        for rate in (0.05, 0.3, 0.45, 0.6)
+    ] + [text()]
+    return retrieved, reference
+
+
+@pytest.mark.parametrize("with_numpy", [True, False])
+def test_long_texts_match_the_definition_with_and_without_numpy(
+    monkeypatch: pytest.MonkeyPatch, with_numpy: bool
+) -> None:
+    import scorers._non_llm as module
+
+    if not with_numpy:
+        monkeypatch.setattr(module, "_numpy", None)
+    for seed in range(30):
+        retrieved, reference = _edited_windows(seed)
+        for threshold in (0.2, 0.5, 0.8):
+            result = non_llm(threshold=threshold).score(
+                retrieved_contexts=retrieved, reference_contexts=reference
+            )
+            assert result.value == plain_loop(retrieved, reference, Levenshtein, threshold)
+            for match, ref in zip(result.details["matches"], reference, strict=True):
+                if match["found"]:
+                    best = max(1 - Levenshtein.normalized_distance(ref, c) for c in retrieved)
+                    assert match["similarity"] == best

@@ -1,0 +1,581 @@
+"""Benchmark the scorers against Ragas and against the throughput bound.
+
+Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--traces 640]
+
+1. non_llm_context_recall on samples of 10 retrieved x 5 reference contexts of 300 characters,
+   against Ragas' NonLLMContextRecall on the same samples (scores must be identical).
+2. Prompt tokens of llm_context_recall (tiktoken cl100k_base, counted on the request bodies
+   that reach a local server) against Ragas' legacy and collections prompts, captured the same
+   way by running Ragas' own metrics against that server. Also the reference-claims cache.
+3. Throughput of the LLM variants through LiteLLM against the scripted judge server run as a
+   separate process with a fixed latency, at concurrency 64.
+
+Ragas is optional (the ``bench`` extra: ragas==0.4.3 with langchain-community<0.4); without it
+the Ragas columns say so and our own figures are still printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import random
+import statistics
+import string
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import scorers  # noqa: E402
+from tests.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
+
+LATENCY_S = 0.2
+CONCURRENCY = 64
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def corpus() -> str:
+    """Real English prose: the docstrings of a few standard-library modules."""
+    parts = []
+    for name in (
+        "argparse",
+        "asyncio.events",
+        "collections",
+        "json",
+        "logging",
+        "subprocess",
+        "typing",
+        "email.message",
+        "http.client",
+        "unittest.case",
+    ):
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) > 200:
+                parts.append(" ".join(doc.split()))
+    return " ".join(parts)
+
+
+def make_samples(count: int, seed: int = 7) -> list[tuple[list[str], list[str]]]:
+    """10 retrieved x 5 reference contexts of 300 characters; half the references are edited
+    copies of a retrieved context (5-60% of characters changed), half are unrelated text."""
+    rnd = random.Random(seed)
+    text = corpus()
+
+    def window() -> str:
+        start = rnd.randrange(0, len(text) - 300)
+        return text[start : start + 300]
+
+    def edit(s: str, rate: float) -> str:
+        return "".join(
+            rnd.choice(string.ascii_lowercase + " ") if rnd.random() < rate else c for c in s
+        )
+
+    samples = []
+    for _ in range(count):
+        retrieved = [window() for _ in range(10)]
+        reference = [
+            edit(rnd.choice(retrieved), rnd.choice([0.05, 0.2, 0.4, 0.6]))
+            if rnd.random() < 0.5
+            else window()
+            for _ in range(5)
+        ]
+        samples.append((retrieved, reference))
+    return samples
+
+
+def ragas_available() -> str | None:
+    """None when Ragas imports, else why not."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import ragas  # noqa: F401
+            from ragas.metrics import NonLLMContextRecall  # noqa: F401
+    except Exception as exc:  # any import failure means "cannot compare"
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# --- 1. non-LLM speed -------------------------------------------------------------------------
+
+
+def bench_non_llm(count: int, ragas_problem: str | None, blocks: int = 4) -> dict[str, Any]:
+    """Ours and Ragas alternate over blocks of the samples, so load from other processes on
+    the shared machine weighs on both sides alike; wall and CPU time are both reported."""
+    samples = make_samples(count)
+    scorer = scorers.get("non_llm_context_recall")
+
+    def run_ours(block: list[tuple[list[str], list[str]]]) -> tuple[list[Any], float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        values = [
+            scorer.score(retrieved_contexts=ret, reference_contexts=ref).value for ret, ref in block
+        ]
+        return values, time.perf_counter() - wall, time.process_time() - cpu
+
+    run_ours(samples[:50])  # warm-up (first NumPy and RapidFuzz calls)
+    print(f"non_llm_context_recall: {count} samples of 10 retrieved x 5 reference x 300 chars")
+    out: dict[str, Any] = {"samples": count}
+    if ragas_problem:
+        _, wall, cpu = run_ours(samples)
+        out.update(ours_ms=wall * 1000 / count, ours_cpu_ms=cpu * 1000 / count)
+        print(f"  recalltrace  {out['ours_ms']:.4f} ms/sample wall, {out['ours_cpu_ms']:.4f} CPU")
+        print(f"  Ragas        not run: {ragas_problem}")
+        return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from ragas.dataset_schema import SingleTurnSample
+        from ragas.metrics import NonLLMContextRecall
+
+    metric = NonLLMContextRecall()
+
+    async def ragas_block(block: list[tuple[list[str], list[str]]]) -> list[float]:
+        return [
+            await metric.single_turn_ascore(
+                SingleTurnSample(retrieved_contexts=ret, reference_contexts=ref)
+            )
+            for ret, ref in block
+        ]
+
+    def run_ragas(block: list[tuple[list[str], list[str]]]) -> tuple[list[Any], float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        values = asyncio.run(ragas_block(block))
+        return values, time.perf_counter() - wall, time.process_time() - cpu
+
+    asyncio.run(ragas_block(samples[:20]))  # warm-up
+    ours: list[Any] = []
+    theirs: list[Any] = []
+    totals = {"ours_wall": 0.0, "ours_cpu": 0.0, "ragas_wall": 0.0, "ragas_cpu": 0.0}
+    size = -(-count // blocks)
+    for start in range(0, count, size):
+        block = samples[start : start + size]
+        mine, wall_a, cpu_a = run_ours(block)
+        other, wall_r, cpu_r = run_ragas(block)
+        _, wall_b, cpu_b = run_ours(block)
+        ours += mine
+        theirs += other
+        totals["ours_wall"] += (wall_a + wall_b) / 2
+        totals["ours_cpu"] += (cpu_a + cpu_b) / 2
+        totals["ragas_wall"] += wall_r
+        totals["ragas_cpu"] += cpu_r
+    identical = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    out.update(
+        {key: value * 1000 / count for key, value in totals.items()},
+        identical=identical,
+        ratio_wall=totals["ragas_wall"] / totals["ours_wall"],
+        ratio_cpu=totals["ragas_cpu"] / totals["ours_cpu"],
+    )
+    print(
+        f"  recalltrace  {out['ours_wall']:.4f} ms/sample wall  {out['ours_cpu']:.4f} ms CPU"
+        f"   mean score {statistics.fmean(ours):.4f}"
+    )
+    print(f"  Ragas 0.4.3  {out['ragas_wall']:.4f} ms/sample wall  {out['ragas_cpu']:.4f} ms CPU")
+    print(f"  identical scores: {identical}/{count}")
+    print(f"  speed-up: {out['ratio_wall']:.1f}x wall, {out['ratio_cpu']:.1f}x CPU (target >= 20x)")
+    if identical != count:
+        raise SystemExit("scores differ from Ragas: the benchmark fails")
+    return out
+
+
+# --- 2. prompt tokens -------------------------------------------------------------------------
+
+DOC_CASE = {
+    "user_input": "Where is the Eiffel Tower located?",
+    "retrieved_contexts": ["Paris is the capital of France."],
+    "reference": "The Eiffel Tower is located in Paris.",
+}
+
+
+def large_case() -> dict[str, Any]:
+    rnd = random.Random(11)
+    text = corpus()
+    contexts = []
+    for _ in range(10):
+        start = rnd.randrange(0, len(text) - 300)
+        contexts.append(text[start : start + 300])
+    reference = (
+        "The json module encodes Python objects as JSON text and decodes JSON text back. "
+        "The dumps function returns a string, while dump writes to a file-like object. "
+        "Keys in JSON objects are always strings, so other key types are converted. "
+        "The indent parameter pretty-prints nested arrays and objects. "
+        "Decoding errors raise JSONDecodeError, a subclass of ValueError."
+    )
+    return {
+        "user_input": "How does Python's json module serialise data?",
+        "retrieved_contexts": contexts,
+        "reference": reference,
+    }
+
+
+def token_counter() -> Any:
+    # tiktoken fetches its tables from the internet unless told where a copy is; LiteLLM ships
+    # cl100k_base, so point tiktoken there when the user has not chosen a cache.
+    import litellm
+
+    bundled = Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(bundled))
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def chat_tokens(encoding: Any, body: dict[str, Any]) -> int:
+    """Prompt tokens of a chat request as OpenAI counts them: content plus 3 per message + 3."""
+    total = 3
+    for message in body["messages"]:
+        total += 3 + len(encoding.encode(str(message.get("content", ""))))
+    return total
+
+
+def schema_tokens(encoding: Any, body: dict[str, Any]) -> int:
+    """Tokens of a JSON schema sent beside the messages (structured output or tools)."""
+    extra = {k: body[k] for k in ("response_format", "tools", "functions") if k in body}
+    fmt = extra.get("response_format")
+    if fmt == {"type": "json_object"}:
+        extra.pop("response_format")
+    return len(encoding.encode(json.dumps(extra))) if extra else 0
+
+
+def ragas_requests(case: dict[str, Any]) -> dict[str, dict[str, Any] | str]:
+    """The first request body each Ragas API sends for ``case``, captured on a local server."""
+
+    def answer(request: dict[str, Any]) -> Reply:
+        return Reply.json({"classifications": [{"statement": "s", "reason": "r", "attributed": 1}]})
+
+    captured: dict[str, dict[str, Any] | str] = {}
+    with warnings.catch_warnings(), JudgeServer(handler=answer) as server:
+        warnings.simplefilter("ignore")
+        try:
+            from langchain_openai import ChatOpenAI
+            from ragas.dataset_schema import SingleTurnSample
+            from ragas.llms import LangchainLLMWrapper
+            from ragas.metrics import LLMContextRecall
+
+            llm = LangchainLLMWrapper(
+                ChatOpenAI(model="gpt-4o-mini", base_url=server.base_url, api_key="test")
+            )
+            sample = SingleTurnSample(response=case["reference"], **case)
+            asyncio.run(LLMContextRecall(llm=llm).single_turn_ascore(sample))
+            captured["legacy"] = server.requests[0]
+        except Exception as exc:
+            captured["legacy"] = f"{type(exc).__name__}: {exc}"
+        server.reset()
+        server.handler = answer
+        try:
+            from openai import AsyncOpenAI
+            from ragas.llms import llm_factory
+            from ragas.metrics.collections import ContextRecall
+
+            client = AsyncOpenAI(base_url=server.base_url, api_key="test")
+            metric = ContextRecall(llm=llm_factory("gpt-4o-mini", client=client))
+            asyncio.run(metric.ascore(**case))
+            captured["collections"] = server.requests[0]
+        except Exception as exc:
+            captured["collections"] = f"{type(exc).__name__}: {exc}"
+    return captured
+
+
+def our_requests(case: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
+    with JudgeServer() as server:
+        judge = scorers.JudgeClient(
+            model="openai/test-judge", api_base=server.base_url, api_key="test"
+        )
+        scorer = scorers.get("llm_context_recall", judge=judge, **options)
+        result = scorer.score(**case)
+        assert result.status == "scored", result.reason
+        return list(server.requests)
+
+
+def completion_tokens(encoding: Any, bodies: list[dict[str, Any]]) -> int:
+    """Tokens of the answers the scripted judge gives (claims restated, short reasons)."""
+    return sum(len(encoding.encode(auto_answer(body).content or "")) for body in bodies)
+
+
+def price_per_token() -> tuple[float, float]:
+    import litellm
+
+    info = litellm.model_cost["gpt-4o-mini"]
+    return float(info["input_cost_per_token"]), float(info["output_cost_per_token"])
+
+
+def bench_tokens(ragas_problem: str | None) -> dict[str, Any]:
+    encoding = token_counter()
+    input_price, output_price = price_per_token()
+    out: dict[str, Any] = {}
+    print(
+        "\nllm_context_recall prompt tokens per sample (cl100k_base, on the request bodies sent; "
+        "Ragas' schema tokens, where it sends one, in brackets)"
+    )
+    for label, case in (
+        ("documentation example", DOC_CASE),
+        ("10 x 300 chars, 5 sentences", large_case()),
+    ):
+        one_call = our_requests(case, cache=None)
+        # split-claims mode: a reference's first trace (two calls), then cached (one call)
+        cache = scorers.ReferenceCache()
+        split_miss = our_requests(case, split_claims=True, cache=cache)
+        split_hit = our_requests(case, split_claims=True, cache=cache)
+        assert len(one_call) == 1 and len(split_miss) == 2 and len(split_hit) == 1
+        modes = {"one call": one_call, "split, first": split_miss, "split, cached": split_hit}
+        row: dict[str, Any] = {}
+        for mode, bodies in modes.items():
+            prompt = sum(chat_tokens(encoding, b) for b in bodies)
+            completion = completion_tokens(encoding, bodies)
+            row[mode] = {
+                "prompt": prompt,
+                "completion": completion,
+                "usd_per_1k_traces": 1000 * (prompt * input_price + completion * output_price),
+            }
+        captured: dict[str, dict[str, Any] | str] = {}
+        if not ragas_problem:
+            captured = ragas_requests(case)
+        for api in ("legacy", "collections"):
+            body = captured.get(api)
+            row[api] = chat_tokens(encoding, body) if isinstance(body, dict) else None
+            row[f"{api}_schema"] = schema_tokens(encoding, body) if isinstance(body, dict) else 0
+        out[label] = row
+        print(f"  {label}:")
+        for mode in modes:
+            r = row[mode]
+            print(
+                f"    recalltrace {mode:<14} {r['prompt']:6d} prompt  {r['completion']:5d} "
+                f"completion  ${r['usd_per_1k_traces']:.4f} per 1k traces at gpt-4o-mini prices"
+            )
+        for api in ("legacy", "collections"):
+            value = row[api]
+            if ragas_problem:
+                print(f"    Ragas {api:<12} not run: {ragas_problem}")
+            elif value is None:
+                print(f"    Ragas {api:<12} could not be captured: {captured.get(api)}")
+            else:
+                print(
+                    f"    Ragas {api:<20} {value:6d} prompt (+{row[api + '_schema']} schema)"
+                    f"   ours (one call) / Ragas = {row['one call']['prompt'] / value:.2f}"
+                )
+    large = out["10 x 300 chars, 5 sentences"]
+    if large.get("legacy"):
+        print(
+            "  target: one call <= 0.6x Ragas legacy on the large case -> "
+            f"{large['one call']['prompt'] / large['legacy']:.2f}x"
+        )
+    return out
+
+
+# --- 3. throughput ----------------------------------------------------------------------------
+
+
+def start_server_process(latency: float) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.judge_server", "--port", "0", "--latency", str(latency)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().strip()
+    if not line.startswith("READY "):
+        process.kill()
+        raise SystemExit(f"the judge server did not start: {line!r}")
+    return process, line.split(" ", 1)[1]
+
+
+def throughput_inputs(index: int) -> dict[str, Any]:
+    return {
+        "user_input": f"Question {index}: where is the Eiffel Tower?",
+        "response": "The Eiffel Tower is in Paris. It opened in 1889.",
+        # a distinct reference per trace, so nothing is served from the reference cache
+        "reference": f"The Eiffel Tower is in Paris. It opened in 1889. Note {index}.",
+        "retrieved_contexts": [
+            f"Context {index}-{j}: the Eiffel Tower stands in Paris." for j in range(5)
+        ],
+    }
+
+
+CALLS_PER_TRACE = {
+    "llm_context_recall": 1,
+    "chunk_context_recall": 1,
+    "judge_context_recall": 1,
+    "context_entity_recall": 2,
+}
+
+
+async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple[float, int]:
+    """Score ``traces`` traces with ``concurrency`` in flight; (seconds, scored traces)."""
+    judge = scorers.JudgeClient(
+        model="openai/test-judge",
+        api_base=base_url,
+        api_key="test",
+        max_concurrency=concurrency * CALLS_PER_TRACE[key],
+        timeout_s=30,
+    )
+    scorer = scorers.get(key, judge=judge, cache=scorers.ReferenceCache())
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> bool:
+        async with limit:
+            try:
+                result = await scorer.ascore(**throughput_inputs(index))
+            except scorers.JudgeError:  # counted as not scored; the run goes on
+                return False
+            return result.status == "scored"
+
+    await asyncio.gather(*(one(-i - 1) for i in range(concurrency)))  # warm-up
+    started = time.perf_counter()
+    done = await asyncio.gather(*(one(i) for i in range(traces)))
+    return time.perf_counter() - started, sum(done)
+
+
+async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
+    """Bare ``litellm.acompletion`` calls of the same size: what LiteLLM alone can do here."""
+    import litellm
+
+    body = json.loads(json.dumps(throughput_inputs(0)))
+    messages = [
+        {"role": "system", "content": 'JSON only: {"context_recall_score":0.0,"reason":"..."}'},
+        {"role": "user", "content": json.dumps(body)},
+    ]
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with limit:
+            await litellm.acompletion(
+                model="openai/test-judge",
+                api_base=base_url,
+                api_key="test",
+                messages=messages,
+                response_format={"type": "json_object"},
+                max_retries=0,
+            )
+
+    await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
+    started = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(calls)))
+    return time.perf_counter() - started
+
+
+def child(key: str, base_url: str, traces: int, concurrency: int) -> None:
+    """One of several client processes: warm up, say READY, wait for GO, report."""
+    print("READY", flush=True)
+    sys.stdin.readline()
+    elapsed, scored = asyncio.run(drive(key, base_url, traces, concurrency))
+    print(json.dumps({"elapsed": elapsed, "scored": scored}), flush=True)
+
+
+def multi_process(key: str, base_url: str, traces: int, processes: int) -> tuple[float, int]:
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                key,
+                "--base-url",
+                base_url,
+                "--traces",
+                str(traces // processes),
+                "--concurrency",
+                str(CONCURRENCY // processes),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for proc in children:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+        for proc in children:
+            assert proc.stdin is not None
+            proc.stdin.write("GO\n")
+            proc.stdin.flush()
+        reports = []
+        for proc in children:
+            assert proc.stdout is not None
+            reports.append(json.loads(proc.stdout.readline()))
+            proc.wait(60)
+    finally:
+        for proc in children:
+            if proc.poll() is None:
+                proc.kill()
+    return max(r["elapsed"] for r in reports), sum(r["scored"] for r in reports)
+
+
+def bench_throughput(traces: int, processes: int) -> dict[str, Any]:
+    process, base_url = start_server_process(LATENCY_S)
+    bound = CONCURRENCY / LATENCY_S
+    out: dict[str, Any] = {"bound": bound}
+    print(
+        f"\nthroughput through LiteLLM, server latency {LATENCY_S * 1000:.0f} ms, concurrency "
+        f"{CONCURRENCY}: bound {bound:.0f} judge calls/s (judge server in its own process)"
+    )
+    try:
+        elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
+        out["litellm_alone"] = traces / elapsed
+        print(
+            f"  bare litellm.acompletion   {traces / elapsed:7.1f} calls/s   "
+            f"{traces / elapsed / bound:.2f} of the bound (the ceiling for one process)"
+        )
+        for key, calls in CALLS_PER_TRACE.items():
+            trace_bound = bound / calls
+            elapsed, scored = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
+            rate = scored / elapsed
+            row = {"one_process": rate, "one_process_share": rate / trace_bound}
+            line = (
+                f"  {key:<24} {rate:7.1f} traces/s  {rate / trace_bound:.2f} of the bound"
+                f" ({calls} call(s)/trace, {scored}/{traces} scored)"
+            )
+            if processes > 1:
+                elapsed, scored = multi_process(key, base_url, traces, processes)
+                rate = scored / elapsed
+                row.update(multi_process=rate, multi_process_share=rate / trace_bound)
+                line += f";  {processes} processes: {rate:7.1f} traces/s  {rate / trace_bound:.2f}"
+            out[key] = row
+            print(line)
+    finally:
+        process.terminate()
+        process.wait(10)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="scorer benchmarks")
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--traces", type=int, default=640)
+    parser.add_argument("--processes", type=int, default=2, help="client processes, 1 for one")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["speed", "tokens", "throughput"])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.base_url, args.traces, args.concurrency)
+        return
+    problem = ragas_available()
+    if problem:
+        print(f"Ragas is not available ({problem}); its columns are left out.")
+    if "speed" not in args.skip:
+        bench_non_llm(args.samples, problem)
+    if "tokens" not in args.skip:
+        bench_tokens(problem)
+    if "throughput" not in args.skip:
+        bench_throughput(args.traces, args.processes)
+
+
+if __name__ == "__main__":
+    main()
