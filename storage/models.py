@@ -147,6 +147,7 @@ class ScoringJob(Base):
         Index(
             "ix_scoring_jobs_due",
             "run_at",
+            "id",
             postgresql_where=text("status = 'queued'"),
             sqlite_where=text("status = 'queued'"),
         ),

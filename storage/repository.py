@@ -558,17 +558,22 @@ class Repository:
                 self._notify(conn)
             return released or 0
 
-    def expire_waiting_jobs(self) -> int:
-        """Skip jobs whose reference did not arrive within the TTL; returns how many.
+    def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int:
+        """Skip jobs whose reference did not arrive in time; returns how many.
 
+        A waiting job expires at the deadline it was created with (``reference_ttl`` of the
+        repository that wrote it) or, when ``older_than`` is given, once it is older than that.
         Each gets a ``skipped`` score saying so, so the history shows why nothing was scored.
         A reference that arrives later still queues the job again.
         """
         now = self._db_now()
+        expired: ColumnElement[bool] = ScoringJob.expires_at <= now
+        if older_than is not None:
+            expired = or_(expired, ScoringJob.created_at <= now - older_than)
         with self.engine.begin() as conn:
             rows = conn.execute(
                 update(ScoringJob)
-                .where(ScoringJob.status == JobStatus.WAITING, ScoringJob.expires_at <= now)
+                .where(ScoringJob.status == JobStatus.WAITING, expired)
                 .values(
                     status=JobStatus.SKIPPED,
                     last_error="reference_ttl: no reference arrived before the time-to-live",
@@ -586,7 +591,8 @@ class Repository:
                     )
                 )
             }
-            ttl_hours = self.reference_ttl.total_seconds() / 3600
+            ttl = older_than if older_than is not None else self.reference_ttl
+            ttl_hours = ttl.total_seconds() / 3600
             scored_at = _utcnow()
             conn.execute(
                 self._insert(Score.__table__).on_conflict_do_nothing(),
@@ -755,62 +761,93 @@ class Repository:
         Unique on (trace, metric, version): writing the same score twice changes nothing. A
         ``skipped`` score (e.g. a reference that came too late) may be replaced by a real one.
         """
-        job_status = JobStatus.SKIPPED if score.status == "skipped" else JobStatus.DONE
-        if score.status == "failed":
-            job_status = JobStatus.FAILED
-        value = score.value
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"score value must be finite, got {value!r}")
+        return self.finish_jobs([(job, score)])[0]
+
+    def finish_jobs(self, outcomes: Sequence[tuple[ClaimedJob, ScoreLike]]) -> list[bool]:
+        """Write several scores and close their jobs in one transaction.
+
+        Returns, per outcome, whether its score row was new. Every job's score and its job
+        status change commit together or not at all.
+        """
+        if not outcomes:
+            return []
+        for _, score in outcomes:
+            if score.value is not None and not math.isfinite(score.value):
+                raise ValueError(f"score value must be finite, got {score.value!r}")
+        scored_at = _utcnow()
         with self.engine.begin() as conn:
-            trace = conn.execute(
-                select(Trace.app_name, Trace.started_at).where(Trace.trace_id == job.trace_id)
-            ).one_or_none()
-            if trace is None:
-                raise TraceNotFound(f"no trace is stored with id {job.trace_id!r}")
-            row = {
-                "trace_id": job.trace_id,
-                "metric": job.metric,
-                "version": score.version,
-                "app_name": trace.app_name,
-                "trace_started_at": trace.started_at,
-                "status": score.status,
-                "value": value,
-                "reason": score.reason,
-                "details": _json_safe(dict(score.details)),
-                "model": score.model,
-                "prompt_tokens": score.prompt_tokens,
-                "completion_tokens": score.completion_tokens,
-                "cost_usd": score.cost_usd,
-                "latency_ms": score.latency_ms,
-                "scored_at": _utcnow(),
+            trace_ids = {job.trace_id for job, _ in outcomes}
+            traces = {
+                t.trace_id: t
+                for t in conn.execute(
+                    select(Trace.trace_id, Trace.app_name, Trace.started_at).where(
+                        Trace.trace_id.in_(trace_ids)
+                    )
+                )
             }
-            stmt = self._insert(Score.__table__).values(row)
-            replaceable = {
-                k: stmt.excluded[k]
-                for k in row
-                if k not in ("trace_id", "metric", "version", "app_name", "trace_started_at")
-            }
+            missing = trace_ids - set(traces)
+            if missing:
+                raise TraceNotFound(f"no trace is stored with id {sorted(missing)[0]!r}")
+            rows = [
+                {
+                    "trace_id": job.trace_id,
+                    "metric": job.metric,
+                    "version": score.version,
+                    "app_name": traces[job.trace_id].app_name,
+                    "trace_started_at": traces[job.trace_id].started_at,
+                    "status": score.status,
+                    "value": score.value,
+                    "reason": score.reason,
+                    "details": _json_safe(dict(score.details)),
+                    "model": score.model,
+                    "prompt_tokens": score.prompt_tokens,
+                    "completion_tokens": score.completion_tokens,
+                    "cost_usd": score.cost_usd,
+                    "latency_ms": score.latency_ms,
+                    "scored_at": scored_at,
+                }
+                for job, score in outcomes
+            ]
+            stmt = self._insert(Score.__table__).values(rows)
+            replaceable = {k: stmt.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS}
             stmt = stmt.on_conflict_do_update(
                 index_elements=["trace_id", "metric", "version"],
                 set_=replaceable,
                 where=and_(
                     Score.__table__.c.status == "skipped", stmt.excluded.status != "skipped"
                 ),
-            ).returning(Score.__table__.c.id)
-            inserted = conn.execute(stmt).first() is not None
-            now = self._db_now()
-            conn.execute(
-                update(ScoringJob)
-                .where(ScoringJob.id == job.id)
-                .values(
-                    status=job_status,
-                    locked_by=None,
-                    lease_expires_at=None,
-                    last_error=score.reason if job_status == JobStatus.FAILED else None,
-                    updated_at=now,
-                )
+            ).returning(
+                Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version
             )
-            return inserted
+            written = {tuple(r) for r in conn.execute(stmt)}
+            now = self._db_now()
+            by_status: dict[str, list[int]] = {}
+            failed_reasons: dict[int, str] = {}
+            for job, score in outcomes:
+                status = {"skipped": JobStatus.SKIPPED, "failed": JobStatus.FAILED}.get(
+                    score.status, JobStatus.DONE
+                )
+                by_status.setdefault(status, []).append(job.id)
+                if status == JobStatus.FAILED:
+                    failed_reasons[job.id] = score.reason
+            for status, ids in by_status.items():
+                values: dict[str, Any] = {
+                    "status": status,
+                    "locked_by": None,
+                    "lease_expires_at": None,
+                    "updated_at": now,
+                }
+                if status != JobStatus.FAILED:
+                    values["last_error"] = None
+                    conn.execute(update(ScoringJob).where(ScoringJob.id.in_(ids)).values(values))
+                else:
+                    for job_id in ids:
+                        conn.execute(
+                            update(ScoringJob)
+                            .where(ScoringJob.id == job_id)
+                            .values({**values, "last_error": failed_reasons[job_id]})
+                        )
+        return [(job.trace_id, job.metric, score.version) in written for job, score in outcomes]
 
     def reschedule_job(
         self,
@@ -996,6 +1033,19 @@ class Repository:
         """Close every pooled connection (call in a forked child or at exit)."""
         self.engine.dispose()
 
+
+_REPLACEABLE_SCORE_COLUMNS = (
+    "status",
+    "value",
+    "reason",
+    "details",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "latency_ms",
+    "scored_at",
+)
 
 # Column types of the binary COPY statements above, in column order.
 _TRACE_COPY_TYPES = [

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tracer._cli_history import register_history_commands
 
     register_history_commands(sub)
+    from tracer._cli_worker import register_worker_commands
+
+    register_worker_commands(sub)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

@@ -94,7 +94,7 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id'),
     sa.UniqueConstraint('trace_id', 'metric', 'version', name='uq_scoring_jobs_trace_metric')
     )
-    op.create_index('ix_scoring_jobs_due', 'scoring_jobs', ['run_at'], unique=False, postgresql_where=sa.text("status = 'queued'"), sqlite_where=sa.text("status = 'queued'"))
+    op.create_index('ix_scoring_jobs_due', 'scoring_jobs', ['run_at', 'id'], unique=False, postgresql_where=sa.text("status = 'queued'"), sqlite_where=sa.text("status = 'queued'"))
     op.create_index('ix_scoring_jobs_failed', 'scoring_jobs', ['updated_at'], unique=False, postgresql_where=sa.text("status = 'failed'"), sqlite_where=sa.text("status = 'failed'"))
     op.create_index('ix_scoring_jobs_leases', 'scoring_jobs', ['lease_expires_at'], unique=False, postgresql_where=sa.text("status = 'running'"), sqlite_where=sa.text("status = 'running'"))
     op.create_index('ix_scoring_jobs_waiting', 'scoring_jobs', ['expires_at'], unique=False, postgresql_where=sa.text("status = 'waiting'"), sqlite_where=sa.text("status = 'waiting'"))

@@ -1,0 +1,329 @@
+"""OpenTelemetry metrics and evaluation events of the scoring worker and its judge calls.
+
+Instruments are created on whatever meter and logger providers are passed in (or the global
+ones), so an application that already configured OpenTelemetry keeps its exporters.
+:func:`setup_telemetry` builds providers for a stand-alone worker from the standard ``OTEL_*``
+variables, a Prometheus scrape port, or the console.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import _logs, metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+from scorers._judge import JudgeCallRecord
+from scorers._result import ScoreResult
+
+logger = logging.getLogger("recalltrace.worker")
+
+#: Explicit buckets of the recall histogram: one every 0.1.
+SCORE_BUCKETS: tuple[float, ...] = tuple(round(i / 10, 1) for i in range(11))
+#: GenAI semantic-convention buckets of ``gen_ai.client.token.usage``.
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
+#: GenAI semantic-convention buckets of ``gen_ai.client.operation.duration`` (seconds).
+DURATION_BUCKETS: tuple[float, ...] = tuple(0.01 * 2**i for i in range(14))
+
+METER_NAME = "recalltrace.worker"
+
+# Attribute names.
+ATTR_METRIC = "rag.metric"
+ATTR_APP = "rag.app"
+ATTR_OUTCOME = "rag.job.outcome"
+ATTR_REQUEST_MODEL = "gen_ai.request.model"
+ATTR_OPERATION = "gen_ai.operation.name"
+ATTR_PROVIDER = "gen_ai.provider.name"
+ATTR_SYSTEM = "gen_ai.system"
+ATTR_TOKEN_TYPE = "gen_ai.token.type"
+ATTR_ERROR_TYPE = "error.type"
+
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+
+
+@dataclass
+class QueueSnapshot:
+    """The latest queue figures, refreshed by the worker's maintenance loop."""
+
+    due: int = 0
+    running: int = 0
+    waiting: int = 0
+    failed: int = 0
+    oldest_due_age_s: float = 0.0
+    known: bool = False
+
+
+@dataclass
+class WorkerTelemetry:
+    """The worker's instruments.
+
+    ``rag.context_recall`` (histogram, unit ``1``, buckets every 0.1) by ``rag.metric``,
+    ``rag.app`` and ``gen_ai.request.model``; ``rag.worker.jobs`` (counter) by outcome;
+    ``rag.scoring.duration`` (histogram, s); ``rag.queue.depth`` and ``rag.queue.oldest_due_age``
+    (observable gauges); ``rag.judge.paused`` (counter of pauses after terminal judge errors);
+    ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration`` for every judge call;
+    and one ``gen_ai.evaluation.result`` event per score through the logs API.
+    """
+
+    meter_provider: metrics.MeterProvider | None = None
+    logger_provider: _logs.LoggerProvider | None = None
+    queue: QueueSnapshot = field(default_factory=QueueSnapshot)
+
+    def __post_init__(self) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            own_version = version("recalltrace")
+        except PackageNotFoundError:  # running from a source tree
+            own_version = "0"
+        provider = self.meter_provider or metrics.get_meter_provider()
+        meter = provider.get_meter(METER_NAME, own_version)
+        self.recall = meter.create_histogram(
+            "rag.context_recall",
+            unit="1",
+            description="Context-recall scores of sampled traces, by variant.",
+            explicit_bucket_boundaries_advisory=SCORE_BUCKETS,
+        )
+        self.jobs = meter.create_counter(
+            "rag.worker.jobs",
+            unit="{job}",
+            description="Scoring jobs handled, by outcome (scored, skipped, failed, retried).",
+        )
+        self.scoring_duration = meter.create_histogram(
+            "rag.scoring.duration",
+            unit="s",
+            description="Wall time to score one job, judge calls included.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.judge_paused = meter.create_counter(
+            "rag.judge.paused",
+            unit="{pause}",
+            description="Times scoring with a judge model was paused by a configuration error.",
+        )
+        self.judge_cost = meter.create_counter(
+            "rag.judge.cost",
+            unit="USD",
+            description="Judge cost from LiteLLM's price list (calls of unknown price excluded).",
+        )
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Tokens used per judge call, by token type.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.operation_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="Duration of judge calls.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        meter.create_observable_gauge(
+            "rag.queue.depth",
+            callbacks=[self._observe_depth],
+            unit="{job}",
+            description="Scoring jobs by state: due (queued), running, waiting, failed.",
+        )
+        meter.create_observable_gauge(
+            "rag.queue.oldest_due_age",
+            callbacks=[self._observe_age],
+            unit="s",
+            description="Age of the oldest due job: the scoring lag to alert on.",
+        )
+        logs = self.logger_provider or _logs.get_logger_provider()
+        self._events = logs.get_logger(METER_NAME, own_version)
+
+    # -- gauges -------------------------------------------------------------------------
+    def _observe_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if not self.queue.known:
+            return []
+        q = self.queue
+        return [
+            Observation(q.due, {"rag.job.state": "due"}),
+            Observation(q.running, {"rag.job.state": "running"}),
+            Observation(q.waiting, {"rag.job.state": "waiting"}),
+            Observation(q.failed, {"rag.job.state": "failed"}),
+        ]
+
+    def _observe_age(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if not self.queue.known:
+            return []
+        return [Observation(self.queue.oldest_due_age_s)]
+
+    # -- recording ----------------------------------------------------------------------
+    def record_job(self, outcome: str, metric: str) -> None:
+        """Count one job outcome: ``scored``, ``skipped``, ``failed`` or ``retried``."""
+        self.jobs.add(1, {ATTR_OUTCOME: outcome, ATTR_METRIC: metric})
+
+    def record_score(
+        self,
+        result: ScoreResult,
+        *,
+        app_name: str,
+        trace_id: str,
+        judge_model: str | None,
+        duration_s: float | None,
+    ) -> None:
+        """Record a stored score: the histogram, the duration, and the evaluation event."""
+        attributes: dict[str, Any] = {ATTR_METRIC: result.metric, ATTR_APP: app_name}
+        if judge_model:
+            attributes[ATTR_REQUEST_MODEL] = judge_model
+        if result.status == "scored" and result.value is not None:
+            self.recall.record(result.value, attributes)
+        if duration_s is not None:
+            self.scoring_duration.record(duration_s, {ATTR_METRIC: result.metric})
+        self.emit_evaluation(result, app_name=app_name, trace_id=trace_id)
+
+    def emit_evaluation(self, result: ScoreResult, *, app_name: str, trace_id: str) -> None:
+        """Emit one ``gen_ai.evaluation.result`` event linked to the scored trace."""
+        attributes: dict[str, Any] = {
+            "gen_ai.evaluation.name": result.metric,
+            "gen_ai.evaluation.explanation": result.reason,
+            "rag.score.status": result.status,
+            "rag.metric.version": result.version,
+            ATTR_APP: app_name,
+        }
+        if result.value is not None:
+            attributes["gen_ai.evaluation.score.value"] = result.value
+        if result.model:
+            attributes[ATTR_REQUEST_MODEL] = result.model
+        try:
+            trace_int = int(trace_id, 16)
+        except ValueError:
+            trace_int = 0
+        # Scores are linked to the trace they judge; the trace's own spans are long gone, so
+        # the link carries the trace id and no span id.
+        context = None
+        if trace_int:
+            context = set_span_in_context(
+                NonRecordingSpan(
+                    SpanContext(
+                        trace_id=trace_int,
+                        span_id=0,
+                        is_remote=True,
+                        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                    )
+                )
+            )
+        record = _logs.LogRecord(
+            event_name=EVALUATION_EVENT, attributes=attributes, context=context
+        )
+        self._events.emit(record)
+
+    def record_call(self, call: JudgeCallRecord) -> None:
+        """Record one judge HTTP attempt with the GenAI metric names and attributes."""
+        base: dict[str, Any] = {ATTR_OPERATION: call.operation, ATTR_REQUEST_MODEL: call.model}
+        if call.provider:
+            base[ATTR_PROVIDER] = call.provider
+            base[ATTR_SYSTEM] = call.provider
+        duration_attrs = dict(base)
+        if call.error_type:
+            duration_attrs[ATTR_ERROR_TYPE] = call.error_type
+        self.operation_duration.record(call.latency_s, duration_attrs)
+        if call.prompt_tokens is not None:
+            self.token_usage.record(call.prompt_tokens, {**base, ATTR_TOKEN_TYPE: "input"})
+        if call.completion_tokens is not None:
+            self.token_usage.record(call.completion_tokens, {**base, ATTR_TOKEN_TYPE: "output"})
+        if call.cost_usd:
+            self.judge_cost.add(call.cost_usd, base)
+
+    def record_pause(self, model: str, error_type: str | None) -> None:
+        """Count a pause of ``model`` after a terminal error."""
+        attrs: dict[str, Any] = {ATTR_REQUEST_MODEL: model}
+        if error_type:
+            attrs[ATTR_ERROR_TYPE] = error_type
+        self.judge_paused.add(1, attrs)
+
+
+@dataclass
+class TelemetrySetup:
+    """Providers built by :func:`setup_telemetry`; call :meth:`shutdown` at exit."""
+
+    meter_provider: Any
+    logger_provider: Any
+    prometheus_port: int | None = None
+
+    def shutdown(self) -> None:
+        """Flush and stop every exporter."""
+        for provider in (self.meter_provider, self.logger_provider):
+            try:
+                provider.shutdown()
+            except Exception:  # exporters already failing must not block the exit
+                logger.debug("telemetry shutdown failed", exc_info=True)
+
+
+def _otlp_wanted(signal: str) -> bool:
+    exporter = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER")
+    if exporter is not None:
+        return "otlp" in {e.strip() for e in exporter.split(",")}
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    )
+
+
+def setup_telemetry(
+    *,
+    prometheus_port: int | None = None,
+    prometheus_host: str = "0.0.0.0",
+    console: bool = False,
+    otlp: bool | None = None,
+    extra_metric_readers: Sequence[Any] = (),
+    set_global: bool = True,
+) -> TelemetrySetup:
+    """Build meter and logger providers for a stand-alone worker.
+
+    OTLP over HTTP is used when ``otlp`` is true, or when it is ``None`` and the standard
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_METRICS_EXPORTER=otlp`` variables ask for it.
+    ``prometheus_port`` serves a scrape endpoint (``0`` picks a free port, reported back).
+    The resource honours ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``.
+    """
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.resources import Resource
+
+    defaults = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "recalltrace-worker"}
+    resource = Resource.create(defaults)
+    readers: list[Any] = list(extra_metric_readers)
+    bound_port: int | None = None
+    if prometheus_port is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import REGISTRY, start_http_server
+
+        readers.append(PrometheusMetricReader())
+        server, _thread = start_http_server(
+            prometheus_port, addr=prometheus_host, registry=REGISTRY
+        )
+        bound_port = int(server.server_port)
+    use_otlp = _otlp_wanted("metrics") if otlp is None else otlp
+    if use_otlp:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if console:
+        readers.append(
+            PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=10_000)
+        )
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    logger_provider = LoggerProvider(resource=resource)
+    if (otlp is None and _otlp_wanted("logs")) or otlp:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+    if console:
+        logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(ConsoleLogRecordExporter())
+        )
+    if set_global:
+        metrics.set_meter_provider(meter_provider)
+        _logs.set_logger_provider(logger_provider)
+    return TelemetrySetup(meter_provider, logger_provider, bound_port)

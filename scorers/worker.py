@@ -1,0 +1,656 @@
+"""The scoring worker: claims due jobs, scores them with bounded concurrency, writes the scores.
+
+One worker per laptop on SQLite, or any number of processes on any number of hosts against one
+Postgres: claims are ``FOR UPDATE SKIP LOCKED`` with a lease, finished scores are unique on
+(trace, metric, version), and a job whose worker died comes back when its lease expires.
+
+Outcomes of a job:
+
+- a result (``scored``, ``skipped``, or ``failed`` on the last attempt) is written together with
+  the job's new status in one transaction;
+- a ``failed`` result before the last attempt, or an unexpected error, consumes an attempt and
+  reschedules the job with backoff;
+- a :class:`~scorers.TransientJudgeError` (rate limits, 5xx, timeouts that outlasted the judge
+  client's own retries) reschedules without consuming an attempt, until the job's transient
+  errors are older than ``transient_max_age_s``;
+- a :class:`~scorers.TerminalJudgeError` (bad key, unknown model) gives the job back and pauses
+  every variant that uses that judge for ``terminal_pause_s``, with a loud log line and the
+  ``rag.judge.paused`` metric, instead of failing every job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from scorers._errors import TerminalJudgeError, TransientJudgeError
+from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
+from scorers._result import ScoreResult
+from scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
+from scorers.telemetry import WorkerTelemetry
+
+logger = logging.getLogger("recalltrace.worker")
+
+T = TypeVar("T")
+
+
+@dataclass
+class WorkerOptions:
+    """How a worker runs. Every field has a default fit for one laptop or one of many hosts."""
+
+    database_url: str | None = None
+    """Database URL; ``None`` means ``$RECALLTRACE_DATABASE_URL`` or the SQLite default."""
+    metrics: Sequence[str] | None = None
+    """Variants to score; default: all six with a judge, the non-LLM ones without."""
+    judge: JudgeConfig | None = None
+    """The judge of the LLM variants (any LiteLLM model); ``None`` leaves them unscored."""
+    scorer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Extra options per variant key, passed to ``scorers.get`` (e.g. a threshold)."""
+    concurrency: int = 16
+    """Most jobs being scored at once by this process."""
+    batch_size: int = 32
+    """Most jobs claimed in one statement."""
+    lease_s: float = 120.0
+    """Lease of a claimed job; extended every third of it while the job runs."""
+    poll_interval_s: float = 2.0
+    """Longest sleep when no job is due (Postgres wakes earlier through LISTEN/NOTIFY)."""
+    max_attempts: int = 3
+    """Attempts (invalid answers, errors) before a job is failed for good."""
+    retry_backoff_s: float = 5.0
+    """First retry delay; doubled per attempt with jitter, capped at ``retry_backoff_max_s``."""
+    retry_backoff_max_s: float = 600.0
+    transient_max_age_s: float = 6 * 3600.0
+    """How long a job may keep failing transiently before it is failed."""
+    terminal_pause_s: float = 300.0
+    """How long the variants of a judge stay paused after a terminal (configuration) error."""
+    grace_period_s: float = 30.0
+    """On SIGTERM/SIGINT: how long running jobs may finish before the rest is given back."""
+    reference_ttl_s: float | None = None
+    """Skip jobs that have waited longer than this for a late reference; ``None`` keeps the
+    deadline each job was created with (the writer's ``reference_ttl``, one day by default)."""
+    maintenance_interval_s: float = 5.0
+    """How often expired leases and expired waits are swept and the queue gauges refreshed."""
+    listen: bool = True
+    """Wake on Postgres LISTEN/NOTIFY when new jobs arrive."""
+    worker_id: str | None = None
+    """Name of this worker in leases; default ``host:pid:random``."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.lease_s <= 0 or self.poll_interval_s <= 0:
+            raise ValueError("lease_s and poll_interval_s must be positive")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.metrics is not None:
+            for key in self.metrics:
+                metric_info(key)  # raises with the list of known keys
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did during :meth:`Worker.run`."""
+
+    scored: int = 0
+    skipped: int = 0
+    failed: int = 0
+    retried: int = 0
+    released: int = 0
+    paused: int = 0
+
+    @property
+    def finished(self) -> int:
+        """Jobs that ended with a stored score."""
+        return self.scored + self.skipped + self.failed
+
+
+@dataclass
+class _Running:
+    job: Any
+    task: asyncio.Task[None]
+    started: float
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``, unique across hosts and restarts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{random.randrange(16**6):06x}"
+
+
+class Worker:
+    """An asyncio scoring worker over a :class:`storage.repository.Repository`."""
+
+    def __init__(
+        self,
+        options: WorkerOptions | None = None,
+        *,
+        repository: Any = None,
+        telemetry: WorkerTelemetry | None = None,
+        on_progress: Callable[[WorkerStats], None] | None = None,
+    ) -> None:
+        self.options = options or WorkerOptions()
+        if repository is None:
+            from storage.repository import open_repository
+
+            repository = open_repository(
+                self.options.database_url, max_attempts=self.options.max_attempts
+            )
+        self.repo = repository
+        self.repo.max_attempts = self.options.max_attempts
+        self._reference_ttl = (
+            None
+            if self.options.reference_ttl_s is None
+            else timedelta(seconds=self.options.reference_ttl_s)
+        )
+        self.telemetry = telemetry or WorkerTelemetry()
+        self.on_progress = on_progress
+        self.worker_id = self.options.worker_id or default_worker_id()
+        self.stats = WorkerStats()
+        self._judge: JudgeClient | None = None
+        self._scorers: dict[str, Any] = {}
+        self._not_configured: list[str] = []
+        self._build_scorers()
+        self._paused_until = 0.0
+        self._running: dict[int, _Running] = {}
+        self._pending_finish: list[tuple[Any, ScoreResult, str, float]] = []
+        self._flush_lock = asyncio.Lock()
+        self._flush_now = asyncio.Event()
+        self._closing = False
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._stop_requested = threading.Event()
+        self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recalltrace-db")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._app_names: dict[str, str] = {}
+
+    # -- set-up -------------------------------------------------------------------------
+    def _build_scorers(self) -> None:
+        import scorers
+
+        opts = self.options
+        if opts.judge is not None:
+            self._judge = JudgeClient(opts.judge, on_call=self._on_judge_call)
+        keys = list(opts.metrics) if opts.metrics is not None else list(CATALOG)
+        for key in keys:
+            info = metric_info(key)
+            extra = dict(opts.scorer_options.get(key, {}))
+            if info.uses_llm:
+                if self._judge is None:
+                    self._not_configured.append(key)
+                    continue
+                self._scorers[key] = scorers.get(key, judge=self._judge, **extra)
+            else:
+                self._scorers[key] = scorers.get(key, **extra)
+        if self._not_configured and opts.metrics is not None:
+            raise ValueError(
+                f"{', '.join(self._not_configured)} need(s) a judge model "
+                "(set --judge-model, or WorkerOptions.judge)"
+            )
+
+    @property
+    def metrics(self) -> list[str]:
+        """The variants this worker scores."""
+        return list(self._scorers)
+
+    @property
+    def not_configured(self) -> list[str]:
+        """LLM variants left out because no judge model is configured."""
+        return list(self._not_configured)
+
+    def _on_judge_call(self, record: JudgeCallRecord) -> None:
+        self.telemetry.record_call(record)
+
+    def _claimable_metrics(self) -> list[str]:
+        if self._paused_until > time.monotonic():
+            return [k for k in self._scorers if k in NON_LLM_METRICS]
+        return list(self._scorers)
+
+    # -- plumbing -----------------------------------------------------------------------
+    async def _db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db, lambda: fn(*args, **kwargs))
+
+    def request_stop(self) -> None:
+        """Stop claiming; running jobs get the grace period to finish. Thread-safe."""
+        self._stop_requested.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stop.set)
+            loop.call_soon_threadsafe(self._wake.set)
+
+    def _install_signal_handlers(self) -> list[int]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError):
+                continue
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        logger.warning(
+            "received %s: no new jobs; finishing running ones within %.0f s",
+            signal.Signals(sig).name,
+            self.options.grace_period_s,
+        )
+        self.request_stop()
+
+    # -- the loop -----------------------------------------------------------------------
+    async def run(self, *, once: bool = False) -> WorkerStats:
+        """Score until stopped (or, with ``once``, until nothing is due), then return stats."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._flush_now = asyncio.Event()
+        self._closing = False
+        if self._stop_requested.is_set():
+            self._stop.set()
+        signals = self._install_signal_handlers()
+        if self._not_configured:
+            logger.warning(
+                "no judge model configured: %s are not scored (set --judge-model)",
+                ", ".join(self._not_configured),
+            )
+        logger.info("worker %s scoring %s", self.worker_id, ", ".join(self._scorers) or "nothing")
+        finisher = asyncio.create_task(self._finish_loop(), name="recalltrace-finish")
+        helpers = [
+            asyncio.create_task(self._maintenance_loop(), name="recalltrace-maintenance"),
+            asyncio.create_task(self._lease_loop(), name="recalltrace-leases"),
+        ]
+        if self.options.listen and getattr(self.repo, "is_postgres", False) and not once:
+            helpers.append(asyncio.create_task(self._listen_loop(), name="recalltrace-listen"))
+        try:
+            await self._maintain_once()
+            await self._claim_loop(once)
+            await self._drain()
+        finally:
+            # Scores already computed are written before anything else stops; the finisher
+            # is never cancelled in the middle of a write.
+            self._closing = True
+            self._flush_now.set()
+            with contextlib.suppress(Exception):
+                await finisher
+            for task in helpers:
+                task.cancel()
+            for task in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            loop = asyncio.get_running_loop()
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            self._db.shutdown(wait=True)
+            self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recalltrace-db")
+        return self.stats
+
+    async def _claim_loop(self, once: bool) -> None:
+        opts = self.options
+        # Refill when a quarter of the slots (or a batch) is free, not on every finished job:
+        # each claim and trace load is a round trip, and one per job would cap throughput.
+        refill_at = max(1, min(opts.batch_size, opts.concurrency // 4))
+        while not self._stop.is_set():
+            free = opts.concurrency - len(self._running)
+            claimed: list[Any] = []
+            metrics = self._claimable_metrics()
+            if metrics and (free >= refill_at or (free > 0 and not self._running)):
+                try:
+                    claimed = await self._db_call(
+                        self.repo.claim_jobs,
+                        self.worker_id,
+                        limit=min(opts.batch_size, free),
+                        lease=timedelta(seconds=opts.lease_s),
+                        metrics=metrics,
+                    )
+                except Exception as exc:
+                    logger.error("claiming jobs failed (%s); retrying", _describe(exc))
+                    await self._sleep(min(opts.poll_interval_s, 5.0))
+                    continue
+                if claimed:
+                    await self._start(claimed)
+                    continue
+            if once and not claimed and not self._running and not self._writes_outstanding():
+                return
+            await self._wait_for_work()
+
+    async def _wait_for_work(self) -> None:
+        self._wake.clear()
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._wake.wait())]
+        waiters.extend(r.task for r in self._running.values())
+        await asyncio.wait(
+            waiters, timeout=self.options.poll_interval_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        waiters[0].cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+    async def _start(self, jobs: Sequence[Any]) -> None:
+        try:
+            inputs = await self._db_call(self.repo.load_inputs, [j.trace_id for j in jobs])
+        except Exception as exc:
+            logger.error("loading traces failed (%s); giving the jobs back", _describe(exc))
+            await self._db_call(self.repo.release_jobs, self.worker_id, [j.id for j in jobs])
+            await self._sleep(1.0)
+            return
+        for job in jobs:
+            trace = inputs.get(job.trace_id)
+            if trace is not None:
+                self._app_names[job.trace_id] = trace.app_name
+            task = asyncio.create_task(self._process(job, trace), name=f"recalltrace-job-{job.id}")
+            self._running[job.id] = _Running(job, task, time.monotonic())
+            task.add_done_callback(self._forget(job.id))
+
+    def _forget(self, job_id: int) -> Callable[[asyncio.Task[None]], None]:
+        def done(_task: asyncio.Task[None]) -> None:
+            self._running.pop(job_id, None)
+
+        return done
+
+    async def _process(self, job: Any, trace: Any) -> None:
+        started = time.monotonic()
+        scorer = self._scorers.get(job.metric)
+        try:
+            if scorer is None:
+                raise RuntimeError(f"no scorer for metric {job.metric!r} in this worker")
+            if trace is None:
+                raise LookupError(f"trace {job.trace_id} is no longer stored")
+            result: ScoreResult = await scorer.ascore(**trace.scorer_inputs())
+        except asyncio.CancelledError:
+            raise
+        except TransientJudgeError as exc:
+            await self._on_transient(job, exc)
+            return
+        except TerminalJudgeError as exc:
+            await self._on_terminal(job, exc)
+            return
+        except Exception as exc:
+            await self._on_error(job, exc, started)
+            return
+        if result.status == "failed" and job.attempts + 1 < self.options.max_attempts:
+            await self._retry(job, result.reason, consume_attempt=True)
+            return
+        self._queue_finish(job, result, trace.app_name, time.monotonic() - started)
+
+    def _backoff(self, attempt: int, hint: float | None = None) -> timedelta:
+        opts = self.options
+        delay = min(opts.retry_backoff_max_s, opts.retry_backoff_s * 2 ** max(0, attempt))
+        delay = delay / 2 + random.random() * delay / 2
+        if hint is not None:
+            delay = max(delay, hint)
+        return timedelta(seconds=delay)
+
+    async def _retry(self, job: Any, error: str, *, consume_attempt: bool) -> None:
+        delay = self._backoff(job.attempts)
+        try:
+            status = await self._db_call(
+                self.repo.reschedule_job,
+                job,
+                delay=delay,
+                error=error,
+                consume_attempt=consume_attempt,
+            )
+        except Exception as exc:
+            logger.error("rescheduling job %s failed (%s)", job.id, _describe(exc))
+            return
+        if status == "failed":
+            self.stats.failed += 1
+            self.telemetry.record_job("failed", job.metric)
+        else:
+            self.stats.retried += 1
+            self.telemetry.record_job("retried", job.metric)
+
+    async def _on_transient(self, job: Any, exc: TransientJudgeError) -> None:
+        now = datetime.now(timezone.utc)
+        first = job.first_transient_at or now
+        if (now - first).total_seconds() > self.options.transient_max_age_s:
+            await self._finish_failed(
+                job, f"The judge kept failing transiently for too long: {exc}", time.monotonic()
+            )
+            return
+        delay = self._backoff(min(job.attempts + 1, 6), exc.retry_after_s)
+        try:
+            await self._db_call(
+                self.repo.reschedule_job,
+                job,
+                delay=delay,
+                error=f"transient: {exc}",
+                consume_attempt=False,
+            )
+        except Exception as db_exc:
+            logger.error("rescheduling job %s failed (%s)", job.id, _describe(db_exc))
+            return
+        self.stats.retried += 1
+        self.telemetry.record_job("retried", job.metric)
+
+    async def _on_terminal(self, job: Any, exc: TerminalJudgeError) -> None:
+        already_paused = self._paused_until > time.monotonic()
+        self._paused_until = time.monotonic() + self.options.terminal_pause_s
+        if not already_paused:
+            self.stats.paused += 1
+            self.telemetry.record_pause(exc.model or "unknown", exc.error_type)
+            logger.error(
+                "JUDGE PAUSED for %.0f s: %s (model %s). LLM variants are not claimed until "
+                "then; non-LLM variants go on. Fix the judge configuration (API key, model "
+                "name, budget).",
+                self.options.terminal_pause_s,
+                exc,
+                exc.model,
+            )
+        try:
+            await self._db_call(self.repo.release_jobs, self.worker_id, [job.id])
+            self.stats.released += 1
+        except Exception as db_exc:
+            logger.error("giving back job %s failed (%s)", job.id, _describe(db_exc))
+
+    async def _on_error(self, job: Any, exc: BaseException, started: float) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        logger.warning("job %s (%s) raised %s", job.id, job.metric, message)
+        if job.attempts + 1 >= self.options.max_attempts:
+            await self._finish_failed(job, f"Scoring raised {message}", started)
+        else:
+            await self._retry(job, message, consume_attempt=True)
+
+    async def _finish_failed(self, job: Any, reason: str, started: float) -> None:
+        result = ScoreResult(
+            metric=job.metric,
+            value=None,
+            status="failed",
+            reason=reason,
+            details={"error": reason},
+            version=job.version,
+        )
+        app = self._app_names.get(job.trace_id, "")
+        self._queue_finish(job, result, app, time.monotonic() - started)
+
+    def _queue_finish(self, job: Any, result: ScoreResult, app: str, duration: float) -> None:
+        self._pending_finish.append((job, result, app, duration))
+        if len(self._pending_finish) >= self.options.batch_size:
+            self._flush_now.set()
+
+    def _writes_outstanding(self) -> bool:
+        return bool(self._pending_finish) or self._flush_lock.locked()
+
+    async def _flush_finished(self) -> None:
+        async with self._flush_lock:
+            while self._pending_finish:
+                batch = self._pending_finish[: self.options.batch_size]
+                del self._pending_finish[: len(batch)]
+                if not await self._write_batch(batch):
+                    return
+
+    async def _write_batch(self, batch: list[tuple[Any, ScoreResult, str, float]]) -> bool:
+        outcomes = [(job, result) for job, result, _app, _d in batch]
+        delay = 0.5
+        give_up_at: float | None = None
+        while True:
+            try:
+                await self._db_call(self.repo.finish_jobs, outcomes)
+                break
+            except Exception as exc:
+                now = time.monotonic()
+                if self._closing:
+                    give_up_at = give_up_at or now + self.options.grace_period_s
+                    if now >= give_up_at:
+                        # The leases expire and another worker scores these again; the
+                        # unique key keeps that from doubling anything.
+                        logger.error(
+                            "could not store %d scores before exit (%s)",
+                            len(batch),
+                            _describe(exc),
+                        )
+                        return False
+                logger.error("storing scores failed (%s); retrying", _describe(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        for job, result, app, duration in batch:
+            self._app_names.pop(job.trace_id, None)
+            outcome = result.status
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            self.telemetry.record_job(outcome, job.metric)
+            self.telemetry.record_score(
+                result,
+                app_name=app,
+                trace_id=job.trace_id,
+                judge_model=result.model,
+                duration_s=duration,
+            )
+        if self.on_progress is not None:
+            self.on_progress(self.stats)
+        return True
+
+    async def _finish_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), timeout=0.05)
+            self._flush_now.clear()
+            if self._pending_finish:
+                await self._flush_finished()
+            if self._closing and not self._pending_finish:
+                return
+
+    async def _drain(self) -> None:
+        """Wait for running jobs up to the grace period, then give back the rest."""
+        if not self._running:
+            return
+        tasks = [r.task for r in self._running.values()]
+        grace = self.options.grace_period_s if self._stop.is_set() else None
+        _done, pending = await asyncio.wait(tasks, timeout=grace)
+        if pending:
+            held = [r.job.id for r in list(self._running.values()) if r.task in pending]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            try:
+                released = await self._db_call(self.repo.release_jobs, self.worker_id, held)
+                self.stats.released += released
+                logger.warning("gave back %d unfinished jobs", released)
+            except Exception as exc:
+                logger.error(
+                    "could not give back %d jobs (%s); their leases will expire",
+                    len(held),
+                    _describe(exc),
+                )
+
+    async def _lease_loop(self) -> None:
+        interval = max(0.05, self.options.lease_s / 3)
+        lease = timedelta(seconds=self.options.lease_s)
+        while True:
+            await asyncio.sleep(interval)
+            held = [job_id for job_id in self._running]
+            held.extend(job.id for job, *_ in self._pending_finish)
+            if not held:
+                continue
+            try:
+                await self._db_call(self.repo.extend_leases, self.worker_id, held, lease)
+            except Exception as exc:
+                logger.warning("extending leases failed (%s)", _describe(exc))
+
+    async def _maintain_once(self) -> None:
+        try:
+            requeued = await self._db_call(self.repo.requeue_expired_leases)
+            if requeued:
+                logger.warning("took back %d jobs whose worker's lease expired", requeued)
+            await self._db_call(self.repo.expire_waiting_jobs, self._reference_ttl)
+            stats = await self._db_call(self.repo.queue_stats)
+        except Exception as exc:
+            logger.warning("queue maintenance failed (%s)", _describe(exc))
+            return
+        q = self.telemetry.queue
+        q.due, q.running, q.waiting, q.failed = (
+            stats.due,
+            stats.running,
+            stats.waiting,
+            stats.failed,
+        )
+        q.oldest_due_age_s = stats.oldest_due_age_s or 0.0
+        q.known = True
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.maintenance_interval_s)
+            await self._maintain_once()
+
+    async def _listen_loop(self) -> None:
+        """Wake the claim loop on NOTIFY; reconnect after errors; polling covers the gaps."""
+        import psycopg
+
+        from storage.repository import NOTIFY_CHANNEL
+
+        url = self.repo.engine.url.set(drivername="postgresql")
+        dsn = url.render_as_string(hide_password=False)
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self._wake.set()
+                    async for _notify in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("LISTEN connection lost (%s); polling meanwhile", _describe(exc))
+                await asyncio.sleep(5.0)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self._db.shutdown(wait=False)
+        self.repo.dispose()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def run_worker(
+    options: WorkerOptions | None = None,
+    *,
+    once: bool = False,
+    telemetry: WorkerTelemetry | None = None,
+    on_progress: Callable[[WorkerStats], None] | None = None,
+) -> WorkerStats:
+    """Run a worker in this process until stopped (or until nothing is due, with ``once``)."""
+    worker = Worker(options, telemetry=telemetry, on_progress=on_progress)
+    try:
+        return asyncio.run(worker.run(once=once))
+    finally:
+        worker.close()

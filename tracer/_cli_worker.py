@@ -1,0 +1,284 @@
+"""``recalltrace worker`` and ``recalltrace backfill``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from tracer.cli import CommandError, _add_database_option
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
+    """The judge options shared by ``worker`` and ``demo``."""
+    group = parser.add_argument_group("judge (LLM variants)")
+    group.add_argument(
+        "--judge-model",
+        default=os.environ.get("RECALLTRACE_JUDGE_MODEL"),
+        metavar="MODEL",
+        help="any LiteLLM model string, e.g. openai/gpt-4o-mini or ollama/llama3.1 "
+        "(default: $RECALLTRACE_JUDGE_MODEL; without one only the non-LLM variants score)",
+    )
+    group.add_argument(
+        "--judge-api-base",
+        default=os.environ.get("RECALLTRACE_JUDGE_API_BASE"),
+        metavar="URL",
+        help="base URL of an OpenAI-compatible server (default: $RECALLTRACE_JUDGE_API_BASE)",
+    )
+    group.add_argument(
+        "--judge-timeout", type=_positive_float, default=60.0, metavar="S",
+        help="timeout of one judge call in seconds (default 60)",
+    )  # fmt: skip
+    group.add_argument(
+        "--judge-rpm", type=_positive_float, default=None, metavar="N",
+        help="requests per minute allowed to the judge model",
+    )  # fmt: skip
+    group.add_argument(
+        "--judge-tpm", type=_positive_float, default=None, metavar="N",
+        help="tokens per minute allowed to the judge model",
+    )  # fmt: skip
+    group.add_argument(
+        "--judge-max-retries", type=int, default=5, metavar="N",
+        help="retries of rate limits, 5xx and timeouts per judge call (default 5)",
+    )  # fmt: skip
+
+
+def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
+    """A ``scorers.JudgeConfig`` from the judge options, or ``None`` without a model."""
+    if not args.judge_model:
+        return None
+    from scorers import JudgeConfig
+
+    try:
+        return JudgeConfig(
+            model=args.judge_model,
+            api_base=args.judge_api_base,
+            timeout_s=args.judge_timeout,
+            requests_per_minute=args.judge_rpm,
+            tokens_per_minute=args.judge_tpm,
+            max_retries=args.judge_max_retries,
+            max_concurrency=concurrency,
+        )
+    except ValueError as exc:
+        raise CommandError(f"bad judge configuration: {exc}") from None
+
+
+def _metrics_arg(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    from scorers.catalog import metric_info
+
+    keys: list[str] = []
+    for value in values:
+        for key in value.split(","):
+            key = key.strip()
+            if not key:
+                continue
+            try:
+                metric_info(key)
+            except KeyError as exc:
+                raise CommandError(str(exc.args[0])) from None
+            keys.append(key)
+    return keys
+
+
+def register_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker`` and ``backfill`` to the command line."""
+    worker = sub.add_parser(
+        "worker",
+        help="score stored traces continuously (or once) and export metrics",
+        description="Claim due scoring jobs, score them, store each score with its reason, "
+        "and export OpenTelemetry metrics. Run one per laptop, or many against Postgres.",
+    )
+    _add_database_option(worker)
+    worker.add_argument(
+        "--metric", action="append", metavar="KEY",
+        help="variant to score (repeat or comma-separate; default: all that can run)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--once", action="store_true", help="score everything due, then exit (cron, tests)"
+    )
+    worker.add_argument("--concurrency", type=_positive_int, default=16, metavar="N")
+    worker.add_argument("--batch-size", type=_positive_int, default=32, metavar="N")
+    worker.add_argument("--lease", type=_positive_float, default=120.0, metavar="S")
+    worker.add_argument("--poll-interval", type=_positive_float, default=2.0, metavar="S")
+    worker.add_argument("--max-attempts", type=_positive_int, default=3, metavar="N")
+    worker.add_argument("--grace-period", type=_positive_float, default=30.0, metavar="S")
+    worker.add_argument(
+        "--reference-ttl", type=_positive_float, default=None, metavar="S",
+        help="skip jobs that waited longer than S seconds for a late reference "
+        "(default: the deadline set when the trace was stored, one day unless configured)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--prometheus-port", type=int, default=None, metavar="PORT",
+        help="serve Prometheus metrics on this port (0: any free port)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--console-metrics", action="store_true", help="print metrics and events to stdout"
+    )
+    worker.add_argument(
+        "--no-progress", action="store_true", help="no progress bar even on a terminal"
+    )
+    add_judge_arguments(worker)
+    worker.set_defaults(handler=_cmd_worker)
+
+    backfill = sub.add_parser(
+        "backfill",
+        help="create scoring jobs for traces already stored (e.g. after a new variant version)",
+    )
+    _add_database_option(backfill)
+    backfill.add_argument("--since", default=None, help="duration (7d) or timestamp")
+    backfill.add_argument("--until", default=None, help="duration (1h) or timestamp")
+    backfill.add_argument("--app", default=None, help="only traces of this app")
+    backfill.add_argument(
+        "--metric", action="append", metavar="KEY", help="variants (default: all six)"
+    )
+    backfill.set_defaults(handler=_cmd_backfill)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from scorers.worker import Worker, WorkerOptions
+    from storage.db import redact_url, resolve_database_url
+
+    logging.getLogger("recalltrace").setLevel(logging.INFO)
+    url = resolve_database_url(args.database_url)
+    metrics = _metrics_arg(args.metric)
+    judge = judge_config_from_args(args, args.concurrency)
+    try:
+        options = WorkerOptions(
+            database_url=url,
+            metrics=metrics,
+            judge=judge,
+            concurrency=args.concurrency,
+            batch_size=args.batch_size,
+            lease_s=args.lease,
+            poll_interval_s=args.poll_interval,
+            max_attempts=args.max_attempts,
+            grace_period_s=args.grace_period,
+            reference_ttl_s=args.reference_ttl,
+        )
+    except (ValueError, KeyError) as exc:
+        raise CommandError(str(exc)) from None
+
+    from scorers.telemetry import WorkerTelemetry, setup_telemetry
+
+    setup = setup_telemetry(prometheus_port=args.prometheus_port, console=args.console_metrics)
+    telemetry = WorkerTelemetry(setup.meter_provider, setup.logger_provider)
+    if setup.prometheus_port is not None:
+        print(f"Prometheus metrics on port {setup.prometheus_port}", flush=True)
+    try:
+        worker = Worker(options, telemetry=telemetry)
+    except ValueError as exc:
+        setup.shutdown()
+        raise CommandError(str(exc)) from None
+    print(
+        f"recalltrace worker {worker.worker_id} on {redact_url(url)}: "
+        f"scoring {', '.join(worker.metrics) or 'nothing'}",
+        flush=True,
+    )
+    if worker.not_configured:
+        print(
+            f"not configured: {', '.join(worker.not_configured)} "
+            "(add --judge-model MODEL, any LiteLLM model string)",
+            flush=True,
+        )
+    import asyncio
+
+    show_progress = args.once and sys.stdout.isatty() and not args.no_progress
+    try:
+        if show_progress:
+            stats = _run_with_progress(worker)
+        else:
+            stats = asyncio.run(worker.run(once=args.once))
+    finally:
+        worker.close()
+        setup.shutdown()
+    print(
+        f"scored {stats.scored}, skipped {stats.skipped}, failed {stats.failed}, "
+        f"retried {stats.retried}, given back {stats.released}",
+        flush=True,
+    )
+    return 0
+
+
+def _run_with_progress(worker: Any) -> Any:
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    due = worker.repo.queue_stats().due
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("scoring", total=max(due, 1))
+
+        def update(stats: Any) -> None:
+            progress.update(task, completed=stats.finished + stats.retried)
+
+        worker.on_progress = update
+        return asyncio.run(worker.run(once=True))
+
+
+def _cmd_backfill(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from storage.history import TimeSpecError, parse_time
+    from storage.repository import open_repository
+
+    now = datetime.now(timezone.utc)
+    try:
+        since = None if args.since is None else parse_time(args.since, now=now)
+        until = None if args.until is None else parse_time(args.until, now=now)
+    except TimeSpecError as exc:
+        raise CommandError(str(exc)) from None
+    metrics = _metrics_arg(args.metric)
+    repo = open_repository(args.database_url)
+    try:
+        keys = metrics or [m.key for m in repo.metrics]
+        total = 0
+        if sys.stdout.isatty():
+            from rich.progress import Progress
+
+            with Progress(transient=True) as progress:
+                task = progress.add_task("creating jobs", total=len(keys))
+                for key in keys:
+                    total += repo.create_jobs(
+                        metrics=[key], since=since, until=until, app_name=args.app
+                    )
+                    progress.advance(task)
+        else:
+            for key in keys:
+                total += repo.create_jobs(
+                    metrics=[key], since=since, until=until, app_name=args.app
+                )
+    finally:
+        repo.dispose()
+    print(f"created {total} scoring jobs for {', '.join(keys)}")
+    return 0
