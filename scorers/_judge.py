@@ -1,8 +1,8 @@
 """The judge client: one model behind LiteLLM, with limits, retries and accounting.
 
 LiteLLM is imported on the first call, not when this module is imported, because importing it
-takes seconds; before that import ``LITELLM_LOCAL_MODEL_COST_MAP`` is set (unless the user set
-it) so LiteLLM reads its bundled price list instead of fetching one from the internet.
+takes seconds. Importing this module sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (unless the user
+set it) so LiteLLM reads its bundled price list instead of fetching one from the internet.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from typing import Any, Literal
 from scorers._errors import JudgeError, TerminalJudgeError, TransientJudgeError
 
 logger = logging.getLogger("scorers.judge")
+
+# LiteLLM fetches its price list from the internet at import unless told to use its bundled
+# copy. Set the flag now (unless the user chose), so it holds whoever imports LiteLLM first.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 OutputMode = Literal["auto", "json_schema", "json_object"]
 

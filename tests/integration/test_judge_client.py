@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -235,10 +236,11 @@ def test_on_call_hook_errors_do_not_break_calls(server: JudgeServer) -> None:
     assert chat(judge).content
 
 
-def test_first_call_sets_the_local_cost_map_flag(server: JudgeServer) -> None:
+def test_the_local_cost_map_flag_is_set_before_litellm_loads(server: JudgeServer) -> None:
     code = (
-        "import os, asyncio, scorers\n"
-        "assert 'LITELLM_LOCAL_MODEL_COST_MAP' not in os.environ\n"
+        "import os, sys, asyncio, scorers\n"
+        "assert 'litellm' not in sys.modules\n"
+        "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])\n"
         f"j = scorers.JudgeClient(model='openai/x', api_base='{server.base_url}', api_key='t')\n"
         "asyncio.run(j.chat([{'role': 'user', 'content': 'JSON'}], schema_name='x', schema={}))\n"
         "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])\n"
@@ -249,4 +251,55 @@ def test_first_call_sets_the_local_cost_map_flag(server: JudgeServer) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert out.stdout.split()[-2:] == ["True", "True"]
+    assert server.call_count == 1
+
+
+def test_a_flag_the_user_set_is_kept() -> None:
+    code = "import os, scorers; print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "False"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_the_server_runs_as_a_separate_process() -> None:
+    import json
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.judge_server",
+            "--port",
+            "0",
+            "--latency",
+            "0.05",
+            "--rate-429",
+            "1.0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[0] == "READY" and line[1].startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(line[1] + "/models", timeout=10) as response:
+            assert json.load(response)["data"][0]["id"] == "test-judge"
+        judge = JudgeClient(
+            model="openai/test-judge",
+            api_base=line[1],
+            api_key="t",
+            max_retries=1,
+            backoff_initial_s=0.01,
+        )
+        with pytest.raises(TransientJudgeError) as info:
+            chat(judge)
+        assert info.value.status_code == 429 and info.value.attempts == 2
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -595,3 +595,25 @@ def test_auto_answer_serves_every_variant_in_both_output_modes(
         "claim_verdicts",
     }
     assert auto_answer({"messages": []}).status == 400
+
+
+def test_opik_documented_inputs_reach_the_judge_and_its_score_is_kept(server: JudgeServer) -> None:
+    server.script(
+        Reply.json({"context_recall_score": 1.0, "reason": "The response names Paris as asked."})
+    )
+    result = run(
+        scorer(server, "judge_context_recall"),
+        user_input="What is the capital of France?",
+        response="The capital of France is Paris. It is famous for its iconic Eiffel Tower and "
+        "rich cultural heritage.",
+        reference="Paris",
+        retrieved_contexts=[
+            "France is a country in Western Europe. Its capital is Paris, which is known for "
+            "landmarks like the Eiffel Tower."
+        ],
+    )
+    assert (result.status, result.value) == ("scored", 1.0)
+    user = server.requests[0]["messages"][1]["content"]
+    assert "<expected_answer>\nParis\n</expected_answer>" in user
+    assert "context_recall_score" in server.requests[0]["messages"][0]["content"]
+    assert server.call_count == 1
