@@ -148,8 +148,11 @@ class Traced:
         return points
 
 
-def make_traced(sink: MemorySink | None = None, **options: Any) -> Traced:
-    """Configure the tracer for a test: private TracerProvider, in-memory everything."""
+def make_traced(
+    sink: MemorySink | None = None, *, open_storage: bool = False, **options: Any
+) -> Traced:
+    """Configure the tracer for a test: private TracerProvider, in-memory everything
+    (``open_storage``: let the tracer open storage itself, from ``database_url``)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -166,6 +169,8 @@ def make_traced(sink: MemorySink | None = None, **options: Any) -> Traced:
         "retry_backoff": 0.01,
         "reference_wait": 2.0,
     }
+    if open_storage:
+        del settings["sink"]
     settings.update(options)
     config = tracer.configure(**settings)
     return Traced(sink, exporter, provider, reader, config)

@@ -83,6 +83,7 @@ class Runtime:
             max_write_attempts=config.max_write_attempts,
             retry_backoff=config.retry_backoff,
             reference_wait=config.reference_wait,
+            close_sink=None if config.sink is not None else _dispose,
         )
 
     def _open_sink(self) -> TraceSink:
@@ -103,6 +104,13 @@ class Runtime:
         self.stats.trace_finished(state.app_name, state.sampled)
         if state.sampled:
             self.writer.offer(state)
+
+
+def _dispose(sink: Any) -> None:
+    # Only for the repository the tracer opened itself; a sink passed in belongs to the caller.
+    dispose = getattr(sink, "dispose", None)
+    if callable(dispose):
+        dispose()
 
 
 def _resource_service_name(provider: Any) -> str:

@@ -69,8 +69,10 @@ class BatchWriter:
         max_write_attempts: int,
         retry_backoff: float,
         reference_wait: float,
+        close_sink: Callable[[TraceSink], None] | None = None,
     ) -> None:
         self._sink_factory = sink_factory
+        self._close_sink = close_sink
         self._assemble = assemble
         self._stats = stats
         self._max_queue_size = max_queue_size
@@ -217,6 +219,14 @@ class BatchWriter:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(remaining)
         self._drop_leftovers("shutdown")
+        sink, self._sink = self._sink, None
+        if sink is not None and self._close_sink is not None and not (
+            thread is not None and thread.is_alive()
+        ):
+            try:
+                self._close_sink(sink)
+            except Exception:
+                logger.debug("closing the storage connection failed", exc_info=True)
         return flushed
 
     def _drop_leftovers(self, reason: str) -> None:

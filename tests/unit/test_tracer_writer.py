@@ -432,3 +432,45 @@ def test_forked_child_gets_a_working_writer(tmp_path: Path) -> None:
         assert inputs == ["in the child", "in the parent", "in the parent again"]
     finally:
         tracer.shutdown(2)
+
+
+# -- the storage the tracer opens itself ----------------------------------------------------------
+
+
+class DisposableSink(MemorySink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.disposed = 0
+
+    def dispose(self) -> None:
+        self.disposed += 1
+
+
+def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import storage
+
+    opened: list[tuple[str | None, DisposableSink]] = []
+
+    def open_repository(url: str | None = None) -> DisposableSink:
+        opened.append((url, DisposableSink()))
+        return opened[-1][1]
+
+    monkeypatch.setattr(storage, "open_repository", open_repository)
+    make_traced(open_storage=True, database_url="sqlite:///unused.db")
+    answer("q")
+    assert tracer.flush(5)
+    ((url, repository),) = opened
+    assert url == "sqlite:///unused.db"
+    assert [r.user_input for r in repository.records] == ["q"]
+    tracer.shutdown(2)
+    assert repository.disposed == 1
+
+
+def test_a_sink_passed_in_is_left_open() -> None:
+    sink = DisposableSink()
+    make_traced(sink=sink)
+    answer("q")
+    tracer.shutdown(2)
+    assert sink.records and sink.disposed == 0
