@@ -158,13 +158,10 @@ class Scrubber:
             rules.append(self._bearer)
         if "J" in text and "eyJ" in text:
             rules.append(self._jwt)
-        if ("-" in text or "_" in text or "A" in text) and (
-            "k-" in text
-            or "_" in text
-            or "xox" in text
-            or "AKIA" in text
-            or "ASIA" in text
-            or "AIza" in text
+        if (
+            ("-" in text and ("k-" in text or "xox" in text))
+            or ("_" in text and _vendor_underscore(text))
+            or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
         ):
             rules.append(self._vendor)
         if "=" in text or ":" in text:
@@ -320,6 +317,21 @@ class Scrubber:
                 )
         if record.metadata:
             record.metadata = self.scrub_value(record.metadata, "metadata", notes, 0, rules)
+
+
+_UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf")
+
+
+def _vendor_underscore(text: str) -> bool:
+    """Whether an underscore in ``text`` follows a vendor key prefix (``ghp_``, ``hf_``,
+    ``github_pat_``); cheaper than a regular expression over text full of underscores."""
+    index = text.find("_")
+    while index >= 0:
+        before = text[max(0, index - 4) : index]
+        if before.endswith(_UNDERSCORE_PREFIXES):
+            return True
+        index = text.find("_", index + 1)
+    return False
 
 
 def _note(notes: list[str], line: str) -> None:

@@ -34,6 +34,8 @@ def scrub(text: str, options: tracer.ScrubbingOptions | None = None) -> tuple[st
         ("aws AKIAIOSFODNN7EXAMPLE!", f"aws {R}!", "api_key"),
         ("gh ghp_" + "a" * 36, f"gh {R}", "api_key"),
         ("slack xoxb-1234567890-abcdef", f"slack {R}", "api_key"),
+        ("token hf_" + "x" * 34 + " end", f"token {R} end", "api_key"),
+        ("pat github_pat_" + "Ab1_" * 10, f"pat {R}", "api_key"),
         ("google AIza" + "B" * 35, f"google {R}", "api_key"),
         ('{"api_key": "abc123def456"}', f'{{"api_key": "{R}"}}', "api_key"),
         ("Authorization: Bearer abc.def-ghi_jkl", f"Authorization: Bearer {R}", "bearer_token"),
@@ -60,6 +62,7 @@ def test_default_patterns(text: str, expected: str, pattern: str) -> None:
         "The key insight: recall matters.",
         "Use token-based retrieval with a bearer of good news.",
         "Reading the password policy page is fine.",
+        "See docs/high_level_design.md and the gh_pages branch.",
     ],
 )
 def test_ordinary_text_is_left_alone(text: str) -> None:
