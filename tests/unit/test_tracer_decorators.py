@@ -559,6 +559,34 @@ def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced)
     assert spans["q (detached)"].context.trace_id != root.context.trace_id
 
 
+def test_parallel_pool_tasks_each_with_a_copied_context(traced: Traced) -> None:
+    barrier = threading.Barrier(4)
+
+    @tracer.retrieval
+    def search(query: str) -> list[str]:
+        barrier.wait(5)
+        return [f"doc for {query}"]
+
+    @tracer.rag
+    def answer(question: str) -> str:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [
+                pool.submit(contextvars.copy_context().run, search, f"{question}-{i}")
+                for i in range(4)
+            ]
+            for future in futures:
+                future.result()
+        return "ok"
+
+    answer("q")
+    record = traced.record()
+    assert sorted(c.content for c in record.retrieved_contexts) == [
+        f"doc for q-{i}" for i in range(4)
+    ]
+    root = traced.span("answer")
+    assert {s.context.trace_id for s in traced.spans("search")} == {root.context.trace_id}
+
+
 def test_opentelemetry_context_propagation_joins_the_trace(traced: Traced) -> None:
     from opentelemetry import context as otel_context
 
