@@ -478,7 +478,9 @@ class History:
     ) -> list[SummaryRow]:
         """Per bucket and metric: scored count, mean, p10/p50/p90, skipped and failed counts.
 
-        Rows come ordered by bucket, then metric; buckets without any result are absent.
+        Rows come ordered by bucket, then metric; buckets without any result are absent, and
+        so are metrics no longer in the catalog. A window starting mid-bucket makes its first
+        bucket partial.
         """
         if bucket not in BUCKETS:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
@@ -547,7 +549,7 @@ class History:
         self, bucket: Bucket, conditions: list[ColumnElement[bool]]
     ) -> list[SummaryRow]:
         stmt = select(Score.trace_started_at, Score.metric, Score.status, Score.value).where(
-            *conditions
+            *conditions, Score.metric.in_(list(CATALOG))
         )
         groups: dict[tuple[datetime, str], tuple[list[float], list[int]]] = {}
         with self.engine.connect() as conn:
@@ -555,9 +557,10 @@ class History:
                 values, counts = groups.setdefault(
                     (_truncate(started_at, bucket), metric), ([], [0, 0])
                 )
-                if status == "scored" and value is not None:
+                # The same rules as the Postgres query: a value means a scored result.
+                if value is not None:
                     values.append(float(value))
-                elif status == "skipped":
+                if status == "skipped":
                     counts[0] += 1
                 elif status == "failed":
                     counts[1] += 1

@@ -978,17 +978,17 @@ def _cmd_jobs_retry(args: argparse.Namespace) -> int:
     from storage.repository import Repository
 
     metric = _metric(args.metric)
+    # Expired leases are given back only when no filter narrows the retry.
+    everything = args.job_ids is None and args.app is None and metric is None
     with _database(args) as engine:
         repo = Repository(engine)
         job_ids = list(args.job_ids) if args.job_ids else None
         if args.app is not None:
             job_ids = _jobs_of_app(engine, args.app, metric, job_ids)
         failed = 0 if job_ids == [] else repo.retry_jobs(job_ids=job_ids, metric=metric)
-        leases = 0
-        if args.job_ids is None and args.app is None and metric is None:
-            leases = repo.requeue_expired_leases()
+        leases = repo.requeue_expired_leases() if everything else 0
     message = f"queued again: {failed} failed job{'s' if failed != 1 else ''}"
-    if args.job_ids is None and args.app is None and metric is None:
+    if everything:
         message += f", {leases} job{'s' if leases != 1 else ''} whose lease had expired"
     print(message)
     if args.job_ids and failed < len(set(args.job_ids)):

@@ -493,22 +493,28 @@ def test_check_exit_codes(seeded: Seeded) -> None:
 
 def test_jobs_list_and_retry(seeded: Seeded) -> None:
     listed = json.loads(ok(run("jobs", "list", "--format", "json", url=seeded.url)))
-    failed = {(j["trace_id"], j["metric"]) for j in listed if j["problem"] == "failed"}
-    assert failed == {
-        (seeded.trace(2).trace_id, "chunk_context_recall"),
-        (seeded.trace(3).trace_id, "context_entity_recall"),
-    }
+    failed = {(j["trace_id"], j["metric"]): j["id"] for j in listed if j["problem"] == "failed"}
+    chunk = (seeded.trace(2).trace_id, "chunk_context_recall")
+    entity = (seeded.trace(3).trace_id, "context_entity_recall")
+    assert set(failed) == {chunk, entity}  # both traces belong to docs-search
     assert all(j["last_error"] == "The judge answered nonsense twice." for j in listed)
 
-    table, retried_one = run_all(
+    table, by_id, other_app = run_all(
         ("jobs", "list"),
-        ("jobs", "retry", "--metric", "chunk_context_recall"),
+        ("jobs", "retry", "--id", str(failed[chunk]), "--id", "999999"),
+        ("jobs", "retry", "--app", "support-bot"),
         url=seeded.url,
     )
     assert "context_entity_recall" in ok(table)
-    assert ok(retried_one).startswith("queued again: 1 failed job")
+    assert ok(by_id) == "queued again: 1 failed job\n"
+    assert "1 of the given job ids was not failed" in by_id.stderr
+    assert ok(other_app) == "queued again: 0 failed jobs\n"
+    narrowed = run(
+        "jobs", "retry", "--metric", "context_entity_recall", "--app", "docs-search", url=seeded.url
+    )
+    assert ok(narrowed) == "queued again: 1 failed job\n"
     rest = ok(run("jobs", "retry", url=seeded.url))
-    assert rest.startswith("queued again: 1 failed job, 0 jobs whose lease had expired")
+    assert rest == "queued again: 0 failed jobs, 0 jobs whose lease had expired\n"
     assert json.loads(ok(run("jobs", "list", "--format", "json", url=seeded.url))) == []
 
 
