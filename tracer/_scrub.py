@@ -159,7 +159,7 @@ class Scrubber:
         if "J" in text and "eyJ" in text:
             rules.append(self._jwt)
         if (
-            ("-" in text and ("k-" in text or "xox" in text))
+            ("-" in text and _vendor_hyphen(text))
             or ("_" in text and _vendor_underscore(text))
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
         ):
@@ -225,14 +225,16 @@ class Scrubber:
         under harmless key names."""
         decisions = self._key_decisions
         for key, item in metadata.items():
-            if (
-                type(item) not in _PLAIN
-                or type(key) is not str
-                or (decisions.get(key) is not False and self.is_sensitive_key(key))
+            if type(item) is str:
+                texts.append(item)
+            elif type(item) not in _PLAIN:
+                texts.append(repr(metadata))
+                return False
+            if decisions.get(key) is not False and (
+                type(key) is not str or self.is_sensitive_key(key)
             ):
                 texts.append(repr(metadata))
                 return False
-        texts.extend(item for item in metadata.values() if type(item) is str)
         return True
 
     def scrub_value(
@@ -322,16 +324,37 @@ class Scrubber:
 _UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf")
 
 
+# Finding a rare character is a memchr; a two-character substring search is far slower. So the
+# vendor prefixes are looked for around each '-' or '_', up to a number of them.
+_MAX_SEPARATORS = 64
+
+
 def _vendor_underscore(text: str) -> bool:
-    """Whether an underscore in ``text`` follows a vendor key prefix (``ghp_``, ``hf_``,
-    ``github_pat_``); cheaper than a regular expression over text full of underscores."""
+    """Whether an underscore in ``text`` may follow a vendor key prefix (``ghp_``, ``hf_``,
+    ``github_pat_``)."""
     index = text.find("_")
-    while index >= 0:
-        before = text[max(0, index - 4) : index]
-        if before.endswith(_UNDERSCORE_PREFIXES):
+    for _ in range(_MAX_SEPARATORS):
+        if index < 0:
+            return False
+        if text[max(0, index - 4) : index].endswith(_UNDERSCORE_PREFIXES):
             return True
         index = text.find("_", index + 1)
-    return False
+    return True
+
+
+def _vendor_hyphen(text: str) -> bool:
+    """Whether a hyphen in ``text`` may follow a vendor key prefix (``sk-``, ``pk-``, ``rk-``,
+    ``xoxb-``...)."""
+    index = text.find("-")
+    for _ in range(_MAX_SEPARATORS):
+        if index < 0:
+            return False
+        if index >= 2 and text[index - 1] == "k" and text[index - 2] in "spr":
+            return True
+        if index >= 4 and text[index - 4 : index - 1] == "xox":
+            return True
+        index = text.find("-", index + 1)
+    return True
 
 
 def _note(notes: list[str], line: str) -> None:

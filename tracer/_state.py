@@ -150,15 +150,14 @@ def assemble_record(
     ]
     if llm_calls:
         metadata["llm"] = llm_calls
-    contexts = [
-        ContextRecord(
-            content=_cut(doc.content, max_text_length, f"retrieved_contexts[{i}]", notes) or "",
-            id=doc.id,
-            score=doc.score,
-            metadata=_json_safe(doc.metadata) if doc.metadata else {},
+    limit = max_text_length if max_text_length is not None else -1
+    contexts = []
+    for index, (content, doc_id, score, doc_metadata) in enumerate(state.contexts):
+        if limit >= 0 and len(content) > limit:
+            content = _cut(content, limit, f"retrieved_contexts[{index}]", notes) or ""
+        contexts.append(
+            ContextRecord(content, doc_id, score, _json_safe(doc_metadata) if doc_metadata else {})
         )
-        for i, doc in enumerate(state.contexts)
-    ]
     reference_contexts = to_text_list(state.reference_contexts)
     if reference_contexts is not None and max_text_length is not None:
         reference_contexts = [
