@@ -393,10 +393,10 @@ def _summary_sql(*, with_app: bool) -> TextClause:
 
     Each lateral aggregate is an index-only range scan of ``ix_scores_metric_started``, so
     the only sorts are the small per-bucket ones ``percentile_cont`` needs anyway. A plain
-    ``GROUP BY date_trunc(...)`` first sorts every row of the window by its group and
-    computes a time-zone-aware truncation per row: three times slower on a week of a
-    million scores. Buckets are fixed steps from a UTC-truncated start, the same boundaries
-    ``date_trunc(..., 'UTC')`` gives.
+    ``GROUP BY`` first sorts every row of the window by its group (three times slower for a
+    week of scores), and ``date_trunc(..., 'UTC')`` adds a time-zone lookup per row. Buckets
+    are fixed steps from a UTC-truncated start, the same boundaries ``date_trunc(..., 'UTC')``
+    gives.
     """
     app_filter = "AND sc.app_name = :app" if with_app else ""
     # ``value`` is NULL unless the status is 'scored' (the result contract), and these
