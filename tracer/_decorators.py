@@ -465,6 +465,8 @@ class _Stream:
 
 
 def _stream_item(call: _Call, stream: _Stream, item: Any) -> None:
+    if not (call.recording or call.sampled):
+        return
     try:
         kind = call.spec.kind
         if kind == RETRIEVAL:
