@@ -183,6 +183,11 @@ class Worker:
         opts = self.options
         if opts.judge is not None:
             self._judge = JudgeClient(opts.judge, on_call=self._on_judge_call)
+            # Import LiteLLM now (seconds): on the event loop it would stall every job,
+            # the lease extensions and the signal handlers.
+            from scorers._judge import _load_litellm
+
+            _load_litellm()
         keys = list(opts.metrics) if opts.metrics is not None else list(CATALOG)
         for key in keys:
             info = metric_info(key)
