@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -711,10 +711,14 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
     e = html.escape
 
     buckets = sorted({r.bucket_start for r in rows})
+    # Every bucket between the first and the last gets a slot, so the time axis stays linear
+    # and a stretch without scores shows as a gap rather than being squeezed out.
+    slots = _bucket_range(buckets, bucket)
     series = group_by_metric(rows)
     colours = {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(series)}
-    slot = plot_w / max(len(buckets), 1)
-    x_of = {b: left + slot * (i + 0.5) for i, b in enumerate(buckets)}
+    slot = plot_w / max(len(slots), 1)
+    x_of = {b: left + slot * (i + 0.5) for i, b in enumerate(slots)}
+    index_of = {b: i for i, b in enumerate(slots)}
 
     def y_value(v: float) -> float:
         return top_y + top_h * (1.0 - v)
@@ -745,8 +749,19 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
     for metric, points in series.items():
         colour = colours[metric]
         coords = [(x_of[p.bucket_start], p) for p in points if p.mean is not None]
-        if len(coords) > 1:
-            path = " ".join(f"{x:.1f},{y_value(p.mean or 0.0):.1f}" for x, p in coords)
+        # The line joins neighbouring buckets only; a bucket without a mean breaks it.
+        segments: list[list[tuple[float, SummaryRow]]] = []
+        previous = -2
+        for x, p in coords:
+            position = index_of[p.bucket_start]
+            if position != previous + 1:
+                segments.append([])
+            segments[-1].append((x, p))
+            previous = position
+        for segment in segments:
+            if len(segment) < 2:
+                continue
+            path = " ".join(f"{x:.1f},{y_value(p.mean or 0.0):.1f}" for x, p in segment)
             out.append(
                 f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>'
             )
@@ -774,7 +789,7 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
         f'<line x1="{left}" y1="{bar_y + bar_h}" x2="{left + plot_w}" y2="{bar_y + bar_h}" '
         'stroke="#999999"/>'
     )
-    bar_w = max(slot * 0.7, 1.0)
+    bar_w = max(slot * 0.7, 0.5)
     for b in buckets:
         base = float(bar_y + bar_h)
         for metric in series:
@@ -788,14 +803,14 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
                 f'height="{h:.1f}" fill="{colours[metric]}" fill-opacity="0.75">'
                 f"<title>{e(metric)}, {_bucket_text(b, bucket)}: {count} scored</title></rect>"
             )
-        if len(buckets) <= 40:
+        if len(slots) <= 40:
             out.append(
                 f'<text x="{x_of[b]:.1f}" y="{base - 4:.1f}" text-anchor="middle" '
                 f'font-size="10">{totals[b]}</text>'
             )
     # Time axis labels, thinned so they never overlap.
-    step = max(1, math.ceil(len(buckets) / 12))
-    for i, b in enumerate(buckets):
+    step = max(1, math.ceil(len(slots) / 12))
+    for i, b in enumerate(slots):
         if i % step:
             continue
         out.append(
@@ -810,6 +825,17 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
         out.append(f'<text x="{x + 18}" y="{y + 1}">{e(metric)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _bucket_range(buckets: Sequence[datetime], bucket: str) -> list[datetime]:
+    """Every bucket start from the first to the last of ``buckets``."""
+    if not buckets:
+        return []
+    step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
+    slots = [buckets[0]]
+    while slots[-1] < buckets[-1]:
+        slots.append(slots[-1] + step)
+    return slots
 
 
 def render_html(

@@ -76,3 +76,39 @@ def test_percentile_matches_inclusive_quantiles(values: list[float]) -> None:
     assert percentile(ordered, 0.9) == pytest.approx(deciles[8], abs=1e-12)
     assert percentile(ordered, 0.0) == ordered[0]
     assert percentile(ordered, 1.0) == ordered[-1]
+
+
+def test_chart_keeps_time_linear_and_breaks_lines_at_gaps() -> None:
+    import xml.etree.ElementTree as ET
+
+    from storage.history import SummaryRow
+    from tracer._cli_history import render_svg
+
+    def row(day: int, mean: float | None, count: int) -> SummaryRow:
+        return SummaryRow(
+            bucket_start=datetime(2026, 11, day, tzinfo=timezone.utc),
+            metric="llm_context_recall",
+            count=count,
+            mean=mean,
+            p10=mean,
+            p50=mean,
+            p90=mean,
+            skipped=0 if count else 3,
+            failed=0,
+        )
+
+    # Days 1-2 scored, day 3 only skipped, day 4 scored, day 5 absent, day 6 scored.
+    rows = [row(1, 0.5, 4), row(2, 0.7, 6), row(3, None, 0), row(4, 0.9, 2), row(6, 0.4, 1)]
+    svg = ET.fromstring(render_svg(rows, bucket="day", title="t", subtitle="s"))
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = svg.findall(f"{ns}polyline")
+    assert len(lines) == 1  # only days 1-2 are neighbours with a mean
+    assert len(lines[0].attrib["points"].split()) == 2
+    xs = sorted(float(c.attrib["cx"]) for c in svg.findall(f"{ns}circle"))
+    assert len(xs) == 4
+    # Six day slots from day 1 to day 6: equal spacing, so day 6 sits five steps from day 1.
+    step = xs[1] - xs[0]
+    assert xs[2] - xs[0] == pytest.approx(3 * step, abs=0.5)
+    assert xs[3] - xs[0] == pytest.approx(5 * step, abs=0.5)
+    labels = [t.text for t in svg.findall(f"{ns}text")]
+    assert "6" in labels and "2" in labels  # scored results per bucket are written out
