@@ -153,8 +153,7 @@ class Scrubber:
     def _default_rules_for(self, text: str) -> _Rules:
         # Single-character tests (memchr) guard the multi-character ones, which cost more.
         rules: _Rules = []
-        lowered = text.lower()
-        if "bearer" in lowered:
+        if "earer" in text or ("E" in text and "EARER" in text):
             rules.append(self._bearer)
         if "J" in text and "eyJ" in text:
             rules.append(self._jwt)
@@ -165,6 +164,7 @@ class Scrubber:
         ):
             rules.append(self._vendor)
         if "=" in text or ":" in text:
+            lowered = text.lower()
             if "key" in lowered or "secret" in lowered or "token" in lowered:
                 rules.append(self._assignment)
             if "pass" in lowered or "pwd" in lowered:

@@ -220,8 +220,10 @@ class BatchWriter:
             thread.join(remaining)
         self._drop_leftovers("shutdown")
         sink, self._sink = self._sink, None
-        if sink is not None and self._close_sink is not None and not (
-            thread is not None and thread.is_alive()
+        if (
+            sink is not None
+            and self._close_sink is not None
+            and not (thread is not None and thread.is_alive())
         ):
             try:
                 self._close_sink(sink)
