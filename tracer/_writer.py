@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("recalltrace.tracer")
 
 _MAX_BACKOFF = 30.0
+# Longest stretch of record assembly before the writer offers the GIL to the application.
+_SLICE = 0.001
 _MAX_REFERENCE_BACKOFF = 5.0
 
 
@@ -337,7 +339,11 @@ class BatchWriter:
                 self._unwritten.pop(state.hex_id(), None)
             self._held += len(states)
         orphans = {orphan.update.trace_id: orphan for orphan in self._orphans}
+        slice_end = time.perf_counter() + _SLICE
         for state in states:
+            if time.perf_counter() >= slice_end:
+                self._yield_to_requests()
+                slice_end = time.perf_counter() + _SLICE
             try:
                 record = self._assemble(state)
             except Exception:
@@ -351,6 +357,18 @@ class BatchWriter:
                 self._orphans.remove(orphan)
                 self._complete(1)
             self._ready.append(_Pending(record))
+
+    def _yield_to_requests(self) -> None:
+        """Let the application's threads have the GIL, unless the backlog is so large that
+        records would soon be dropped.
+
+        Without this, the writer keeps the GIL for a whole switch interval (5 ms by default)
+        whenever the application's threads are busy, and the request that was running waits
+        that long. Yielding every ``_SLICE`` bounds such a wait to about one slice."""
+        with self._lock:
+            backlog = len(self._queue) + self._held
+        if backlog < self._max_queue_size // 2:
+            time.sleep(0)
 
     def _take_references(self) -> None:
         with self._lock:
@@ -381,7 +399,11 @@ class BatchWriter:
         return self._sink
 
     def _write_ready(self) -> None:
+        first = True
         while self._ready:
+            if not first:
+                self._yield_to_requests()
+            first = False
             chunk = self._ready[: self._max_batch_size]
             try:
                 self._get_sink().write_traces([pending.record for pending in chunk])
