@@ -39,6 +39,7 @@ _stats = TracerStats()
 _lock = threading.RLock()
 _atexit_registered = False
 current: Runtime | None = None
+_installed_provider: Any = None
 
 
 def _after_fork_in_child() -> None:
@@ -132,6 +133,10 @@ def _resolve_tracer_provider(config: TracerConfig) -> tuple[Any, bool]:
         return choice, False
     if choice == "global" or (choice == "auto" and _global_provider_is_set()):
         return otel_trace.get_tracer_provider(), False
+    global _installed_provider
+    if _installed_provider is not None and otel_trace.get_tracer_provider() is _installed_provider:
+        # Configured again: keep the provider installed the first time.
+        return _installed_provider, True
     provider = _make_own_provider(config)
     if _global_provider_is_set():
         logger.warning(
@@ -141,6 +146,7 @@ def _resolve_tracer_provider(config: TracerConfig) -> tuple[Any, bool]:
         )
     else:
         otel_trace.set_tracer_provider(provider)
+        _installed_provider = provider
     return provider, True
 
 

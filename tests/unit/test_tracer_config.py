@@ -156,12 +156,13 @@ def test_own_provider_is_installed_when_the_app_has_none(tmp_path: Path) -> None
     answer("q")
     tracer.flush(5)
     record = sink.records[0]
+    tracer.configure(sink=sink, tracer_provider="own")  # again: the same provider is kept
     print(type(installed).__name__, installed.resource.attributes["service.name"],
-          record.service_name)
+          record.service_name, trace.get_tracer_provider() is installed)
     """,
         tmp_path,
     )
-    assert out == "TracerProvider own-service own-service"
+    assert out == "TracerProvider own-service own-service True"
 
 
 def test_no_opentelemetry_sdk_still_records_traces(tmp_path: Path) -> None:
