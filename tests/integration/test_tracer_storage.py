@@ -215,3 +215,32 @@ def test_environment_only_short_lived_process_writes_at_exit(tmp_path: Path) -> 
         "cron",
         "nightly question",
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_worker_writes_with_its_own_connections(stored: History, database_url: str) -> None:
+    ids: list[str | None] = []
+
+    @tracer.rag("forking-app")
+    def ask(question: str) -> str:
+        ids.append(tracer.current_trace_id())
+        return "ok"
+
+    ask("parent before fork")
+    assert tracer.flush(10)  # the parent's writer holds open connections now
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            ask("child")
+            code = 0 if tracer.flush(20) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    ask("parent after fork")  # the parent's connections survived the child's exit
+    assert tracer.flush(10)
+    inputs = sorted(
+        stored.trace(trace_id).user_input or "" for trace_id in _all_trace_ids(database_url)
+    )
+    assert inputs == ["child", "parent after fork", "parent before fork"]
