@@ -99,14 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_worker_commands(sub)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
     return parser
-
-
-#: Subcommand registrars contributed by other modules (worker, history); each adds parsers
-#: to the given subparsers object.
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
 
 
 def _friendly(exc: BaseException) -> str | None:

@@ -1,40 +1,269 @@
-"""``recalltrace demo``: prepares the embedded database and reports what it holds.
+"""``recalltrace demo``: a small traced RAG application, scored end to end.
 
-The shipped demo application (a small corpus, questions with reference answers, a retriever and
-an extractive answerer, traced and scored end to end) arrives with the worker; until then this
-command sets up the database and reports real counts only.
+A help desk for a fictional cloud-storage service: a corpus of short articles, questions with
+reference answers and reference article ids, a BM25 retriever and an extractive answerer of its
+own. Every request goes through ``@tracer.rag`` / ``@tracer.retrieval`` / ``@tracer.generation``
+into the database; half of the references are known at call time, the other half arrive later
+through ``tracer.set_reference``, as ground truth often does. Then one worker pass scores the
+traces and the command prints what a user would look at first.
+
+Runs on the embedded SQLite default with no server and no API key; the LLM variants score when
+a judge model is given (``--judge-model``, any LiteLLM model string).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import tracer
+
+APP_NAME = "lumen-help-desk"
+_WORD = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset(
+    {
+        "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from",
+        "get", "has", "have", "how", "i", "if", "in", "is", "it", "its", "my", "of", "on",
+        "or", "so", "than", "that", "the", "their", "then", "there", "this", "to", "was",
+        "what", "when", "where", "which", "who", "why", "will", "with", "you", "your",
+        "after", "before", "much", "long", "many",
+    }
+)  # fmt: skip
+
+
+def _tokens(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+
+
+@dataclass(frozen=True)
+class Article:
+    """One help-desk article."""
+
+    id: str
+    title: str
+    text: str
+
+
+def load_dataset() -> dict[str, Any]:
+    """The demo corpus and questions shipped with the package."""
+    raw = resources.files("tracer").joinpath("demo_data/lumen_help_desk.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(raw)
+    return data
+
+
+class HelpDesk:
+    """A small RAG application: BM25 retrieval over the corpus, then an extractive answer."""
+
+    def __init__(self, articles: list[Article], *, top_k: int = 3) -> None:
+        self.articles = articles
+        self.top_k = top_k
+        self._docs = [_tokens(f"{a.title} {a.text}") for a in articles]
+        self._avg_len = sum(len(d) for d in self._docs) / len(self._docs)
+        frequency: Counter[str] = Counter()
+        for doc in self._docs:
+            frequency.update(set(doc))
+        n = len(self._docs)
+        self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in frequency.items()}
+        self.last_trace_id: str | None = None
+
+    @tracer.retrieval("bm25-search")
+    def search(self, query: str) -> list[dict[str, Any]]:
+        """The ``top_k`` articles with the best BM25 score for ``query``."""
+        terms = _tokens(query)
+        scored = []
+        for article, doc in zip(self.articles, self._docs, strict=True):
+            counts = Counter(doc)
+            score = 0.0
+            for term in terms:
+                tf = counts.get(term, 0)
+                if tf:
+                    norm = tf + 1.2 * (0.25 + 0.75 * len(doc) / self._avg_len)
+                    score += self._idf.get(term, 0.0) * tf * 2.2 / norm
+            if score > 0:
+                scored.append((score, article))
+        scored.sort(key=lambda pair: -pair[0])
+        return [
+            {
+                "id": a.id,
+                "content": a.text,
+                "score": round(s, 4),
+                "metadata": {"title": a.title},
+            }
+            for s, a in scored[: self.top_k]
+        ]
+
+    @tracer.generation("extractive-answer", model="extractive-demo")
+    def compose(self, question: str, passages: list[dict[str, Any]]) -> str:
+        """Answer with the two passage sentences that share the most words with the question."""
+        wanted = set(_tokens(question))
+        sentences = [
+            s.strip()
+            for p in passages
+            for s in re.split(r"(?<=[.!?])\s+", p["content"])
+            if s.strip()
+        ]
+        ranked = sorted(sentences, key=lambda s: -len(wanted & set(_tokens(s))))
+        chosen = [s for s in ranked[:2] if wanted & set(_tokens(s))]
+        if not chosen:
+            return "I could not find this in the help center; a support agent will follow up."
+        return " ".join(chosen)
+
+    @tracer.rag(
+        APP_NAME,
+        input_param="question",
+        reference_param="reference",
+        reference_contexts_param="reference_contexts",
+        reference_context_ids_param="reference_ids",
+    )
+    def answer(
+        self,
+        question: str,
+        reference: str | None = None,
+        reference_contexts: list[str] | None = None,
+        reference_ids: list[str] | None = None,
+    ) -> str:
+        """Retrieve, then answer; the references, when given, are ground truth for scoring."""
+        self.last_trace_id = tracer.current_trace_id()
+        return self.compose(question, self.search(question))
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``recalltrace demo``."""
+    from tracer._cli_worker import add_judge_arguments
+
     parser.add_argument(
-        "--judge-model",
-        default=None,
-        help="LiteLLM model string for the LLM variants (e.g. ollama/llama3.1)",
+        "--top-k", type=int, default=3, help="articles retrieved per question (default 3)"
     )
+    add_judge_arguments(parser)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Migrate the database and print what it holds."""
-    from sqlalchemy import func, select
+    """Trace the demo app's requests, score them once, print the summary and the worst."""
+    import logging
+    from datetime import datetime, timedelta, timezone
+
+    from rich.console import Console
 
     from storage.db import redact_url, resolve_database_url
-    from storage.models import Score, ScoringJob, Trace
-    from storage.repository import open_repository
+    from storage.migrate import upgrade
+    from tracer._cli_worker import judge_config_from_args
 
+    console = Console()
     url = resolve_database_url(args.database_url)
-    repo = open_repository(url, create_schema=True)
-    with repo.engine.connect() as conn:
-        traces = conn.scalar(select(func.count()).select_from(Trace)) or 0
-        jobs = conn.scalar(select(func.count()).select_from(ScoringJob)) or 0
-        scores = conn.scalar(select(func.count()).select_from(Score)) or 0
-    repo.dispose()
-    print(f"recalltrace demo: database {redact_url(url)} is ready (schema at head).")
-    print(f"It holds {traces} traces, {jobs} scoring jobs and {scores} scores.")
-    print("The traced demo application is not part of this version yet; nothing was scored.")
+    if args.top_k < 1:
+        from tracer.cli import CommandError
+
+        raise CommandError("--top-k must be at least 1")
+    upgrade(url)
+    console.print(f"[bold]recalltrace demo[/] on {redact_url(url)}")
+
+    started = datetime.now(timezone.utc) - timedelta(seconds=1)
+    data = load_dataset()
+    app = HelpDesk([Article(d["id"], d["title"], d["text"]) for d in data["documents"]],
+                   top_k=args.top_k)  # fmt: skip
+    tracer.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
+    late: list[tuple[str, dict[str, Any]]] = []
+    for number, item in enumerate(data["questions"]):
+        references = {
+            "reference": item["reference"],
+            "reference_contexts": item["reference_contexts"],
+            "reference_ids": item["reference_ids"],
+        }
+        if number % 2 == 0:
+            app.answer(item["question"], **references)
+        else:
+            # Ground truth that arrives after the request (a reviewer, a labelling queue).
+            app.answer(item["question"])
+            if app.last_trace_id:
+                late.append((app.last_trace_id, references))
+    tracer.flush(30)
+    for trace_id, refs in late:
+        tracer.set_reference(
+            trace_id,
+            reference=refs["reference"],
+            reference_contexts=refs["reference_contexts"],
+            reference_context_ids=refs["reference_ids"],
+        )
+    tracer.flush(30)
+    console.print(
+        f"Traced {len(data['questions'])} help-desk requests "
+        f"({len(late)} with references attached afterwards)."
+    )
+
+    from scorers.catalog import CATALOG
+    from scorers.worker import Worker, WorkerOptions
+
+    logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
+    judge = judge_config_from_args(args, concurrency=8)
+    worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
+    import asyncio
+
+    try:
+        stats = asyncio.run(worker.run(once=True))
+    finally:
+        worker.close()
+    console.print(
+        f"Scored {stats.scored} results ({stats.skipped} skipped, {stats.failed} failed)."
+    )
+    _print_results(console, url, started, worker.not_configured, list(CATALOG))
     return 0
+
+
+def _print_results(
+    console: Any, url: str, since: Any, not_configured: list[str], metrics: list[str]
+) -> None:
+    from rich.table import Table
+
+    from scorers.catalog import CATALOG
+    from storage.db import create_engine_from_url
+    from storage.history import History
+
+    engine = create_engine_from_url(url)
+    history = History(engine)
+    table = Table(title=f"Context recall of {APP_NAME}, this run")
+    table.add_column("variant", no_wrap=True)
+    table.add_column("judge", no_wrap=True)
+    for column in ("scored", "mean", "skipped", "failed"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for key in metrics:
+        kind = "LLM" if CATALOG[key].uses_llm else "none"
+        if key in not_configured:
+            table.add_row(key, kind, "-", "not configured", "-", "-", style="dim")
+            continue
+        stats = history.window(metric=key, since=since, app=APP_NAME)
+        mean = "-" if stats.mean is None else f"{stats.mean:.2f}"
+        table.add_row(key, kind, str(stats.count), mean, str(stats.skipped), str(stats.failed))
+    console.print(table)
+
+    worst = history.worst(limit=4, since=since, app=APP_NAME)
+    if worst:
+        console.print("[bold]Lowest-scoring traces[/]")
+        for row in worst:
+            question = history.trace(row.trace_id).user_input or ""
+            console.print(f"  [bold]{row.value:.2f}[/] {row.metric}, trace {row.trace_id[:12]}")
+            console.print(f"       Q: [italic]{question}[/]")
+            console.print(f"       {row.reason}", style="dim")
+        hint = f"recalltrace trace show {worst[0].trace_id}"
+        if not url.startswith("sqlite:///./"):
+            hint += f" --database-url '{_quote(url)}'"
+        console.print(f"Look closer: {hint}")
+    console.print("History: recalltrace scores summary --since 1d")
+    if not_configured:
+        console.print(
+            "The LLM variants are not configured. Enable them with a judge model, e.g.\n"
+            "  recalltrace demo --judge-model ollama/llama3.1\n"
+            "(any LiteLLM model string; hosted models read their usual API key variables)"
+        )
+    engine.dispose()
+
+
+def _quote(url: str) -> str:
+    from storage.db import redact_url
+
+    return redact_url(url)

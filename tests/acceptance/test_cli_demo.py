@@ -1,0 +1,114 @@
+"""``recalltrace demo`` as a newcomer runs it: SQLite with no server, Postgres, and a judge."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from storage.db import create_engine_from_url
+from storage.models import Score, Trace
+from tests.conftest import truncate_all
+from tests.judge_server import JudgeServer
+
+
+def run_demo(*args: str, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env.update(extra_env or {})
+    result = subprocess.run(
+        [sys.executable, "-m", "tracer.cli", "demo", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def score_counts(url: str, status: str = "scored") -> dict[str, int]:
+    engine = create_engine_from_url(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Score.metric, func.count()).where(Score.status == status).group_by(Score.metric)
+        ).all()
+        traces = conn.scalar(select(func.count()).select_from(Trace))
+    engine.dispose()
+    counts = {metric: n for metric, n in rows}
+    counts["traces"] = int(traces or 0)
+    return counts
+
+
+def test_demo_on_the_embedded_default_without_a_judge(tmp_path: Path) -> None:
+    out = run_demo(cwd=tmp_path)
+    assert (tmp_path / "recalltrace.db").exists()
+    assert "Traced 12 help-desk requests (6 with references attached afterwards)" in out
+    assert re.search(r"non_llm_context_recall\s+│\s+none\s+│\s+12\s+│\s+[01]\.\d\d", out), out
+    assert re.search(r"llm_context_recall\s+│\s+LLM\s+│\s+-\s+│\s+not configured", out), out
+    assert "--judge-model" in out
+    assert "Lowest-scoring traces" in out
+    counts = score_counts(f"sqlite:///{tmp_path / 'recalltrace.db'}")
+    assert counts == {"traces": 12, "non_llm_context_recall": 12, "id_based_context_recall": 12}
+    # The printed trace id is real: `trace show` finds it.
+    trace_id = re.search(r"recalltrace trace show ([0-9a-f]{32})", out)
+    assert trace_id
+    shown = subprocess.run(
+        [sys.executable, "-m", "tracer.cli", "trace", "show", trace_id.group(1)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+
+
+def test_demo_with_a_judge_scores_every_variant(tmp_path: Path) -> None:
+    with JudgeServer() as server:
+        out = run_demo(
+            "--judge-model",
+            "openai/test-judge",
+            "--judge-api-base",
+            server.base_url,
+            cwd=tmp_path,
+            extra_env={"OPENAI_API_KEY": "test-key"},
+        )
+        calls = server.call_count
+    assert "not configured" not in out
+    url = f"sqlite:///{tmp_path / 'recalltrace.db'}"
+    counts = score_counts(url)
+    skipped = score_counts(url, "skipped")
+    assert score_counts(url, "failed") == {"traces": 12}
+    assert counts["traces"] == 12
+    # Two questions retrieve nothing; chunk recall has no chunk to judge there and says so.
+    assert skipped == {"traces": 12, "chunk_context_recall": 2}
+    counts["chunk_context_recall"] += skipped["chunk_context_recall"]
+    for metric in (
+        "llm_context_recall",
+        "non_llm_context_recall",
+        "id_based_context_recall",
+        "context_entity_recall",
+        "chunk_context_recall",
+        "judge_context_recall",
+    ):
+        assert counts.get(metric) == 12, (metric, counts)
+    assert calls >= 12 * 4
+
+
+@pytest.mark.postgres
+def test_demo_on_postgres(tmp_path: Path, postgres_url: str) -> None:
+    engine = create_engine_from_url(postgres_url)
+    truncate_all(engine)
+    engine.dispose()
+    out = run_demo("--database-url", postgres_url, cwd=tmp_path)
+    assert "postgresql+psycopg://" in out
+    assert not (tmp_path / "recalltrace.db").exists()
+    counts = score_counts(postgres_url)
+    assert counts["traces"] == 12
+    assert counts["id_based_context_recall"] == 12
