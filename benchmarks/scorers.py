@@ -532,6 +532,9 @@ def bench_throughput(traces: int, processes: int) -> dict[str, Any]:
             f"{traces / elapsed / bound:.2f} of the bound (the ceiling for one process)"
         )
         for key, calls in CALLS_PER_TRACE.items():
+            if process.poll() is not None:  # the server died (killed from outside): restart it
+                print(f"  (the judge server exited with {process.returncode}; restarted)")
+                process, base_url = start_server_process(LATENCY_S)
             trace_bound = bound / calls
             elapsed, scored = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
             rate = scored / elapsed
