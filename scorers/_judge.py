@@ -469,6 +469,9 @@ class JudgeClient:
                 response = await asyncio.wait_for(
                     litellm.acompletion(**params), timeout=self.config.timeout_s
                 )
+            except asyncio.CancelledError:
+                limits.release(estimated, 0.0)  # a cancelled call gives its slot back
+                raise
             except Exception as exc:
                 latency = time.perf_counter() - attempt_started
                 status = getattr(exc, "status_code", None)

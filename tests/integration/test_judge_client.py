@@ -303,3 +303,26 @@ def test_the_server_runs_as_a_separate_process() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# LiteLLM leaves one of its own coroutines unawaited when a call is cancelled.
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_a_cancelled_call_gives_its_concurrency_slot_back(server: JudgeServer) -> None:
+    server.script(Reply.json(GOOD, delay=5), Reply.json(GOOD))
+    judge = client(server, max_concurrency=1)
+
+    async def main() -> str:
+        slow = asyncio.ensure_future(
+            judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+        )
+        await asyncio.sleep(0.3)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        reply = await asyncio.wait_for(
+            judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"]), 3
+        )
+        return reply.content
+
+    assert asyncio.run(main())
+    assert server.call_count == 2
