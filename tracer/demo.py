@@ -52,7 +52,7 @@ class Article:
 
 def load_dataset() -> dict[str, Any]:
     """The demo corpus and questions shipped with the package."""
-    raw = resources.files("tracer").joinpath("demo_data/lumen_help_desk.json").read_text("utf-8")
+    raw = resources.files("tracer").joinpath("demo_lumen_help_desk.json").read_text("utf-8")
     data: dict[str, Any] = json.loads(raw)
     return data
 
