@@ -8,6 +8,7 @@ set it) so LiteLLM reads its bundled price list instead of fetching one from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import logging
 import os
@@ -218,10 +219,8 @@ def retry_after_seconds(exc: BaseException) -> float | None:
         return None
     if value is None:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(str(value))
     except (TypeError, ValueError):

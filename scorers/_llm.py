@@ -14,6 +14,7 @@ import json
 import math
 import re
 import statistics
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -266,10 +267,11 @@ class LLMScorer(BaseScorer):
             )
         return result
 
+    @abstractmethod
     async def _judge(
         self, clean: dict[str, Any], accounting: _Accounting, started: float
     ) -> ScoreResult:
-        raise NotImplementedError  # each variant overrides this
+        """Ask the judge about validated inputs and build the result."""
 
     def finish(
         self,

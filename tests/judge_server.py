@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
+import signal
 import socket
 import sys
 import threading
@@ -449,15 +451,15 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         seed=args.seed,
     ).start()
+    # SIGTERM (what Popen.terminate sends) exits through the finally below, like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"READY {server.base_url}", flush=True)
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
     finally:
         server.stop()
-        sys.stdout.flush()
 
 
 if __name__ == "__main__":
