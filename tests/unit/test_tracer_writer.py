@@ -474,3 +474,34 @@ def test_a_sink_passed_in_is_left_open() -> None:
     answer("q")
     tracer.shutdown(2)
     assert sink.records and sink.disposed == 0
+
+
+def test_writer_yields_the_gil_while_its_backlog_is_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracer._writer as writer_module
+
+    state = make_traced(max_queue_size=100, flush_interval=60.0)
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    def recording_sleep(seconds: float) -> None:
+        if seconds == 0:
+            sleeps.append(seconds)
+        real_sleep(seconds)
+
+    try:
+        monkeypatch.setattr(writer_module, "_SLICE", 0.0)  # offer the GIL after every record
+        monkeypatch.setattr(writer_module.time, "sleep", recording_sleep)
+        for i in range(10):
+            answer(f"q{i}")
+        assert tracer.flush(5)
+        assert len(state.sink.records) == 10
+        assert len(sleeps) >= 9
+        # With a backlog of at least half the bound the writer works through it instead.
+        sleeps.clear()
+        for i in range(60):
+            answer(f"b{i}")
+        assert tracer.flush(5)
+        assert len(state.sink.records) == 70
+        assert len(sleeps) <= 10
+    finally:
+        tracer.shutdown(2)
