@@ -87,9 +87,10 @@ def configure(
 def rag(func: F, /) -> F: ...
 @overload
 def rag(
-    name: str | None = None,
+    positional_name: str | None = None,
     /,
     *,
+    name: str | None = None,
     input_param: str | None = None,
     reference_param: str | None = None,
     reference_contexts_param: str | None = None,
@@ -101,6 +102,7 @@ def rag(
     func: Any = None,
     /,
     *,
+    name: str | None = None,
     input_param: str | None = None,
     reference_param: str | None = None,
     reference_contexts_param: str | None = None,
@@ -133,16 +135,17 @@ def rag(
         spec.metadata = dict(metadata) if metadata else None
         return decorate(fn, spec)
 
-    return _bare_or_configured(func, build)
+    return _bare_or_configured(func, name, build)
 
 
 @overload
 def retrieval(func: F, /) -> F: ...
 @overload
 def retrieval(
-    name: str | None = None,
+    positional_name: str | None = None,
     /,
     *,
+    name: str | None = None,
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
 ) -> Callable[[F], F]: ...
@@ -150,6 +153,7 @@ def retrieval(
     func: Any = None,
     /,
     *,
+    name: str | None = None,
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
 ) -> Any:
@@ -174,16 +178,17 @@ def retrieval(
         spec.extractor = extractor
         return decorate(fn, spec)
 
-    return _bare_or_configured(func, build)
+    return _bare_or_configured(func, name, build)
 
 
 @overload
 def generation(func: F, /) -> F: ...
 @overload
 def generation(
-    name: str | None = None,
+    positional_name: str | None = None,
     /,
     *,
+    name: str | None = None,
     model: str | None = None,
     prompt_param: str | None = None,
 ) -> Callable[[F], F]: ...
@@ -191,6 +196,7 @@ def generation(
     func: Any = None,
     /,
     *,
+    name: str | None = None,
     model: str | None = None,
     prompt_param: str | None = None,
 ) -> Any:
@@ -213,18 +219,23 @@ def generation(
         spec.input = locate(fn, prompt_param)
         return decorate(fn, spec)
 
-    return _bare_or_configured(func, build)
+    return _bare_or_configured(func, name, build)
 
 
-def _bare_or_configured(func: Any, build: Callable[[Any, str | None], Any]) -> Any:
+def _bare_or_configured(
+    func: Any, name: str | None, build: Callable[[Any, str | None], Any]
+) -> Any:
     if func is None or isinstance(func, str):
-        name = func
+        if isinstance(func, str):
+            if name is not None and name != func:
+                raise TypeError("the span name was given twice")
+            name = func
 
         def decorator(fn: Any) -> Any:
             return build(fn, name)
 
         return decorator
-    return build(func, None)
+    return build(func, name)
 
 
 def set_reference(

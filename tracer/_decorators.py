@@ -734,6 +734,3 @@ def function_name(fn: Any) -> str:
     """Default span name of ``fn``."""
     target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
     return str(getattr(target, "__name__", None) or type(target).__name__)
-
-
-__all__ = ["GENERATION", "RAG", "RETRIEVAL", "_Spec", "decorate", "function_name", "locate"]

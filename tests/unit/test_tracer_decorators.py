@@ -758,3 +758,19 @@ def test_decorating_does_not_touch_opentelemetry_until_called() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_name_positionally_or_by_keyword(traced: Traced) -> None:
+    @tracer.rag(name="by-keyword")
+    def first(question: str) -> str:
+        return "a"
+
+    @tracer.retrieval("by-position")
+    def second(query: str) -> list[str]:
+        return []
+
+    first("q")
+    second("q")
+    assert sorted(s.name for s in traced.spans()) == ["by-keyword", "by-position"]
+    with pytest.raises(TypeError, match="given twice"):
+        tracer.generation("one", name="two")
