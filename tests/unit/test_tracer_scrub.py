@@ -253,3 +253,22 @@ def test_long_text_is_truncated_and_noted() -> None:
         ]
     finally:
         tracer.shutdown(1)
+
+
+def test_raising_callback_in_the_pipeline_still_stores_a_redacted_record() -> None:
+    def callback(match: tracer.ScrubMatch) -> str | None:
+        raise RuntimeError("callback bug")
+
+    state = make_traced(scrubbing=tracer.ScrubbingOptions(callback=callback))
+    try:
+
+        @tracer.rag
+        def answer(question: str) -> str:
+            return "ok"
+
+        assert answer("mail bob@example.org") == "ok"
+        record = state.record()
+        assert record.user_input == f"mail {R}"
+        assert record.notes == ["scrubbed email in user_input"]
+    finally:
+        tracer.shutdown(1)
