@@ -6,6 +6,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from scorers._errors import ScorerInputError
@@ -172,6 +173,8 @@ class BaseScorer(ABC):
         started = time.perf_counter()
         clean = validate_inputs(self.needs, inputs)
         result = await self._ascore(clean, started)
+        if result.latency_ms is None:
+            result = replace(result, latency_ms=elapsed_ms(started))
         return result
 
     @abstractmethod

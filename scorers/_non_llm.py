@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from rapidfuzz import process
@@ -93,7 +94,10 @@ class NonLLMContextRecall(BaseScorer):
     def score(self, **inputs: Any) -> ScoreResult:
         """Score one trace; pure CPU work, so no event loop is involved."""
         started = time.perf_counter()
-        return self._compute(validate_inputs(self.needs, inputs), started)
+        result = self._compute(validate_inputs(self.needs, inputs), started)
+        if result.latency_ms is None:
+            result = replace(result, latency_ms=elapsed_ms(started))
+        return result
 
     async def _ascore(self, clean: dict[str, Any], started: float) -> ScoreResult:
         return self._compute(clean, started)
@@ -180,7 +184,10 @@ class IDBasedContextRecall(BaseScorer):
     def score(self, **inputs: Any) -> ScoreResult:
         """Score one trace; pure CPU work, so no event loop is involved."""
         started = time.perf_counter()
-        return self._compute(validate_inputs(self.needs, inputs), started)
+        result = self._compute(validate_inputs(self.needs, inputs), started)
+        if result.latency_ms is None:
+            result = replace(result, latency_ms=elapsed_ms(started))
+        return result
 
     async def _ascore(self, clean: dict[str, Any], started: float) -> ScoreResult:
         return self._compute(clean, started)

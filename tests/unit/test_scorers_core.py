@@ -280,3 +280,12 @@ def test_cache_keeps_nothing_when_the_computation_fails() -> None:
     with pytest.raises(RuntimeError):
         asyncio.run(cache.get_or_compute("k", boom))
     assert cache.peek("k") is None
+
+
+def test_every_result_carries_its_latency() -> None:
+    skipped = scorers.get("non_llm_context_recall").score(retrieved_contexts=["a"])
+    assert skipped.status == "skipped" and skipped.latency_ms is not None
+    judge_skip = asyncio.run(
+        scorers.get("llm_context_recall", model="openai/x").ascore(user_input="q", reference="r")
+    )
+    assert judge_skip.status == "skipped" and judge_skip.latency_ms is not None

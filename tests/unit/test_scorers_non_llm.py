@@ -220,9 +220,14 @@ thresholds = st.sampled_from([0.0, 0.3, 0.5, 0.7, 1.0])
 
 
 @settings(max_examples=150, deadline=None)
-@given(context_lists, context_lists, measures, thresholds, st.randoms())
+@given(context_lists, context_lists, measures, thresholds, st.randoms(), texts)
 def test_non_llm_properties(
-    retrieved: list[str], reference: list[str], measure: str, threshold: float, rnd: object
+    retrieved: list[str],
+    reference: list[str],
+    measure: str,
+    threshold: float,
+    rnd: object,
+    extra: str,
 ) -> None:
     scorer = non_llm(measure=measure, threshold=threshold)
     value = scorer.score(retrieved_contexts=retrieved, reference_contexts=reference).value
@@ -238,8 +243,9 @@ def test_non_llm_properties(
     shuffled = list(retrieved)
     rnd.shuffle(shuffled)  # type: ignore[attr-defined]
     assert scorer.score(retrieved_contexts=shuffled, reference_contexts=reference).value == value
-    more = scorer.score(retrieved_contexts=[*retrieved, reference[0]], reference_contexts=reference)
-    assert more.value is not None and more.value >= value
+    for added in (extra, reference[0]):
+        more = scorer.score(retrieved_contexts=[*retrieved, added], reference_contexts=reference)
+        assert more.value is not None and more.value >= value
 
 
 id_lists = st.lists(st.one_of(st.integers(0, 8), st.sampled_from(list("abcdef"))), max_size=8)
