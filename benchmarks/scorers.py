@@ -306,12 +306,14 @@ def ragas_requests(case: dict[str, Any]) -> dict[str, dict[str, Any] | str]:
     return captured
 
 
-def our_requests(case: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
+def our_requests(
+    case: dict[str, Any], key: str = "llm_context_recall", **options: Any
+) -> list[dict[str, Any]]:
     with JudgeServer() as server:
         judge = scorers.JudgeClient(
             model="openai/test-judge", api_base=server.base_url, api_key="test"
         )
-        scorer = scorers.get("llm_context_recall", judge=judge, **options)
+        scorer = scorers.get(key, judge=judge, **options)
         result = scorer.score(**case)
         assert result.status == "scored", result.reason
         return list(server.requests)
@@ -384,6 +386,20 @@ def bench_tokens(ragas_problem: str | None) -> dict[str, Any]:
                     f"    Ragas {api:<20} {value:6d} prompt (+{row[api + '_schema']} schema)"
                     f"   ours (one call) / Ragas = {row['one call']['prompt'] / value:.2f}"
                 )
+    case = large_case()
+    cache = scorers.ReferenceCache()
+    first = our_requests(case, "context_entity_recall", cache=cache)
+    cached = our_requests(case, "context_entity_recall", cache=cache)
+    print("  context_entity_recall on the prose case (reference entities cached by reference):")
+    for mode, bodies in (("first trace", first), ("cached reference", cached)):
+        prompt = sum(chat_tokens(encoding, b) for b in bodies)
+        completion = completion_tokens(encoding, bodies)
+        usd = 1000 * (prompt * input_price + completion * output_price)
+        out[f"entities, {mode}"] = {"calls": len(bodies), "prompt": prompt, "usd": usd}
+        print(
+            f"    {mode:<17} {len(bodies)} call(s) {prompt:6d} prompt  {completion:5d} completion"
+            f"  ${usd:.4f} per 1k traces"
+        )
     for label in ("10 x 300 chars, 5 sentences", "10 x 300 chars of random words, 5 sentences"):
         large = out[label]
         if large.get("legacy"):
