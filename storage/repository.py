@@ -10,9 +10,11 @@ so workers on hosts with skewed clocks still agree; SQLite uses the local clock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -152,6 +154,114 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
+# Characters no backend can store in text: Postgres refuses NUL in text and JSON, and lone
+# surrogates (non-UTF-8 bytes decoded with ``surrogateescape``) cannot be encoded as UTF-8.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE_REPLACEMENT = "\ufffd"
+
+
+def _storable_text(text: str) -> tuple[str, int]:
+    """``text`` with unstorable characters replaced by U+FFFD, and how many there were."""
+    if "\x00" not in text and (text.isascii() or _UNSTORABLE.search(text) is None):
+        return text, 0
+    return _UNSTORABLE.subn(_UNSTORABLE_REPLACEMENT, text)
+
+
+def _storable_json(value: Any) -> tuple[Any, int]:
+    """A JSON-safe ``value`` whose strings (keys included) are all storable."""
+    if isinstance(value, str):
+        return _storable_text(value)
+    if isinstance(value, dict):
+        replaced = 0
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            key_text, key_count = _storable_text(str(key))
+            item_value, item_count = _storable_json(item)
+            result[key_text] = item_value
+            replaced += key_count + item_count
+        return (result, replaced) if replaced else (value, 0)
+    if isinstance(value, list):
+        items = [_storable_json(item) for item in value]
+        replaced = sum(count for _, count in items)
+        return ([item for item, _ in items], replaced) if replaced else (value, 0)
+    return value, 0
+
+
+# Lengths of the bounded text columns a record fills (storage.models).
+_NAME_LIMITS = {"app_name": 200, "service_name": 200}
+_CONTEXT_ID_LIMIT = 500
+
+
+def _storable_record(record: TraceRecord) -> TraceRecord:
+    """``record`` with every character a backend cannot store replaced, and over-long names
+    and ids cut to their column's length, each change noted on the record.
+
+    One unstorable value would otherwise fail the whole batch's transaction on every retry, and
+    the good records written with it would be dropped too.
+    """
+    notes = list(record.notes)
+    changes: dict[str, Any] = {}
+
+    def clean(value: Any, where: str) -> tuple[Any, bool]:
+        cleaned, count = _storable_json(value)
+        if count:
+            notes.append(
+                f"replaced {count} unstorable character(s) (NUL, lone surrogates) in {where}"
+            )
+        return cleaned, bool(count)
+
+    for name in ("app_name", "service_name", "user_input", "response", "reference"):
+        value = getattr(record, name)
+        if value is not None:
+            cleaned, changed = clean(value, name)
+            limit = _NAME_LIMITS.get(name)
+            if limit is not None and len(cleaned) > limit:
+                notes.append(f"truncated {name} from {len(cleaned)} to {limit} characters")
+                cleaned, changed = cleaned[:limit], True
+            if changed:
+                changes[name] = cleaned
+    for name in ("reference_contexts", "reference_context_ids"):
+        value = getattr(record, name)
+        if value is not None:
+            cleaned, changed = clean(list(value), name)
+            if changed:
+                changes[name] = cleaned
+    if record.metadata:
+        cleaned, changed = clean(_json_safe(record.metadata), "metadata")
+        if changed:
+            changes["metadata"] = cleaned
+    contexts = []
+    contexts_changed = False
+    for index, context in enumerate(record.retrieved_contexts):
+        where = f"retrieved_contexts[{index}]"
+        content, content_changed = clean(context.content, f"{where}.content")
+        context_id, id_changed = (
+            (None, False) if context.id is None else clean(str(context.id), f"{where}.id")
+        )
+        if context_id is not None and len(context_id) > _CONTEXT_ID_LIMIT:
+            notes.append(
+                f"truncated {where}.id from {len(context_id)} to {_CONTEXT_ID_LIMIT} characters"
+            )
+            context_id, id_changed = context_id[:_CONTEXT_ID_LIMIT], True
+        metadata, metadata_changed = (
+            clean(_json_safe(context.metadata), f"{where}.metadata")
+            if context.metadata
+            else (context.metadata, False)
+        )
+        if content_changed or id_changed or metadata_changed:
+            contexts_changed = True
+            context = dataclasses.replace(
+                context, content=content, id=context_id, metadata=metadata
+            )
+        contexts.append(context)
+    if contexts_changed:
+        changes["retrieved_contexts"] = contexts
+    cleaned_notes, notes_changed = _storable_json(notes)
+    if notes_changed or len(notes) != len(record.notes):
+        changes["notes"] = cleaned_notes
+    return dataclasses.replace(record, **changes) if changes else record
+
+
 def _has_input(name: str, record: TraceRecord | Trace) -> bool:
     """Whether a reference-type input is present (empty strings count as present)."""
     return getattr(record, name) is not None
@@ -218,7 +328,7 @@ class Repository:
         unique: dict[str, TraceRecord] = {}
         for record in records:
             unique.setdefault(record.trace_id, record)
-        batch = list(unique.values())
+        batch = [_storable_record(record) for record in unique.values()]
         now = _utcnow()
         if self.is_postgres:
             self._write_traces_postgres(batch, now)
@@ -767,7 +877,8 @@ class Repository:
         """Write several scores and close their jobs in one transaction.
 
         Returns, per outcome, whether its score row was new. Every job's score and its job
-        status change commit together or not at all.
+        status change commit together or not at all. An outcome whose trace was deleted in the
+        meantime (its job went with it) is left out and reported as not new.
         """
         if not outcomes:
             return []
@@ -785,9 +896,11 @@ class Repository:
                     )
                 )
             }
-            missing = trace_ids - set(traces)
-            if missing:
-                raise TraceNotFound(f"no trace is stored with id {sorted(missing)[0]!r}")
+            # A trace deleted (by retention) while its job ran took the job with it: there is
+            # nothing left to close, and raising would block the other scores of the batch.
+            kept = [(job, score) for job, score in outcomes if job.trace_id in traces]
+            if not kept:
+                return [False] * len(outcomes)
             rows = [
                 {
                     "trace_id": job.trace_id,
@@ -797,16 +910,17 @@ class Repository:
                     "trace_started_at": traces[job.trace_id].started_at,
                     "status": score.status,
                     "value": score.value,
-                    "reason": score.reason,
-                    "details": _json_safe(dict(score.details)),
-                    "model": score.model,
+                    # A judge's answer may carry characters no backend stores (NUL).
+                    "reason": _storable_text(score.reason)[0],
+                    "details": _storable_json(_json_safe(dict(score.details)))[0],
+                    "model": None if score.model is None else _storable_text(score.model)[0],
                     "prompt_tokens": score.prompt_tokens,
                     "completion_tokens": score.completion_tokens,
                     "cost_usd": score.cost_usd,
                     "latency_ms": score.latency_ms,
                     "scored_at": scored_at,
                 }
-                for job, score in outcomes
+                for job, score in kept
             ]
             stmt = self._insert(Score.__table__).values(rows)
             replaceable = {k: stmt.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS}
@@ -823,13 +937,13 @@ class Repository:
             now = self._db_now()
             by_status: dict[str, list[int]] = {}
             failed_reasons: dict[int, str] = {}
-            for job, score in outcomes:
+            for job, score in kept:
                 status = {"skipped": JobStatus.SKIPPED, "failed": JobStatus.FAILED}.get(
                     score.status, JobStatus.DONE
                 )
                 by_status.setdefault(status, []).append(job.id)
                 if status == JobStatus.FAILED:
-                    failed_reasons[job.id] = score.reason
+                    failed_reasons[job.id] = _storable_text(score.reason)[0]
             for status, ids in by_status.items():
                 values: dict[str, Any] = {
                     "status": status,
@@ -874,7 +988,7 @@ class Repository:
             "run_at": now + delay,
             "locked_by": None,
             "lease_expires_at": None,
-            "last_error": error,
+            "last_error": _storable_text(error)[0],
             "updated_at": now,
         }
         if not consume_attempt and job.first_transient_at is None:
@@ -899,7 +1013,7 @@ class Repository:
                     attempts=job.attempts if attempts is None else attempts,
                     locked_by=None,
                     lease_expires_at=None,
-                    last_error=error,
+                    last_error=_storable_text(error)[0],
                     updated_at=now,
                 )
             )
