@@ -447,5 +447,10 @@ def metadata_json(metadata: Mapping[str, Any]) -> str:
     """Metadata as the JSON string OpenInference puts in ``document.metadata``."""
     try:
         return _ENCODER.encode(metadata)
-    except (TypeError, ValueError):
-        return str(metadata)
+    except Exception:
+        # User data: circular, nested past the recursion limit, or holding a value whose
+        # ``__str__`` raises. The span keeps what can be printed; the documents are kept.
+        try:
+            return str(metadata)
+        except Exception:
+            return "{}"

@@ -116,12 +116,30 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
         else:
             return dict(value)
     if depth > 20:
-        return str(value)
+        return _printed(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return {_printed(k): _json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_json_safe(v, depth + 1) for v in value]
-    return str(value)
+    return _printed(value)
+
+
+def _printed(value: Any) -> str:
+    """``str(value)``, or a placeholder when printing it raises (a user ``__str__``, or a
+    structure nested past the recursion limit)."""
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} not printable: {type(exc).__name__}>"
+
+
+def _text(value: Any, where: str, notes: list[str]) -> str | None:
+    """``to_text(value)``; a value that cannot be printed is left out with a note."""
+    try:
+        return to_text(value)
+    except Exception as exc:
+        notes.append(f"{where} not captured: its value raised {type(exc).__name__} when printed")
+        return None
 
 
 def assemble_record(
@@ -170,10 +188,14 @@ def assemble_record(
         service_name=state.service_name,
         started_at=datetime.fromtimestamp(state.start_wall_ns / 1e9, tz=timezone.utc),
         duration_ms=state.duration_ms,
-        user_input=_cut(to_text(state.user_input), max_text_length, "user_input", notes),
+        user_input=_cut(
+            _text(state.user_input, "user_input", notes), max_text_length, "user_input", notes
+        ),
         response=_cut(response, max_text_length, "response", notes),
         retrieved_contexts=contexts,
-        reference=_cut(to_text(state.reference), max_text_length, "reference", notes),
+        reference=_cut(
+            _text(state.reference, "reference", notes), max_text_length, "reference", notes
+        ),
         reference_contexts=reference_contexts,
         reference_context_ids=to_id_list(state.reference_context_ids),
         metadata=_json_safe(metadata),
