@@ -72,8 +72,8 @@ _SENSITIVE_KEY = (
     r"|card[._ -]?number|(?<![a-z])cvv(?![a-z])|(?<![a-z])iban(?![a-z])"
 )
 
-# Metadata keys the tracer writes itself; their values are counts and model names.
-_OWN_METADATA_KEYS = frozenset({"llm", "token_usage", "model", "notes_truncated"})
+# Metadata keys the tracer writes itself; their values are model names and token counts.
+_OWN_METADATA_KEYS = frozenset({"llm"})
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -126,14 +126,12 @@ class Scrubber:
             return self._replacement
         try:
             decided = self._callback(ScrubMatch(path=path, value=value, pattern=pattern))
+            return self._replacement if decided is None else str(decided)
         except Exception:
             if not self._callback_failed:
                 self._callback_failed = True
                 logger.exception("scrubbing callback raised; redacting the match")
             return self._replacement
-        if decided is None:
-            return self._replacement
-        return str(decided)
 
     def scrub_text(
         self, text: str, path: str, notes: list[str] | None, rules: _Rules | None = None
