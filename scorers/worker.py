@@ -111,6 +111,8 @@ class WorkerStats:
     retried: int = 0
     released: int = 0
     paused: int = 0
+    db_seconds: float = 0.0
+    """Wall time spent in database calls (claims, loads, writes, leases, maintenance)."""
 
     @property
     def finished(self) -> int:
@@ -226,7 +228,15 @@ class Worker:
     # -- plumbing -----------------------------------------------------------------------
     async def _db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._db, lambda: fn(*args, **kwargs))
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stats.db_seconds += time.perf_counter() - started
+
+        return await loop.run_in_executor(self._db, timed)
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs get the grace period to finish. Thread-safe."""

@@ -216,9 +216,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     finally:
         worker.close()
         setup.shutdown()
+    handled = stats.finished + stats.retried
+    per_job = f"{stats.db_seconds * 1000 / handled:.2f} ms" if handled else "-"
     print(
         f"scored {stats.scored}, skipped {stats.skipped}, failed {stats.failed}, "
-        f"retried {stats.retried}, given back {stats.released}",
+        f"retried {stats.retried}, given back {stats.released}; database time per job {per_job}",
         flush=True,
     )
     return 0
