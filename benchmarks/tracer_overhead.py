@@ -26,8 +26,10 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -223,6 +225,10 @@ def main() -> None:
         help="write the records to real storage at this URL instead of discarding them",
     )
     args = parser.parse_args()
+    # Run as a script, this folder is first on sys.path, and benchmarks/scorers.py would shadow
+    # the scorers package that storage imports.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
