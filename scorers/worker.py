@@ -604,7 +604,7 @@ class Worker:
             if requeued:
                 logger.warning("took back %d jobs whose worker's lease expired", requeued)
             await self._db_call(self.repo.expire_waiting_jobs, self._reference_ttl)
-            stats = await self._db_call(self.repo.queue_stats)
+            stats = await self._db_call(self.repo.queue_stats, self.metrics)
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return

@@ -1100,8 +1100,15 @@ class Repository:
             )
         return result
 
-    def queue_stats(self) -> QueueStats:
-        """Counts of due, running, waiting and failed jobs, and the oldest due job's age."""
+    def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats:
+        """Counts of due, running, waiting and failed jobs, and the oldest due job's age.
+
+        ``metrics`` limits the figures to those variants (a worker reports the lag of what it
+        scores, not of variants nobody is configured to score).
+        """
+        only: list[ColumnElement[bool]] = []
+        if metrics is not None:
+            only.append(ScoringJob.metric.in_(list(metrics)))
         with self.engine.connect() as conn:
             counts: dict[str, int] = {}
             for status, number in conn.execute(
@@ -1114,7 +1121,8 @@ class Repository:
                             JobStatus.WAITING,
                             JobStatus.FAILED,
                         ]
-                    )
+                    ),
+                    *only,
                 )
                 .group_by(ScoringJob.status)
             ).tuples():
@@ -1122,7 +1130,7 @@ class Repository:
             now = self._db_now()
             oldest = conn.scalar(
                 select(func.min(ScoringJob.run_at)).where(
-                    ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now
+                    ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now, *only
                 )
             )
         age = None

@@ -354,3 +354,21 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
     assert stats.released == 4
     assert job_counts(database_url) == {JobStatus.QUEUED: 4}
     repo.dispose()
+
+
+def test_queue_gauges_cover_only_the_variants_this_worker_scores(sqlite_url: str) -> None:
+    repo = Repository(create_engine_from_url(sqlite_url))
+    repo.write_traces([full_trace() for _ in range(2)])
+    telemetry = Telemetry()
+    worker = worker_for(sqlite_url, telemetry)  # no judge: the LLM variants stay queued
+    asyncio.run(worker.run(once=True))
+    asyncio.run(worker._maintain_once())
+    worker.close()
+    gauges = {
+        p.attributes.get("rag.job.state"): p.value for _, p in telemetry.points("rag.queue.depth")
+    }
+    assert gauges["due"] == 0  # the 8 queued LLM jobs are not this worker's lag
+    assert repo.queue_stats().due == 8
+    (age,) = [p.value for _, p in telemetry.points("rag.queue.oldest_due_age")]
+    assert age == 0.0
+    repo.dispose()
