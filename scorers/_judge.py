@@ -454,8 +454,10 @@ class JudgeClient:
         litellm = _load_litellm()
         params = self.request_params(messages, schema_name, schema)
         limits = self._loop_limits()
-        estimated = sum(len(str(m.get("content", ""))) for m in messages) / 4.0 + (
-            self.config.max_tokens or 512
+        # About four characters a token for the prompt, and a typical verdict's length for the
+        # answer (the cap would be too pessimistic); corrected with the reported usage after.
+        estimated = sum(len(str(m.get("content", ""))) for m in messages) / 4.0 + min(
+            self.config.max_tokens or 512, 512
         )
         failures = 0
         waited = 0.0
