@@ -362,7 +362,15 @@ class Worker:
             inputs = await self._db_call(self.repo.load_inputs, [j.trace_id for j in jobs])
         except Exception as exc:
             logger.error("loading traces failed (%s); giving the jobs back", _describe(exc))
-            await self._db_call(self.repo.release_jobs, self.worker_id, [j.id for j in jobs])
+            try:
+                await self._db_call(self.repo.release_jobs, self.worker_id, [j.id for j in jobs])
+            except Exception as release_exc:
+                # The database is gone for now: the leases expire and the jobs come back.
+                logger.error(
+                    "giving back %d jobs failed (%s); their leases will expire",
+                    len(jobs),
+                    _describe(release_exc),
+                )
             await self._sleep(1.0)
             return
         for job in jobs:
