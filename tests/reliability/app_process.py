@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_interval=0.2,
         tracer_provider="own",
     )
-    gold_contexts = [DOCUMENTS[0]["content"]]
+    gold_contexts = [str(DOCUMENTS[0]["content"])]
     gold_ids = ["kb-0", "kb-9"]
     latencies: list[float] = []
     wrong = 0

@@ -53,9 +53,7 @@ def run_outage_scenario(
     worker_url = with_application_name(postgres_url, WORKER_NAME)
     ids_file = tmp_path / "ids.txt"
     metric_args = [arg for metric in METRICS for arg in ("--metric", metric)]
-    worker = spawn(
-        worker_args(worker_url, "--poll-interval", "0.2", "--lease", "10", *metric_args)
-    )
+    worker = spawn(worker_args(worker_url, "--poll-interval", "0.2", "--lease", "10", *metric_args))
     killer = ConnectionKiller(postgres_url, (APP_NAME, WORKER_NAME))
     try:
         app = spawn(
@@ -117,7 +115,7 @@ def run_outage_scenario(
     finally:
         killer.close()
         worker.terminate()
-        worker_out, worker_err = worker.communicate(timeout=60)
+        _out, worker_err = worker.communicate(timeout=60)
         assert worker.returncode == 0, worker_err[-3000:]
 
 
