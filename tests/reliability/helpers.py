@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def with_application_name(url: str, name: str) -> str:
     """``url`` with ``application_name`` set, so a test can find these connections."""
-    return make_url(url).update_query_dict({"application_name": name}).render_as_string(
-        hide_password=False
+    return (
+        make_url(url)
+        .update_query_dict({"application_name": name})
+        .render_as_string(hide_password=False)
     )
 
 

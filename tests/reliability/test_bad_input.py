@@ -58,9 +58,11 @@ def stored(url: str) -> dict[str, dict[str, Any]]:
     engine = create_engine_from_url(url)
     with engine.connect() as conn:
         traces = conn.execute(select(Trace)).mappings().all()
-        contexts = conn.execute(
-            select(RetrievedContext).order_by(RetrievedContext.position)
-        ).mappings().all()
+        contexts = (
+            conn.execute(select(RetrievedContext).order_by(RetrievedContext.position))
+            .mappings()
+            .all()
+        )
     engine.dispose()
     by_app: dict[str, dict[str, Any]] = {}
     for row in traces:
