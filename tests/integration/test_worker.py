@@ -372,3 +372,21 @@ def test_queue_gauges_cover_only_the_variants_this_worker_scores(sqlite_url: str
     (age,) = [p.value for _, p in telemetry.points("rag.queue.oldest_due_age")]
     assert age == 0.0
     repo.dispose()
+
+
+def test_malformed_stored_inputs_fail_at_once_with_the_reason(sqlite_url: str) -> None:
+    repo = Repository(create_engine_from_url(sqlite_url), metrics=["non_llm_context_recall"])
+    trace = full_trace()
+    trace.reference_contexts = ["Paris is the capital.", 42]  # type: ignore[list-item]
+    repo.write_traces([trace])
+    worker = worker_for(sqlite_url, metrics=["non_llm_context_recall"], max_attempts=3)
+    stats = asyncio.run(worker.run(once=True))
+    worker.close()
+    assert (stats.failed, stats.retried) == (1, 0)
+    engine = create_engine_from_url(sqlite_url)
+    with engine.connect() as conn:
+        status, reason = conn.execute(select(Score.status, Score.reason)).one()
+    engine.dispose()
+    assert status == "failed"
+    assert "reference_contexts[1]" in reason
+    repo.dispose()
