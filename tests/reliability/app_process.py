@@ -3,25 +3,32 @@
 Used by the fault-injection tests and ``benchmarks/load_test.py``::
 
     python -m tests.reliability.app_process --database-url URL --rate 200 --seconds 10 \\
-        --ids-file ids.txt [--max-queue-size N] [--flush-timeout S]
+        [--ids-file ids.txt] [--max-queue-size N] [--mode recalltrace|otel]
 
-Each request runs ``@tracer.rag`` around ``@tracer.retrieval`` and checks that the decorated
-function returned exactly what the undecorated body returned. The trace id of every request is
-written to ``--ids-file``. The last line printed is one JSON object: calls, wrong results,
-exceptions, latency percentiles of the request path (ms), peak RSS (MiB), the tracer's
-counters (sampled, dropped by reason) and whether the final flush completed.
+Each request is a root calling a retriever (three documents) and a generator, decorated with
+``@tracer.rag``/``@tracer.retrieval``/``@tracer.generation`` (``--mode otel``: the same functions
+with OpenTelemetry spans and attributes set by hand, the baseline of the overhead target). Calls
+follow an open-loop schedule, so a slow call does not lower the offered rate, and each checks
+that the decorated function returned exactly what its body returned. With ``--ids-file`` the
+trace id of every request is written there. The last line printed is one JSON object: calls,
+wrong results, exceptions, latency percentiles of the request path (ms), RSS samples and peak
+(MiB), the tracer's counters (sampled, dropped by reason) and whether the final flush completed.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import gc
 import json
 import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+from opentelemetry import trace as otel_trace
 
 import tracer
 from tracer._runtime import stats
@@ -36,14 +43,28 @@ DOCUMENTS = [
     }
     for index in range(3)
 ]
+GOLD_CONTEXTS = [str(DOCUMENTS[0]["content"])]
+GOLD_IDS = ["kb-0", "kb-9"]
 
-tracer_ids: list[str] = []
-"""Trace id of every request, in call order."""
+trace_ids: list[str] | None = None
+"""Trace id of every request, in call order (only collected with ``--ids-file``)."""
+
+
+def _answer_text(question: str, docs: list[dict[str, Any]], generated: str) -> str:
+    return f"{question} -> {len(docs)} documents: {generated}"
+
+
+# -- recalltrace --------------------------------------------------------------------------------
 
 
 @tracer.retrieval
 def search(query: str) -> list[dict[str, Any]]:
     return DOCUMENTS
+
+
+@tracer.generation(model="test-model")
+def generate(prompt: str) -> str:
+    return "Open Settings > Security."
 
 
 @tracer.rag(
@@ -53,8 +74,50 @@ def search(query: str) -> list[dict[str, Any]]:
 )
 def answer(question: str, gold_contexts: list[str], gold_ids: list[str]) -> str:
     docs = search(question)
-    tracer_ids.append(tracer.current_trace_id() or "")
-    return f"{question} -> {len(docs)} documents"
+    if trace_ids is not None:
+        trace_ids.append(tracer.current_trace_id() or "")
+    return _answer_text(question, docs, generate(question))
+
+
+# -- the same request with OpenTelemetry spans written by hand (the baseline) -------------------
+
+_otel = otel_trace.get_tracer("reliability-baseline")
+
+
+def otel_search(query: str) -> list[dict[str, Any]]:
+    with _otel.start_as_current_span("search") as span:
+        span.set_attribute("openinference.span.kind", "RETRIEVER")
+        span.set_attribute("input.value", query)
+        for index, doc in enumerate(DOCUMENTS):
+            prefix = f"retrieval.documents.{index}.document."
+            span.set_attribute(prefix + "id", str(doc["id"]))
+            span.set_attribute(prefix + "content", str(doc["content"]))
+            span.set_attribute(prefix + "score", float(doc["score"]))  # type: ignore[arg-type]
+            span.set_attribute(prefix + "metadata", json.dumps(doc["metadata"]))
+        return DOCUMENTS
+
+
+def otel_generate(prompt: str) -> str:
+    with _otel.start_as_current_span("generate") as span:
+        span.set_attribute("openinference.span.kind", "LLM")
+        span.set_attribute("llm.model_name", "test-model")
+        span.set_attribute("input.value", prompt)
+        text = "Open Settings > Security."
+        span.set_attribute("output.value", text)
+        return text
+
+
+def otel_answer(question: str, gold_contexts: list[str], gold_ids: list[str]) -> str:
+    with _otel.start_as_current_span("reliability-app") as span:
+        span.set_attribute("openinference.span.kind", "CHAIN")
+        span.set_attribute("input.value", question)
+        docs = otel_search(question)
+        text = _answer_text(question, docs, otel_generate(question))
+        span.set_attribute("output.value", text)
+        return text
+
+
+# -- the loop -----------------------------------------------------------------------------------
 
 
 def percentile(sorted_values: list[float], share: float) -> float:
@@ -64,55 +127,79 @@ def percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[index]
 
 
+def current_rss_mib() -> float:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * resource.getpagesize() / (1024 * 1024)
+    except OSError:
+        return 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
+    global trace_ids
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True)
+    parser.add_argument("--mode", choices=("recalltrace", "otel"), default="recalltrace")
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--ids-file", default=None)
     parser.add_argument("--max-queue-size", type=int, default=2048)
     parser.add_argument("--max-write-attempts", type=int, default=5)
     parser.add_argument("--flush-timeout", type=float, default=60.0)
-    parser.add_argument("--rss-samples", default=None, help="file for RSS samples (s, MiB)")
     args = parser.parse_args(argv)
 
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    # Spans are recorded and exported (to nowhere) in both modes, as in a real service.
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    otel_trace.set_tracer_provider(provider)
     tracer.configure(
         database_url=args.database_url,
         service_name="reliability",
         max_queue_size=args.max_queue_size,
         max_write_attempts=args.max_write_attempts,
         flush_interval=0.2,
-        tracer_provider="own",
+        tracer_provider="global",
     )
-    gold_contexts = [str(DOCUMENTS[0]["content"])]
-    gold_ids = ["kb-0", "kb-9"]
-    latencies: list[float] = []
+    if args.ids_file:
+        trace_ids = []
+    call: Callable[[str, list[str], list[str]], str] = (
+        answer if args.mode == "recalltrace" else otel_answer
+    )
+    total = int(args.rate * args.seconds)
+    latencies = array.array("d")
     wrong = 0
     errors = 0
     rss: list[tuple[float, float]] = []
     stop_sampling = threading.Event()
+    started = time.monotonic()
 
     def sample_rss() -> None:
         while not stop_sampling.wait(0.5):
-            rss.append((time.monotonic() - started, current_rss_mib()))
+            rss.append((round(time.monotonic() - started, 1), round(current_rss_mib(), 1)))
 
-    started = time.monotonic()
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     interval = 1.0 / args.rate
-    total = int(args.rate * args.seconds)
     gc.collect()
+    print("STARTED", flush=True)
     for index in range(total):
-        # Open-loop schedule: a slow request does not lower the offered rate.
         due = started + index * interval
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         question = f"question {index}"
-        expected = f"{question} -> {len(DOCUMENTS)} documents"
+        expected = _answer_text(question, DOCUMENTS, "Open Settings > Security.")
         begin = time.perf_counter()
         try:
-            result = answer(question, gold_contexts, gold_ids)
+            result = call(question, GOLD_CONTEXTS, GOLD_IDS)
         except Exception:
             errors += 1
             continue
@@ -127,14 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     dropped: dict[str, int] = {}
     for (reason, _app), count in snapshot["dropped"].items():
         dropped[reason] = dropped.get(reason, 0) + count
-    if args.ids_file:
+    if args.ids_file and trace_ids is not None:
         with open(args.ids_file, "w", encoding="utf-8") as out:
-            out.write("\n".join(tracer_ids) + "\n")
-    if args.rss_samples:
-        with open(args.rss_samples, "w", encoding="utf-8") as out:
-            out.writelines(f"{t:.1f} {mib:.1f}\n" for t, mib in rss)
+            out.write("\n".join(trace_ids) + "\n")
     ordered = sorted(latencies)
+    per_second: list[float] = []
+    per_call = int(args.rate)
+    for start in range(0, len(latencies), max(per_call, 1)):
+        window = sorted(latencies[start : start + per_call])
+        per_second.append(round(percentile(window, 0.99) * 1000, 3))
     summary = {
+        "mode": args.mode,
         "calls": total,
         "wrong": wrong,
         "errors": errors,
@@ -143,25 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ms": round(percentile(ordered, 0.50) * 1000, 4),
         "p99_ms": round(percentile(ordered, 0.99) * 1000, 4),
         "max_ms": round(ordered[-1] * 1000 if ordered else 0.0, 4),
+        "p99_ms_by_second": per_second,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "rss_first_mib": rss[1][1] if len(rss) > 1 else None,
-        "rss_last_mib": rss[-1][1] if rss else None,
+        "rss_mib": rss,
         "sampled": sum(snapshot["sampled"].values()),
         "dropped": dropped,
         "flushed": flushed,
     }
     tracer.shutdown(5.0)
+    provider.shutdown()
     print(json.dumps(summary), flush=True)
     return 0 if errors == 0 and wrong == 0 else 1
-
-
-def current_rss_mib() -> float:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            pages = int(statm.read().split()[1])
-        return pages * resource.getpagesize() / (1024 * 1024)
-    except OSError:
-        return 0.0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""The load scenario shared by ``test_load.py`` (short) and ``benchmarks/load_test.py`` (60 s).
+
+An app process (``tests.reliability.app_process``) calls a traced request at a fixed rate while
+its database refuses connections for a window of the run, so the tracer's queue reaches its
+bound on purpose. Returns the app's own summary plus what was stored, so that the caller can
+check that every call is accounted for: stored or counted as dropped, exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+
+from storage.db import create_engine_from_url
+from storage.models import Trace
+from tests.reliability.helpers import (
+    ConnectionKiller,
+    last_json,
+    spawn,
+    with_application_name,
+)
+
+APP_NAME = "rt_load_app"
+
+
+def run_load(
+    url: str,
+    *,
+    rate: float,
+    seconds: float,
+    outage: tuple[float, float] | None,
+    max_queue_size: int = 2048,
+    mode: str = "recalltrace",
+    flush_timeout: float = 60.0,
+) -> dict[str, Any]:
+    """Run the app for ``seconds`` at ``rate``; refuse its database from ``outage[0]`` to
+    ``outage[1]`` seconds into the run. The summary gets ``stored`` (traces in the database)."""
+    app_url = with_application_name(url, APP_NAME)
+    proc = spawn(
+        [
+            "-m", "tests.reliability.app_process", "--database-url", app_url, "--mode", mode,
+            "--rate", str(rate), "--seconds", str(seconds),
+            "--max-queue-size", str(max_queue_size), "--flush-timeout", str(flush_timeout),
+        ]
+    )  # fmt: skip
+    killer = ConnectionKiller(url, (APP_NAME,))
+    fault_error: list[BaseException] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "STARTED", line + (proc.stderr.read() if proc.stderr else "")
+        started = time.monotonic()
+
+        def inject() -> None:
+            if outage is None:
+                return
+            try:
+                time.sleep(max(0.0, started + outage[0] - time.monotonic()))
+                killer.outage(outage[1] - outage[0])
+            except BaseException as exc:
+                fault_error.append(exc)
+
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+        out, err = proc.communicate(timeout=seconds + flush_timeout + 120)
+        injector.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        killer.close()
+    if fault_error:
+        raise fault_error[0]
+    assert proc.returncode == 0, err[-3000:]
+    summary = last_json(out)
+    engine = create_engine_from_url(url)
+    with engine.connect() as conn:
+        summary["stored"] = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
+    engine.dispose()
+    summary["killed_connections"] = killer.killed
+    return summary
+
+
+def rss_growth_mib(summary: dict[str, Any], after_s: float) -> float:
+    """RSS at the end of the run minus RSS ``after_s`` seconds in (start-up excluded)."""
+    samples = summary["rss_mib"]
+    later = [mib for t, mib in samples if t >= after_s]
+    if len(later) < 2:
+        return 0.0
+    return float(later[-1] - later[0])
