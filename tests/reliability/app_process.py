@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids-file", default=None)
     parser.add_argument("--max-queue-size", type=int, default=2048)
     parser.add_argument("--max-write-attempts", type=int, default=5)
+    parser.add_argument("--retry-backoff", type=float, default=0.5)
     parser.add_argument("--flush-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
 
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         service_name="reliability",
         max_queue_size=args.max_queue_size,
         max_write_attempts=args.max_write_attempts,
+        retry_backoff=args.retry_backoff,
         flush_interval=0.2,
         tracer_provider="global",
     )

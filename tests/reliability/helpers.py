@@ -51,6 +51,7 @@ class ConnectionKiller:
         self.names = names
         self.engine = admin_engine(url)
         self.killed = 0
+        self.outages = 0
 
     def kill(self) -> int:
         with self.engine.connect() as conn:
@@ -77,6 +78,7 @@ class ConnectionKiller:
     def outage(self, seconds: float, every: float = 0.1) -> None:
         """Refuse connections and kill the open ones for ``seconds``, then allow them."""
         self.allow_connections(False)
+        self.outages += 1
         try:
             end = time.monotonic() + seconds
             while time.monotonic() < end:

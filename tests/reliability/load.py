@@ -81,6 +81,7 @@ def run_load(
         summary["stored"] = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
     engine.dispose()
     summary["killed_connections"] = killer.killed
+    summary["outages"] = killer.outages
     return summary
 
 
