@@ -29,17 +29,26 @@ _EMAIL = (
     0,
     0,
 )
+# Quotes around a key or a value may be escaped (JSON serialised inside a JSON string).
+_QUOTE = r"(?:\\?[\"'])?"
+# A value ends at white space, a quote (escaped or not), a comma or a semicolon.
+_VALUE = r"((?:[^\s\"',;\\]|\\(?![\"']))+)"
+_VALUE_6 = r"((?:[^\s\"',;\\]|\\(?![\"'])){6,})"
 _PASSWORD = (
     "password",
-    r"\b(?:password|passwd|passphrase|pwd)\b[\"']?\s*[:=]\s*[\"']?([^\s\"',;]+)",
+    r"\b(?:password|passwd|passphrase|pwd)\b" + _QUOTE + r"\s*[:=]\s*" + _QUOTE + _VALUE,
     1,
     re.IGNORECASE,
 )
 _KEY_ASSIGNMENT = (
     "api_key",
-    r"\b(?:api[_\- ]?key|apikey|access[_\- ]?key|secret[_\- ]?key|client[_\- ]?secret"
-    r"|access[_\- ]?token|auth[_\- ]?token|private[_\- ]?key)\b[\"']?\s*[:=]\s*[\"']?"
-    r"([^\s\"',;]{6,})",
+    # A name may carry a prefix joined by "_" or "-" (aws_secret_access_key, x-api-key).
+    r"(?<![A-Za-z0-9])(?:api[_\- ]?key|apikey|access[_\- ]?key|secret[_\- ]?key"
+    r"|client[_\- ]?secret|access[_\- ]?token|auth[_\- ]?token|private[_\- ]?key)\b"
+    + _QUOTE
+    + r"\s*[:=]\s*"
+    + _QUOTE
+    + _VALUE_6,
     1,
     re.IGNORECASE,
 )
@@ -53,8 +62,18 @@ _VENDOR_KEY = (
     r"|github_pat_[A-Za-z0-9_]{30,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}"
     r"|AIza[0-9A-Za-z_\-]{35}"
-    r"|hf_[A-Za-z0-9]{30,}",
+    r"|hf_[A-Za-z0-9]{30,}"
+    r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
     0,
+    0,
+)
+# "name": "value" inside text (JSON serialised into a string, possibly twice): the value under a
+# sensitive key name is redacted as it would be under that key in metadata.
+_JSON_PAIR = (
+    "sensitive_key",
+    r'\\?"([^"\\]{1,64})\\?"\s*:\s*\\?"((?:[^"\\]|\\(?!"))+)',
+    2,
     0,
 )
 _CARD = ("card_number", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])", 0, 0)
@@ -105,6 +124,7 @@ class Scrubber:
         self._password = compiled[id(_PASSWORD)]
         self._email = compiled[id(_EMAIL)]
         self._card = compiled[id(_CARD)]
+        self._json_pair = (_JSON_PAIR[0], re.compile(_JSON_PAIR[1]), _JSON_PAIR[2])
         key_parts = [_SENSITIVE_KEY] if options.default_patterns else []
         custom: list[tuple[str, re.Pattern[str], int]] = []
         for pattern in options.extra_patterns:
@@ -159,6 +179,7 @@ class Scrubber:
             ("-" in text and _vendor_hyphen(text))
             or ("_" in text and _vendor_underscore(text))
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
+            or ("-----" in text and "PRIVATE KEY-----" in text)
         ):
             rules.append(self._vendor)
         if "=" in text or ":" in text:
@@ -167,6 +188,8 @@ class Scrubber:
                 rules.append(self._assignment)
             if "pass" in lowered or "pwd" in lowered:
                 rules.append(self._password)
+        if '":' in text or '" :' in text:
+            rules.append(self._json_pair)
         if "@" in text:
             rules.append(self._email)
         if b"0000" in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO):
@@ -188,6 +211,10 @@ class Scrubber:
         for match in regex.finditer(text):
             start, end = match.span(group)
             if start < 0:
+                continue
+            if regex is self._json_pair[1] and (
+                self._key_pattern is None or not self.is_sensitive_key(match.group(1))
+            ):
                 continue
             secret = text[start:end]
             if name == "card_number" and not _luhn_ok(re.sub(r"[ -]", "", secret)):
@@ -319,7 +346,7 @@ class Scrubber:
             record.metadata = self.scrub_value(record.metadata, "metadata", notes, 0, rules)
 
 
-_UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf")
+_UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")
 
 
 # Finding a rare character is a memchr; a two-character substring search is far slower. So the
