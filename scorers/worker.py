@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -167,6 +168,9 @@ class Worker:
         self._build_scorers()
         self._paused_until = 0.0
         self._running: dict[int, _Running] = {}
+        # Claimed jobs with their traces loaded, waiting for a free slot: a slot that frees up
+        # starts the next job at once instead of waiting for a claim round trip.
+        self._ready: deque[tuple[Any, Any]] = deque()
         self._pending_finish: list[tuple[Any, ScoreResult, str, float]] = []
         self._flush_lock = asyncio.Lock()
         self._flush_now = asyncio.Event()
@@ -276,6 +280,7 @@ class Worker:
     async def run(self, *, once: bool = False) -> WorkerStats:
         """Score until stopped (or, with ``once``, until nothing is due), then return stats."""
         self._loop = asyncio.get_running_loop()
+        self.stats = WorkerStats()
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -322,19 +327,23 @@ class Worker:
 
     async def _claim_loop(self, once: bool) -> None:
         opts = self.options
-        # Refill when a quarter of the slots (or a batch) is free, not on every finished job:
-        # each claim and trace load is a round trip, and one per job would cap throughput.
+        # Keep up to half the concurrency claimed ahead, and claim when a quarter of that room
+        # (or a batch) is free, not after every finished job: each claim and trace load is a
+        # round trip, and one per job would cap throughput.
+        prefetch = max(1, min(opts.batch_size, opts.concurrency // 2))
         refill_at = max(1, min(opts.batch_size, opts.concurrency // 4))
         while not self._stop.is_set():
-            free = opts.concurrency - len(self._running)
+            self._launch_ready()
+            room = opts.concurrency + prefetch - len(self._running) - len(self._ready)
+            idle = not self._running and not self._ready
             claimed: list[Any] = []
             metrics = self._claimable_metrics()
-            if metrics and (free >= refill_at or (free > 0 and not self._running)):
+            if metrics and room > 0 and (room >= refill_at or idle):
                 try:
                     claimed = await self._db_call(
                         self.repo.claim_jobs,
                         self.worker_id,
-                        limit=min(opts.batch_size, free),
+                        limit=min(opts.batch_size, room),
                         lease=timedelta(seconds=opts.lease_s),
                         metrics=metrics,
                     )
@@ -343,9 +352,9 @@ class Worker:
                     await self._sleep(min(opts.poll_interval_s, 5.0))
                     continue
                 if claimed:
-                    await self._start(claimed)
+                    await self._prepare(claimed)
                     continue
-            if once and not claimed and not self._running and not self._writes_outstanding():
+            if once and not claimed and idle and not self._writes_outstanding():
                 return
             await self._wait_for_work()
 
@@ -362,26 +371,29 @@ class Worker:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
-    async def _start(self, jobs: Sequence[Any]) -> None:
+    async def _prepare(self, jobs: Sequence[Any]) -> None:
+        """Load the traces of claimed jobs and queue them for a free slot."""
         try:
             inputs = await self._db_call(self.repo.load_inputs, [j.trace_id for j in jobs])
         except Exception as exc:
             logger.error("loading traces failed (%s); giving the jobs back", _describe(exc))
-            try:
+            with contextlib.suppress(Exception):
                 await self._db_call(self.repo.release_jobs, self.worker_id, [j.id for j in jobs])
-            except Exception as release_exc:
-                # The database is gone for now: the leases expire and the jobs come back.
-                logger.error(
-                    "giving back %d jobs failed (%s); their leases will expire",
-                    len(jobs),
-                    _describe(release_exc),
-                )
             await self._sleep(1.0)
             return
         for job in jobs:
             trace = inputs.get(job.trace_id)
             if trace is not None:
                 self._app_names[job.trace_id] = trace.app_name
+            self._ready.append((job, trace))
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Start ready jobs while slots are free (not after a stop was requested)."""
+        while self._ready and len(self._running) < self.options.concurrency:
+            if self._stop.is_set():
+                return
+            job, trace = self._ready.popleft()
             task = asyncio.create_task(self._process(job, trace), name=f"recalltrace-job-{job.id}")
             self._running[job.id] = _Running(job, task, time.monotonic())
             task.add_done_callback(self._forget(job.id))
@@ -389,12 +401,18 @@ class Worker:
     def _forget(self, job_id: int) -> Callable[[asyncio.Task[None]], None]:
         def done(_task: asyncio.Task[None]) -> None:
             self._running.pop(job_id, None)
+            self._launch_ready()
+            self._wake.set()
 
         return done
 
     async def _process(self, job: Any, trace: Any) -> None:
         started = time.monotonic()
         scorer = self._scorers.get(job.metric)
+        if scorer is not None and scorer.uses_llm and self._paused_until > time.monotonic():
+            # Claimed before the judge was paused: give it back untouched.
+            await self._give_back(job)
+            return
         try:
             if scorer is None:
                 raise RuntimeError(f"no scorer for metric {job.metric!r} in this worker")
@@ -486,11 +504,15 @@ class Worker:
                 exc,
                 exc.model,
             )
+        await self._give_back(job)
+
+    async def _give_back(self, job: Any) -> None:
         try:
-            await self._db_call(self.repo.release_jobs, self.worker_id, [job.id])
-            self.stats.released += 1
-        except Exception as db_exc:
-            logger.error("giving back job %s failed (%s)", job.id, _describe(db_exc))
+            self.stats.released += await self._db_call(
+                self.repo.release_jobs, self.worker_id, [job.id]
+            )
+        except Exception as exc:
+            logger.error("giving back job %s failed (%s)", job.id, _describe(exc))
 
     async def _on_error(self, job: Any, exc: BaseException, started: float) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -579,7 +601,21 @@ class Worker:
                 return
 
     async def _drain(self) -> None:
-        """Wait for running jobs up to the grace period, then give back the rest."""
+        """Give back jobs not started; wait for running ones up to the grace period, then
+        give back the rest."""
+        if self._ready:
+            waiting = [job.id for job, _trace in self._ready]
+            self._ready.clear()
+            try:
+                self.stats.released += await self._db_call(
+                    self.repo.release_jobs, self.worker_id, waiting
+                )
+            except Exception as exc:
+                logger.error(
+                    "could not give back %d jobs (%s); their leases will expire",
+                    len(waiting),
+                    _describe(exc),
+                )
         if not self._running:
             return
         tasks = [r.task for r in self._running.values()]
@@ -607,6 +643,7 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             held = [job_id for job_id in self._running]
+            held.extend(job.id for job, _trace in self._ready)
             held.extend(job.id for job, *_ in self._pending_finish)
             if not held:
                 continue
