@@ -265,12 +265,24 @@ def main() -> int:
             ("jobs list", lambda: history.problem_jobs()),
         ]
         print(f"\nmedian of {args.repeat} runs after 2 warm-up runs (target {TARGET_MS:.0f} ms)")
-        print(f"{'query':<54} {'median ms':>10}  {'rows':>5}  target")
+        print(
+            "summaries also show their first run on an empty summary cache (complete buckets "
+            "computed and stored);\nthe median is the steady state, with complete buckets read "
+            "from the cache and the rest computed live"
+        )
+        print(f"{'query':<54} {'cold ms':>8} {'median ms':>10}  {'rows':>5}  target")
         for name, run in cases:
+            cold = "-"
+            if name.startswith("summary"):
+                with engine.begin() as conn:
+                    conn.execute(text("DELETE FROM summary_cache"))
+                began = time.perf_counter()
+                run()
+                cold = f"{(time.perf_counter() - began) * 1000:.1f}"
             ms, result = _median_ms(run, args.repeat)
             rows = len(result) if isinstance(result, list) else 1
             verdict = "meets" if ms < TARGET_MS else "MISSES"
-            print(f"{name:<54} {ms:>10.1f}  {rows:>5}  {verdict}")
+            print(f"{name:<54} {cold:>8} {ms:>10.1f}  {rows:>5}  {verdict}")
         cli = _cli_ms(["scores", "summary", "--format", "json"], url, 5)
         print(
             f"\n`recalltrace scores summary --format json` as a process, interpreter start "

@@ -25,13 +25,14 @@ from datetime import date, datetime, timedelta, timezone
 from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Engine, and_, func, select, text, union_all
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
 from scorers.catalog import CATALOG
 from storage.db import is_postgres
-from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
-from storage.repository import TraceNotFound
+from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, SummaryCache, Trace
+from storage.repository import SUMMARY_LOCK_KEY, TraceNotFound
 
 __all__ = [
     "BUCKETS",
@@ -389,7 +390,7 @@ _BUCKET_STEP: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedel
 
 
 def _summary_sql(*, with_app: bool) -> TextClause:
-    """The Postgres summary: one small aggregate per (bucket, metric).
+    """The Postgres summary of chosen (bucket, metric) pairs: one small aggregate each.
 
     Each lateral aggregate is an index-only range scan of ``ix_scores_metric_started``, so
     the only sorts are the small per-bucket ones ``percentile_cont`` needs anyway. A plain
@@ -404,13 +405,10 @@ def _summary_sql(*, with_app: bool) -> TextClause:
     # costs a third of the query. One array-valued percentile_cont sorts each bucket once.
     return text(
         f"""
-        SELECT b.bucket_start, m.metric, s.n_scored, s.mean, s.percentiles,
+        SELECT p.bucket_start, p.metric, s.n_scored, s.mean, s.percentiles,
                s.n_skipped, s.n_failed
-        FROM generate_series(
-                CAST(:first_bucket AS timestamptz), CAST(:last AS timestamptz),
-                CAST(:step AS interval)
-             ) AS b(bucket_start)
-        CROSS JOIN unnest(CAST(:metrics AS text[])) AS m(metric)
+        FROM unnest(CAST(:starts AS timestamptz[]), CAST(:metrics AS text[]))
+             AS p(bucket_start, metric)
         CROSS JOIN LATERAL (
             SELECT count(sc.value) AS n_scored,
                    avg(sc.value) AS mean,
@@ -419,15 +417,13 @@ def _summary_sql(*, with_app: bool) -> TextClause:
                    count(*) FILTER (WHERE sc.status = 'skipped') AS n_skipped,
                    count(*) FILTER (WHERE sc.status = 'failed') AS n_failed
             FROM scores AS sc
-            WHERE sc.metric = m.metric
-              AND sc.trace_started_at >= b.bucket_start
-              AND sc.trace_started_at < b.bucket_start + CAST(:step AS interval)
+            WHERE sc.metric = p.metric
+              AND sc.trace_started_at >= p.bucket_start
+              AND sc.trace_started_at < p.bucket_start + CAST(:step AS interval)
               AND sc.trace_started_at >= :lower
               AND sc.trace_started_at < :upper
               {app_filter}
         ) AS s
-        WHERE s.n_scored + s.n_skipped + s.n_failed > 0
-        ORDER BY b.bucket_start, m.metric
         """
     )
 
@@ -497,8 +493,17 @@ class History:
         app: str | None,
         metric: str | None,
     ) -> list[SummaryRow]:
+        """Cached rows for complete buckets in the past, live aggregates for the rest.
+
+        A bucket is complete when the window covers all of it and it has ended; its rows are
+        computed once, stored in ``summary_cache`` and dropped by the repository whenever a
+        score of that bucket is written or deleted. The bucket still filling up and the
+        partial buckets at the window's edges are always computed live.
+        """
         metrics = [metric] if metric is not None else list(CATALOG)
         window = self._score_filters(since, until, app, None)
+        step = _BUCKET_STEP[bucket]
+        app_key = app or ""
         with self.engine.connect() as conn:
             # Per metric, the first and last start time in the window: two index probes each.
             parts = [
@@ -514,22 +519,116 @@ class History:
             ).one()
             if first is None:
                 return []
-            # A plan this size crosses the default JIT threshold on big tables, and compiling
-            # costs more than the query itself.
-            conn.execute(text("SET LOCAL jit = off"))
-            rows = conn.execute(
-                _summary_sql(with_app=app is not None),
-                {
-                    "first_bucket": _truncate(first, bucket),
-                    "last": last,
-                    "step": _BUCKET_STEP[bucket],
-                    "metrics": metrics,
-                    "lower": since if since is not None else first,
-                    "upper": until if until is not None else last + timedelta(microseconds=1),
-                    "app": app,
-                    "fractions": list(PERCENTILES),
-                },
-            ).all()
+            now = _utc(conn.execute(select(func.now())).scalar_one())
+            starts: list[datetime] = []
+            cursor = _truncate(_utc(first), bucket)
+            while cursor <= _utc(last):
+                starts.append(cursor)
+                cursor += step
+            complete = {
+                start
+                for start in starts
+                if (since is None or start >= since)
+                and (until is None or start + step <= until)
+                and start + step <= now
+            }
+            cached: dict[tuple[datetime, str], SummaryRow] = {}
+            if complete:
+                for r in conn.execute(
+                    select(SummaryCache).where(
+                        SummaryCache.bucket == bucket,
+                        SummaryCache.app_name == app_key,
+                        SummaryCache.metric.in_(metrics),
+                        SummaryCache.bucket_start.in_(sorted(complete)),
+                    )
+                ):
+                    start = _utc(r.bucket_start)
+                    cached[(start, r.metric)] = SummaryRow(
+                        bucket_start=start,
+                        metric=r.metric,
+                        count=r.n_scored,
+                        mean=r.mean,
+                        p10=r.p10,
+                        p50=r.p50,
+                        p90=r.p90,
+                        skipped=r.n_skipped,
+                        failed=r.n_failed,
+                    )
+            wanted = [(b, m) for b in starts for m in metrics if (b, m) not in cached]
+            params = {
+                "step": step,
+                "lower": since if since is not None else first,
+                "upper": until if until is not None else last + timedelta(microseconds=1),
+                "app": app,
+                "fractions": list(PERCENTILES),
+            }
+            fresh: list[SummaryRow] = []
+            if wanted and any(b in complete for b, _m in wanted):
+                # Filling the cache: hold the lock score writers share, so nothing can land
+                # in these buckets between computing them and storing the rows.
+                with self.engine.begin() as fill:
+                    fill.execute(select(func.pg_advisory_xact_lock(SUMMARY_LOCK_KEY)))
+                    fresh = self._aggregate(fill, wanted, params, app)
+                    storable = [r for r in fresh if r.bucket_start in complete]
+                    if storable:
+                        stmt = pg_insert(SummaryCache).values(
+                            [
+                                {
+                                    "bucket": bucket,
+                                    "bucket_start": r.bucket_start,
+                                    "metric": r.metric,
+                                    "app_name": app_key,
+                                    "n_scored": r.count,
+                                    "mean": r.mean,
+                                    "p10": r.p10,
+                                    "p50": r.p50,
+                                    "p90": r.p90,
+                                    "n_skipped": r.skipped,
+                                    "n_failed": r.failed,
+                                    "computed_at": now,
+                                }
+                                for r in storable
+                            ]
+                        )
+                        fill.execute(
+                            stmt.on_conflict_do_update(
+                                index_elements=["bucket", "bucket_start", "metric", "app_name"],
+                                set_={
+                                    k: stmt.excluded[k]
+                                    for k in (
+                                        "n_scored",
+                                        "mean",
+                                        "p10",
+                                        "p50",
+                                        "p90",
+                                        "n_skipped",
+                                        "n_failed",
+                                        "computed_at",
+                                    )
+                                },
+                            )
+                        )
+            elif wanted:
+                fresh = self._aggregate(conn, wanted, params, app)
+        rows = list(cached.values()) + fresh
+        rows.sort(key=lambda r: (r.bucket_start, r.metric))
+        return rows
+
+    @staticmethod
+    def _aggregate(
+        conn: Connection,
+        pairs: list[tuple[datetime, str]],
+        params: dict[str, Any],
+        app: str | None,
+    ) -> list[SummaryRow]:
+        """Live aggregates of (bucket, metric) pairs; pairs without any result are left out."""
+        # A plan this size crosses the default JIT threshold on big tables, and compiling
+        # costs more than the query itself.
+        conn.execute(text("SET LOCAL jit = off"))
+        rows = conn.execute(
+            _summary_sql(with_app=app is not None),
+            {**params, "starts": [b for b, _m in pairs], "metrics": [m for _b, m in pairs]},
+        ).all()
         return [
             SummaryRow(
                 bucket_start=_utc(r.bucket_start),
@@ -543,6 +642,7 @@ class History:
                 failed=int(r.n_failed),
             )
             for r in rows
+            if r.n_scored + r.n_skipped + r.n_failed > 0
         ]
 
     def _summary_python(

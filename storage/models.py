@@ -216,3 +216,27 @@ class Score(Base):
             sqlite_where=text("status = 'scored'"),
         ),
     )
+
+
+class SummaryCache(Base):
+    """Summary rows of complete buckets, so long windows read a few rows, not every score.
+
+    A row is removed whenever a score of its bucket and metric is written or deleted; only
+    buckets wholly in the past are cached.
+    """
+
+    __tablename__ = "summary_cache"
+
+    bucket: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    app_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    """The app filter the row was computed for; empty for every app."""
+    n_scored: Mapped[int] = mapped_column(Integer)
+    mean: Mapped[float | None] = mapped_column(Float)
+    p10: Mapped[float | None] = mapped_column(Float)
+    p50: Mapped[float | None] = mapped_column(Float)
+    p90: Mapped[float | None] = mapped_column(Float)
+    n_skipped: Mapped[int] = mapped_column(Integer)
+    n_failed: Mapped[int] = mapped_column(Integer)
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime())

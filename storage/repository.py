@@ -32,6 +32,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
@@ -41,13 +42,27 @@ from sqlalchemy.sql.elements import TextClause
 
 from scorers.catalog import CATALOG, REFERENCE_INPUTS, MetricInfo, metric_info
 from storage.db import create_engine_from_url, is_postgres
-from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace, UTCDateTime
+from storage.models import (
+    JobStatus,
+    RetrievedContext,
+    Score,
+    ScoringJob,
+    SummaryCache,
+    Trace,
+    UTCDateTime,
+)
 from storage.records import ContextRecord, ReferenceUpdate, TraceRecord
 
 logger = logging.getLogger("recalltrace.storage")
 
 NOTIFY_CHANNEL = "recalltrace_jobs"
 """Postgres channel on which new due jobs are announced to idle workers."""
+
+SUMMARY_LOCK_KEY = 0x7265_6361_6C6C
+"""Postgres advisory lock between score writers (shared) and summary-cache fills (exclusive).
+
+A fill computes and stores bucket summaries while holding it exclusively, so no score can be
+committed into a bucket between the computation and the row being stored."""
 
 DEFAULT_REFERENCE_TTL = timedelta(hours=24)
 DEFAULT_MAX_ATTEMPTS = 3
@@ -272,6 +287,13 @@ def _initial_status(info: MetricInfo, record: TraceRecord | Trace) -> str:
         n for n in info.needs if n in REFERENCE_INPUTS and not _has_input(n, record)
     ]
     return JobStatus.WAITING if missing_reference else JobStatus.QUEUED
+
+
+def _bucket_starts(moment: datetime) -> list[tuple[str, datetime]]:
+    """The hour and day buckets (UTC) that contain ``moment``."""
+    utc = moment.astimezone(timezone.utc)
+    hour = utc.replace(minute=0, second=0, microsecond=0)
+    return [("hour", hour), ("day", hour.replace(hour=0))]
 
 
 class Repository:
@@ -522,6 +544,31 @@ class Repository:
                 conn.execute(self._insert(ScoringJob.__table__).on_conflict_do_nothing(), jobs)
                 self._notify(conn)
 
+    def _lock_for_score_writes(self, conn: Connection) -> None:
+        """Shared side of :data:`SUMMARY_LOCK_KEY`: take it before writing scores."""
+        if self.is_postgres:
+            conn.execute(select(func.pg_advisory_xact_lock_shared(SUMMARY_LOCK_KEY)))
+
+    def _invalidate_summaries(
+        self, conn: Connection, touched: Iterable[tuple[str, datetime]]
+    ) -> None:
+        """Drop cached summary rows of the (metric, trace start) pairs just written."""
+        if not self.is_postgres:
+            return  # the cache is only used on Postgres
+        keys = {
+            (bucket, start, metric)
+            for metric, moment in touched
+            for bucket, start in _bucket_starts(moment)
+        }
+        if keys:
+            conn.execute(
+                delete(SummaryCache).where(
+                    tuple_(SummaryCache.bucket, SummaryCache.bucket_start, SummaryCache.metric).in_(
+                        sorted(keys)
+                    )
+                )
+            )
+
     def _notify(self, conn: Connection) -> None:
         if self.is_postgres:
             conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, "")))
@@ -681,6 +728,7 @@ class Repository:
         if older_than is not None:
             expired = or_(expired, ScoringJob.created_at <= now - older_than)
         with self.engine.begin() as conn:
+            self._lock_for_score_writes(conn)
             rows = conn.execute(
                 update(ScoringJob)
                 .where(ScoringJob.status == JobStatus.WAITING, expired)
@@ -724,6 +772,9 @@ class Repository:
                     }
                     for r in rows
                 ],
+            )
+            self._invalidate_summaries(
+                conn, ((r.metric, traces[r.trace_id].started_at) for r in rows)
             )
             return len(rows)
 
@@ -887,6 +938,7 @@ class Repository:
                 raise ValueError(f"score value must be finite, got {score.value!r}")
         scored_at = _utcnow()
         with self.engine.begin() as conn:
+            self._lock_for_score_writes(conn)
             trace_ids = {job.trace_id for job, _ in outcomes}
             traces = {
                 t.trace_id: t
@@ -934,6 +986,9 @@ class Repository:
                 Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version
             )
             written = {tuple(r) for r in conn.execute(stmt)}
+            self._invalidate_summaries(
+                conn, ((job.metric, traces[job.trace_id].started_at) for job, _ in outcomes)
+            )
             now = self._db_now()
             by_status: dict[str, list[int]] = {}
             failed_reasons: dict[int, str] = {}
@@ -1149,7 +1204,12 @@ class Repository:
     def delete_traces_before(self, cutoff: datetime) -> int:
         """Delete traces (and, by cascade, their contexts, jobs and scores) older than cutoff."""
         with self.engine.begin() as conn:
-            return conn.execute(delete(Trace).where(Trace.started_at < cutoff)).rowcount or 0
+            self._lock_for_score_writes(conn)
+            deleted = conn.execute(delete(Trace).where(Trace.started_at < cutoff)).rowcount or 0
+            if deleted and self.is_postgres:
+                day_of_cutoff = _bucket_starts(cutoff)[1][1]
+                conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= day_of_cutoff))
+            return deleted
 
     def dispose(self) -> None:
         """Close every pooled connection (call in a forked child or at exit)."""

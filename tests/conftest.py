@@ -22,7 +22,7 @@ from storage.migrate import upgrade
 from storage.repository import Repository
 
 DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-TABLES = ("scores", "scoring_jobs", "retrieved_contexts", "traces")
+TABLES = ("summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")
 
 
 def _base_url() -> str:

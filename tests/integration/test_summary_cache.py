@@ -1,0 +1,132 @@
+"""The Postgres summary cache: complete buckets are stored, and a score written into a bucket
+always shows in the next summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, delete, func, select
+
+from storage.history import History
+from storage.models import SummaryCache
+from storage.repository import Repository
+from tests.factories import make_trace
+
+pytestmark = pytest.mark.postgres
+
+METRIC = "id_based_context_recall"
+
+
+@dataclass(frozen=True)
+class Result:
+    metric: str
+    value: float | None
+    status: str = "scored"
+    reason: str = "Some reference ids were retrieved."
+    details: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    latency_ms: float | None = None
+    version: str = "1"
+
+
+def score_traces(repo: Repository, started_at: datetime, values: list[float]) -> None:
+    traces = [make_trace(started_at=started_at, reference_context_ids=["doc_1"]) for _ in values]
+    repo.write_traces(traces)
+    jobs = {j.trace_id: j for j in repo.claim_jobs("w", limit=1000, lease=timedelta(minutes=5))}
+    repo.finish_jobs(
+        [(jobs[t.trace_id], Result(METRIC, v)) for t, v in zip(traces, values, strict=True)]
+    )
+
+
+def cache_rows(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(select(func.count()).select_from(SummaryCache)) or 0)
+
+
+def test_complete_buckets_are_cached_and_a_new_score_invalidates_them(pg_engine: Engine) -> None:
+    repo = Repository(pg_engine, metrics=[METRIC])
+    history = History(pg_engine)
+    day = datetime.now(timezone.utc).replace(hour=10, minute=0, second=0, microsecond=0)
+    three_days_ago = day - timedelta(days=3)
+    score_traces(repo, three_days_ago, [0.0, 0.5, 1.0])
+
+    first = history.summary(bucket="day", metric=METRIC)
+    assert [(r.count, r.mean, r.p50) for r in first] == [(3, 0.5, 0.5)]
+    assert cache_rows(pg_engine) == 1
+    assert history.summary(bucket="day", metric=METRIC) == first  # served from the cache
+
+    score_traces(repo, three_days_ago + timedelta(hours=5), [1.0])
+    assert cache_rows(pg_engine) == 0  # the write dropped the bucket's row
+    second = history.summary(bucket="day", metric=METRIC)
+    assert [(r.count, r.mean, r.p50) for r in second] == [(4, 0.625, 0.75)]
+
+
+def test_cached_and_live_summaries_agree(pg_engine: Engine) -> None:
+    repo = Repository(pg_engine, metrics=[METRIC])
+    history = History(pg_engine)
+    now = datetime.now(timezone.utc)
+    for days in range(6):
+        score_traces(repo, now - timedelta(days=days, hours=1), [0.1 * days, 0.2, 0.9])
+    for bucket in ("day", "hour"):
+        warm = history.summary(bucket=bucket, since=now - timedelta(days=7))  # type: ignore[arg-type]
+        cached = history.summary(bucket=bucket, since=now - timedelta(days=7))  # type: ignore[arg-type]
+        with pg_engine.begin() as conn:
+            conn.execute(delete(SummaryCache))
+        cold = history.summary(bucket=bucket, since=now - timedelta(days=7))  # type: ignore[arg-type]
+        assert warm == cached == cold
+    # A window that starts mid-bucket computes that bucket live over the window only.
+    partial = history.summary(bucket="day", since=now - timedelta(hours=12), metric=METRIC)
+    assert sum(r.count for r in partial) == 3
+
+
+def test_the_bucket_still_filling_is_never_cached(pg_engine: Engine) -> None:
+    repo = Repository(pg_engine, metrics=[METRIC])
+    score_traces(repo, datetime.now(timezone.utc) - timedelta(seconds=5), [1.0])
+    History(pg_engine).summary(bucket="day", metric=METRIC)
+    assert cache_rows(pg_engine) == 0
+
+
+def test_a_fill_waits_for_a_score_being_written_into_its_bucket(pg_engine: Engine) -> None:
+    """Without the lock, the fill could store a row computed before the score committed."""
+    repo = Repository(pg_engine, metrics=[METRIC])
+    history = History(pg_engine)
+    past = datetime.now(timezone.utc) - timedelta(days=2)
+    score_traces(repo, past, [1.0])
+    late = make_trace(started_at=past, reference_context_ids=["doc_1"])
+    repo.write_traces([late])
+    (job,) = repo.claim_jobs("w", limit=1, lease=timedelta(minutes=5))
+
+    results: list[Any] = []
+    writer_inside = threading.Event()
+    release_writer = threading.Event()
+    original = repo._invalidate_summaries
+
+    def slow_invalidate(conn: Any, touched: Any) -> None:
+        original(conn, touched)
+        writer_inside.set()
+        release_writer.wait(10)  # hold the transaction (and the shared lock) open
+
+    repo._invalidate_summaries = slow_invalidate  # type: ignore[method-assign]
+    writer = threading.Thread(target=repo.finish_jobs, args=([(job, Result(METRIC, 0.0))],))
+    writer.start()
+    assert writer_inside.wait(10)
+    reader = threading.Thread(
+        target=lambda: results.append(history.summary(bucket="day", metric=METRIC))
+    )
+    reader.start()
+    time.sleep(0.5)
+    assert reader.is_alive(), "the cache fill did not wait for the uncommitted score"
+    release_writer.set()
+    writer.join(10)
+    reader.join(10)
+    (rows,) = results
+    assert [(r.count, r.mean) for r in rows] == [(2, 0.5)]
+    assert [(r.count, r.mean) for r in history.summary(bucket="day", metric=METRIC)] == [(2, 0.5)]
