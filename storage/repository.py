@@ -1207,8 +1207,8 @@ class Repository:
             self._lock_for_score_writes(conn)
             deleted = conn.execute(delete(Trace).where(Trace.started_at < cutoff)).rowcount or 0
             if deleted and self.is_postgres:
-                day_of_cutoff = _bucket_starts(cutoff)[1][1]
-                conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= day_of_cutoff))
+                # Every bucket that starts before the cutoff may have lost scores.
+                conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= cutoff))
             return deleted
 
     def dispose(self) -> None:

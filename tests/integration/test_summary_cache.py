@@ -130,3 +130,19 @@ def test_a_fill_waits_for_a_score_being_written_into_its_bucket(pg_engine: Engin
     (rows,) = results
     assert [(r.count, r.mean) for r in rows] == [(2, 0.5)]
     assert [(r.count, r.mean) for r in history.summary(bucket="day", metric=METRIC)] == [(2, 0.5)]
+
+
+def test_deleting_old_traces_drops_their_cached_buckets(pg_engine: Engine) -> None:
+    repo = Repository(pg_engine, metrics=[METRIC])
+    history = History(pg_engine)
+    hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    hour -= timedelta(days=3)
+    score_traces(repo, hour.replace(minute=10), [1.0])
+    score_traces(repo, hour.replace(minute=50), [0.0])
+    since = hour - timedelta(days=1)
+    assert [(r.count, r.mean) for r in history.summary(bucket="hour", since=since)] == [(2, 0.5)]
+    assert [r.count for r in history.summary(bucket="day", metric=METRIC)] == [2]
+    # The cutoff falls inside the hour: the bucket keeps one score of two.
+    assert repo.delete_traces_before(hour.replace(minute=30)) == 1
+    assert [(r.count, r.mean) for r in history.summary(bucket="hour", since=since)] == [(1, 0.0)]
+    assert [(r.count, r.mean) for r in history.summary(bucket="day", metric=METRIC)] == [(1, 0.0)]
