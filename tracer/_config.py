@@ -166,8 +166,9 @@ class TracerConfig:
     """Seconds :func:`shutdown` and the exit hook wait for the queue to drain
     (``RECALLTRACE_SHUTDOWN_TIMEOUT``)."""
     max_write_attempts: int = 5
-    """Attempts to write a record while storage fails, with exponential back-off, before it is
-    dropped as ``storage_error`` (``RECALLTRACE_MAX_WRITE_ATTEMPTS``)."""
+    """Attempts to write a record that storage refuses, with exponential back-off, before it
+    is dropped as ``storage_error`` (``RECALLTRACE_MAX_WRITE_ATTEMPTS``). While storage cannot
+    be reached at all, records are kept within ``max_queue_size`` without using attempts."""
     retry_backoff: float = 0.5
     """First back-off in seconds after a failed write; doubled per failure, at most 30 s."""
     reference_wait: float = 30.0

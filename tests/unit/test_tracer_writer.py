@@ -134,10 +134,10 @@ def test_full_queue_drops_without_blocking_and_counts(caplog: pytest.LogCaptureF
 # -- storage down ---------------------------------------------------------------------------------
 
 
-def test_storage_down_app_keeps_serving_records_retried_then_dropped() -> None:
+def test_storage_down_records_kept_while_the_bound_allows_then_dropped_and_counted() -> None:
     sink = FlakySink(down=True)
     state = make_traced(
-        sink=sink, max_queue_size=10, max_write_attempts=3, retry_backoff=0.2, flush_interval=0.01
+        sink=sink, max_queue_size=10, max_write_attempts=3, retry_backoff=0.05, flush_interval=0.01
     )
     storage_errors = dropped("storage_error")
     queue_full = dropped("queue_full")
@@ -145,24 +145,38 @@ def test_storage_down_app_keeps_serving_records_retried_then_dropped() -> None:
         for i in range(40):
             assert answer(f"q{i}") == f"answer to q{i}"
         assert tracer.flush(0.1) is False  # nothing can be stored while the database is down
-        _wait_for(
-            lambda: (
-                (dropped("storage_error") - storage_errors) + (dropped("queue_full") - queue_full)
-                == 40
-            )
-        )
-        lost = (dropped("storage_error") - storage_errors) + (dropped("queue_full") - queue_full)
-        assert lost == 40
-        assert sink.failures >= 3
-        points = _dropped_points(state)
-        assert points[("storage_error", "answer")] >= 10
-        # The database comes back: new traces are stored again.
+        # Far more failed writes than max_write_attempts: an unreachable database does not
+        # use up attempts, so the ten records that fit in the bound are kept.
+        _wait_for(lambda: sink.failures >= 5)
+        assert dropped("storage_error") - storage_errors == 0
+        assert dropped("queue_full") - queue_full == 30
+        assert _dropped_points(state)[("queue_full", "answer")] >= 30
+        # The database comes back: what was kept is stored, and new traces too.
         sink.down = False
+        assert tracer.flush(10)  # the next retry stores the ten records that were kept
         answer("after the outage")
         assert tracer.flush(5)
-        assert [r.user_input for r in sink.records] == ["after the outage"]
+        stored = sorted(r.user_input or "" for r in sink.records)
+        assert stored == sorted([*(f"q{i}" for i in range(10)), "after the outage"])
     finally:
         tracer.shutdown(2)
+
+
+def test_records_storage_refuses_are_dropped_after_max_attempts() -> None:
+    class RefusingSink(FlakySink):
+        def write_traces(self, records: Any) -> None:
+            self.failures += 1
+            raise ValueError("value too long for type character varying(200)")
+
+    sink = RefusingSink()
+    make_traced(sink=sink, max_write_attempts=3, retry_backoff=0.01, flush_interval=0.01)
+    before = dropped("storage_error")
+    try:
+        answer("q")
+        _wait_for(lambda: dropped("storage_error") - before == 1)
+        assert sink.failures == 3
+    finally:
+        tracer.shutdown(1)
 
 
 def test_short_outage_loses_nothing() -> None:
