@@ -160,17 +160,6 @@ def test_an_outage_past_the_queue_bound_counts_every_drop(
     assert summary["dropped"].get("queue_full", 0) > 100, summary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "An outage longer than the writer's retry budget loses accepted traces: after "
-        "max_write_attempts failed writes (default 5, about 7.5 s of back-off) the records the "
-        "writer holds are dropped as storage_error even though they fit within the queue bound "
-        "(tracer/_writer.py BatchWriter._write_failed counts connection failures as attempts). "
-        "Keeping them until storage returns needs the writer to tell an unreachable database "
-        "from a record storage refuses, a change of the documented retry semantics."
-    ),
-)
 def test_an_outage_past_the_retry_budget_loses_no_accepted_trace(
     pg_engine: Any, postgres_url: str, tmp_path: Path
 ) -> None:
