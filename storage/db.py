@@ -36,7 +36,7 @@ def redact_url(url: str) -> str:
     """Render a URL for messages and logs with its password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
         return "<unparsable database URL>"
 
 
@@ -60,7 +60,7 @@ def create_engine_from_url(url: str | None = None, **kwargs: Any) -> Engine:
     resolved = resolve_database_url(url)
     try:
         parsed = make_url(resolved)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number
         raise DatabaseURLError(
             "could not parse the database URL; expected e.g. "
             "postgresql+psycopg://user@host:5432/db or sqlite:///./recalltrace.db"

@@ -162,4 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the imported module's main: under ``python -m tracer.cli`` this file is ``__main__``,
+    # and the commands raise ``tracer.cli.CommandError``, which ``__main__``'s copy of the
+    # class would not catch.
+    from tracer.cli import main as _main
+
+    sys.exit(_main())
