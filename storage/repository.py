@@ -987,7 +987,7 @@ class Repository:
             )
             written = {tuple(r) for r in conn.execute(stmt)}
             self._invalidate_summaries(
-                conn, ((job.metric, traces[job.trace_id].started_at) for job, _ in outcomes)
+                conn, ((job.metric, traces[job.trace_id].started_at) for job, _ in kept)
             )
             now = self._db_now()
             by_status: dict[str, list[int]] = {}
