@@ -32,22 +32,7 @@ from storage.db import create_engine_from_url  # noqa: E402
 from storage.models import Score  # noqa: E402
 from storage.repository import Repository  # noqa: E402
 from tests.factories import make_trace  # noqa: E402
-
-
-def start_judge(latency: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.judge_server", "--latency", str(latency)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.match(r"READY (\S+)", line)
-    if not match:
-        raise SystemExit(f"judge server did not start: {line!r}")
-    return proc, match.group(1)
+from tests.judge_server import start_process  # noqa: E402
 
 
 def write_traces(url: str, metrics: list[str], count: int) -> None:
@@ -125,7 +110,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
 
-    judge, judge_url = start_judge(args.latency)
+    judge, judge_url = start_process("--latency", str(args.latency))
     rows = []
     try:
         with scratch_database("rt_bench_worker") as url:

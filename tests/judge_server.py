@@ -37,12 +37,14 @@ import random
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -433,6 +435,27 @@ class JudgeServer:
             await asyncio.sleep(step)
         await response.write_eof()
         return response
+
+
+def start_process(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """Run the server in its own process (``python -m tests.judge_server *args``).
+
+    Returns the process and its base URL once it is listening; stop it with ``terminate()``.
+    """
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.judge_server", *args],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"the judge server did not start: {line!r}")
+    return proc, line.split()[1]
 
 
 def main(argv: list[str] | None = None) -> None:

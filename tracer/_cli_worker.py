@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from tracer._cli_history import _positive_int
 from tracer.cli import CommandError, _add_database_option
 
 
@@ -17,16 +18,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return value
 
 

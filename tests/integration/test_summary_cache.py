@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, delete, func, select
 
+from scorers import ScoreResult
 from storage.history import History
 from storage.models import SummaryCache
 from storage.repository import Repository
@@ -22,19 +22,10 @@ pytestmark = pytest.mark.postgres
 METRIC = "id_based_context_recall"
 
 
-@dataclass(frozen=True)
-class Result:
-    metric: str
-    value: float | None
-    status: str = "scored"
-    reason: str = "Some reference ids were retrieved."
-    details: dict[str, Any] = field(default_factory=dict)
-    model: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost_usd: float | None = None
-    latency_ms: float | None = None
-    version: str = "1"
+def Result(metric: str, value: float) -> ScoreResult:
+    return ScoreResult(
+        metric=metric, value=value, status="scored", reason="Some reference ids were retrieved."
+    )
 
 
 def score_traces(repo: Repository, started_at: datetime, values: list[float]) -> None:

@@ -24,29 +24,15 @@ from sqlalchemy import func, select
 from storage.models import JobStatus, Score, ScoringJob
 from storage.repository import Repository
 from tests.factories import make_trace
+from tests.judge_server import start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.postgres
 
 
-def start_judge(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.judge_server", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.match(r"READY (\S+)", line)
-    assert match, f"judge server did not start: {line!r}"
-    return proc, match.group(1)
-
-
 @pytest.fixture
 def judge_url() -> Iterator[str]:
-    proc, url = start_judge("--latency", "0.05")
+    proc, url = start_process("--latency", "0.05")
     yield url
     proc.terminate()
     proc.wait(timeout=10)
@@ -54,7 +40,7 @@ def judge_url() -> Iterator[str]:
 
 @pytest.fixture
 def slow_judge_url() -> Iterator[str]:
-    proc, url = start_judge("--latency", "4")
+    proc, url = start_process("--latency", "4")
     yield url
     proc.terminate()
     proc.wait(timeout=10)
