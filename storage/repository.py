@@ -205,6 +205,7 @@ def _storable_json(value: Any) -> tuple[Any, int]:
 # Lengths of the bounded text columns a record fills (storage.models).
 _NAME_LIMITS = {"app_name": 200, "service_name": 200}
 _CONTEXT_ID_LIMIT = 500
+_MODEL_LIMIT = 200
 
 
 def _storable_record(record: TraceRecord) -> TraceRecord:
@@ -965,7 +966,12 @@ class Repository:
                     # A judge's answer may carry characters no backend stores (NUL).
                     "reason": _storable_text(score.reason)[0],
                     "details": _storable_json(_json_safe(dict(score.details)))[0],
-                    "model": None if score.model is None else _storable_text(score.model)[0],
+                    # Cut to the column: a long deployment name must not block every score.
+                    "model": (
+                        None
+                        if score.model is None
+                        else _storable_text(score.model)[0][:_MODEL_LIMIT]
+                    ),
                     "prompt_tokens": score.prompt_tokens,
                     "completion_tokens": score.completion_tokens,
                     "cost_usd": score.cost_usd,

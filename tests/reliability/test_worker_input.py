@@ -118,3 +118,34 @@ def test_large_and_strange_traces_are_scored_or_failed_never_stuck(
     statuses = job_statuses(pg_engine)
     assert set(statuses) <= {JobStatus.DONE, JobStatus.SKIPPED, JobStatus.FAILED}, statuses
     assert sum(statuses.values()) == 3 * len(ALL_METRICS)
+
+
+def test_a_judge_model_name_longer_than_its_column_still_stores_scores(
+    pg_engine: Any, judge: JudgeServer
+) -> None:
+    metric = "judge_context_recall"
+    repo = Repository(pg_engine, metrics=[metric, "id_based_context_recall"])
+    repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(4)])
+    worker = Worker(
+        WorkerOptions(
+            metrics=[metric, "id_based_context_recall"],
+            judge=JudgeConfig(
+                model="openai/" + "very-long-deployment-name-" * 10,
+                api_base=judge.base_url,
+                api_key="test",
+                timeout_s=10.0,
+                max_retries=1,
+            ),
+            poll_interval_s=0.05,
+            listen=False,
+        ),
+        repository=Repository(pg_engine, metrics=[metric]),
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: unfinished(pg_engine) == 0, 30, "every job to finish")
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert job_statuses(pg_engine) == {JobStatus.DONE: 8}
