@@ -554,11 +554,18 @@ class Worker:
         outcomes = [(job, result) for job, result, _app, _d in batch]
         delay = 0.5
         give_up_at: float | None = None
+        failures = 0
         while True:
             try:
                 await self._db_call(self.repo.finish_jobs, outcomes)
                 break
             except Exception as exc:
+                failures += 1
+                if failures >= _ISOLATE_AFTER and not _is_connection_error(exc):
+                    # Storage refuses something this batch holds (it is not down): retrying
+                    # the batch as it is would hold every score behind it forever.
+                    batch = await self._write_one_by_one(batch)
+                    break
                 now = time.monotonic()
                 if self._closing:
                     give_up_at = give_up_at or now + self.options.grace_period_s
@@ -589,6 +596,46 @@ class Worker:
         if self.on_progress is not None:
             self.on_progress(self.stats)
         return True
+
+    async def _write_one_by_one(
+        self, batch: list[tuple[Any, ScoreResult, str, float]]
+    ) -> list[tuple[Any, ScoreResult, str, float]]:
+        """Store a refused batch score by score; a score storage refuses fails its job with
+        the reason. Returns what was finished; if the database goes away meanwhile, the rest
+        goes back to the pending scores."""
+        finished = []
+        for index, (job, result, app, duration) in enumerate(batch):
+            try:
+                await self._db_call(self.repo.finish_jobs, [(job, result)])
+                finished.append((job, result, app, duration))
+                continue
+            except Exception as exc:
+                if _is_connection_error(exc):
+                    self._pending_finish[:0] = batch[index:]
+                    return finished
+                reason = f"The score could not be stored: {_describe(exc)}"
+            logger.error("job %s (%s): %s", job.id, job.metric, reason)
+            failed = ScoreResult(
+                metric=job.metric,
+                value=None,
+                status="failed",
+                reason=reason,
+                details={"error": reason},
+                version=job.version,
+            )
+            try:
+                await self._db_call(self.repo.finish_jobs, [(job, failed)])
+                finished.append((job, failed, app, duration))
+            except Exception:
+                try:
+                    await self._db_call(self.repo.fail_job, job, reason)
+                except Exception as fail_exc:
+                    logger.error(
+                        "could not fail job %s (%s); its lease will expire",
+                        job.id,
+                        _describe(fail_exc),
+                    )
+        return finished
 
     async def _finish_loop(self) -> None:
         while True:
@@ -703,6 +750,19 @@ class Worker:
         """Release the database connections."""
         self._db.shutdown(wait=False)
         self.repo.dispose()
+
+
+# Failed writes of one batch before its scores are stored one by one (when the database is
+# reachable but refuses the batch).
+_ISOLATE_AFTER = 3
+_CONNECTION_ERRORS = frozenset(
+    {"OperationalError", "InterfaceError", "DisconnectionError", "ConnectionError", "OSError"}
+)
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database is unreachable (rather than refusing the data)."""
+    return any(cls.__name__ in _CONNECTION_ERRORS for cls in type(exc).__mro__)
 
 
 def _describe(exc: BaseException) -> str:

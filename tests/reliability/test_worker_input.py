@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select
 
 from scorers import JudgeConfig
 from scorers.worker import Worker, WorkerOptions
-from storage.models import JobStatus, Score, Trace
+from storage.models import JobStatus, Score, ScoringJob, Trace
 from storage.records import ContextRecord
 from storage.repository import Repository
 from tests.factories import make_trace
@@ -149,3 +149,41 @@ def test_a_judge_model_name_longer_than_its_column_still_stores_scores(
         worker.request_stop()
         thread.join(30)
     assert job_statuses(pg_engine) == {JobStatus.DONE: 8}
+
+
+class RefusingRepository(Repository):
+    """A real repository on Postgres that refuses, as a data error, any batch holding a score
+    of one trace: the shape of the storage bugs fixed above (NUL characters, over-long values,
+    a stale cache key), which held every score of the worker behind one bad row."""
+
+    def __init__(self, engine: Any, refused: str, **kwargs: Any) -> None:
+        super().__init__(engine, **kwargs)
+        self.refused = refused
+
+    def finish_jobs(self, outcomes: Any) -> list[bool]:
+        if any(job.trace_id == self.refused for job, _ in outcomes):
+            raise ValueError("value refused by storage")
+        return super().finish_jobs(outcomes)
+
+
+def test_a_score_storage_refuses_fails_its_job_and_the_rest_are_stored(pg_engine: Any) -> None:
+    metric = "id_based_context_recall"
+    traces = [make_trace(reference_context_ids=["doc_0"]) for _ in range(12)]
+    Repository(pg_engine, metrics=[metric]).write_traces(traces)
+    worker = Worker(
+        WorkerOptions(metrics=[metric], poll_interval_s=0.05, listen=False, batch_size=32),
+        repository=RefusingRepository(pg_engine, traces[3].trace_id, metrics=[metric]),
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: unfinished(pg_engine) == 0, 30, "every job to finish")
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert job_statuses(pg_engine) == {JobStatus.DONE: 11, JobStatus.FAILED: 1}
+    with pg_engine.connect() as conn:
+        error = conn.scalar(
+            select(ScoringJob.last_error).where(ScoringJob.status == JobStatus.FAILED)
+        )
+    assert error is not None and "could not be stored" in error and "refused" in error
