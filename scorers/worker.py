@@ -199,7 +199,12 @@ class Worker:
             # LiteLLM leaves a large heap of long-lived objects; taking them out of the
             # collector's generations cuts its CPU per judge call (measured: about 15%).
             gc.freeze()
-        keys = list(opts.metrics) if opts.metrics is not None else list(CATALOG)
+        if opts.metrics is not None:
+            keys = list(opts.metrics)
+        else:
+            from storage.repository import metrics_from_env
+
+            keys = metrics_from_env() or list(CATALOG)
         for key in keys:
             info = metric_info(key)
             extra = dict(opts.scorer_options.get(key, {}))

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1251,6 +1252,27 @@ class _DuplicateTrace(Exception):
     """A COPY hit a trace id that is already stored."""
 
 
+METRICS_ENV = "RECALLTRACE_METRICS"
+
+
+def metrics_from_env() -> list[str] | None:
+    """The variants named by ``$RECALLTRACE_METRICS`` (comma-separated), or ``None``.
+
+    Raises ``ValueError`` naming the unknown key and the known ones.
+    """
+    raw = os.environ.get(METRICS_ENV, "").strip()
+    if not raw:
+        return None
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    for key in keys:
+        if key not in CATALOG:
+            raise ValueError(
+                f"{METRICS_ENV} names an unknown metric {key!r}; "
+                f"known metrics: {', '.join(CATALOG)}"
+            )
+    return keys
+
+
 def open_repository(
     url: str | None = None,
     *,
@@ -1261,10 +1283,13 @@ def open_repository(
 ) -> Repository:
     """Open a repository on ``url`` (default: ``$RECALLTRACE_DATABASE_URL`` or SQLite).
 
-    ``create_schema`` runs the migrations to head first; by default it does so on SQLite
-    (the embedded default just works) and not on Postgres, where ``recalltrace db upgrade``
-    is a deliberate deployment step.
+    ``metrics`` are the variants that stored traces get jobs for: by default those named by
+    ``$RECALLTRACE_METRICS``, else all six. ``create_schema`` runs the migrations to head
+    first; by default it does so on SQLite (the embedded default just works) and not on
+    Postgres, where ``recalltrace db upgrade`` is a deliberate deployment step.
     """
+    if metrics is None:
+        metrics = metrics_from_env()
     engine = create_engine_from_url(url)
     if create_schema is None:
         create_schema = not is_postgres(engine)

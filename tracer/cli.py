@@ -57,6 +57,45 @@ def _cmd_db_current(args: argparse.Namespace) -> int:
     return EXIT_OK if current == head else EXIT_CHECK_FAILED
 
 
+def _cmd_db_prune(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from sqlalchemy import func, select
+
+    from storage.db import redact_url, resolve_database_url
+    from storage.history import TimeSpecError, parse_duration
+    from storage.models import Trace
+    from storage.repository import open_repository
+
+    try:
+        age = parse_duration(args.older_than)
+    except TimeSpecError as exc:
+        raise CommandError(str(exc)) from None
+    cutoff = datetime.now(timezone.utc) - age
+    url = resolve_database_url(args.database_url)
+    repo = open_repository(url, create_schema=False)
+    try:
+        if not args.yes:
+            with repo.engine.connect() as conn:
+                count = conn.scalar(
+                    select(func.count()).select_from(Trace).where(Trace.started_at < cutoff)
+                )
+            print(
+                f"{redact_url(url)}: {count} traces started before "
+                f"{cutoff:%Y-%m-%d %H:%M} UTC would be deleted with their contexts, jobs and "
+                "scores; run again with --yes to delete them"
+            )
+            return EXIT_OK
+        deleted = repo.delete_traces_before(cutoff)
+    finally:
+        repo.dispose()
+    print(
+        f"{redact_url(url)}: deleted {deleted} traces started before {cutoff:%Y-%m-%d %H:%M} UTC "
+        "with their contexts, jobs and scores"
+    )
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tracer.demo import run_demo
 
@@ -82,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     cur = db_sub.add_parser("current", help="show the schema revision of the database")
     _add_database_option(cur)
     cur.set_defaults(handler=_cmd_db_current)
+    prune = db_sub.add_parser(
+        "prune", help="delete traces older than a duration, with their jobs and scores"
+    )
+    _add_database_option(prune)
+    prune.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90d, 12w, 36h")
+    prune.add_argument(
+        "--yes", action="store_true", help="delete (without it, only say how many would go)"
+    )
+    prune.set_defaults(handler=_cmd_db_prune)
 
     demo = sub.add_parser(
         "demo", help="run a small traced RAG app on the embedded database and score it"

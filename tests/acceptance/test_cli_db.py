@@ -68,3 +68,67 @@ def test_console_script_is_installed() -> None:
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert result.stdout.startswith("recalltrace ")
+
+
+def test_db_prune_reports_then_deletes_old_traces(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from storage.repository import open_repository
+    from tests.factories import make_trace
+
+    url = f"sqlite:///{tmp_path / 'prune.db'}"
+    repo = open_repository(url)
+    now = datetime.now(timezone.utc)
+    repo.write_traces(
+        [make_trace(started_at=now - timedelta(days=100)) for _ in range(3)]
+        + [make_trace(started_at=now - timedelta(days=1))]
+    )
+    repo.dispose()
+    dry = run_cli("db", "prune", "--older-than", "90d", "--database-url", url)
+    assert dry.returncode == 0, dry.stderr
+    assert "3 traces started before" in dry.stdout and "--yes" in dry.stdout
+    real = run_cli("db", "prune", "--older-than", "90d", "--yes", "--database-url", url)
+    assert real.returncode == 0, real.stderr
+    assert "deleted 3 traces" in real.stdout
+    again = run_cli("db", "prune", "--older-than", "90d", "--database-url", url)
+    assert "0 traces" in again.stdout
+    bad = run_cli("db", "prune", "--older-than", "ninety", "--database-url", url)
+    assert bad.returncode == 2
+    assert "ninety" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_recalltrace_metrics_limits_the_jobs_a_trace_gets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import select
+
+    from storage.models import ScoringJob
+    from storage.repository import open_repository
+    from tests.factories import make_trace
+
+    url = f"sqlite:///{tmp_path / 'metrics.db'}"
+    script = (
+        "import tracer\n"
+        "@tracer.rag\n"
+        "def answer(question: str) -> str:\n"
+        "    return 'fine'\n"
+        "answer('hello')\n"
+        "tracer.flush()\n"
+    )
+    env = {"RECALLTRACE_DATABASE_URL": url, "RECALLTRACE_METRICS": "id_based_context_recall"}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    repo = open_repository(url, metrics=["id_based_context_recall"])
+    with repo.engine.connect() as conn:
+        assert conn.scalars(select(ScoringJob.metric)).all() == ["id_based_context_recall"]
+    repo.write_traces([make_trace()])
+    repo.dispose()
+    monkeypatch.setenv("RECALLTRACE_METRICS", "recall_at_k")
+    with pytest.raises(ValueError, match="unknown metric 'recall_at_k'"):
+        open_repository(url)
