@@ -139,7 +139,7 @@ def run_kill_rounds(
     wrong = {k: (found[k], v) for k, v in expected.items() if found[k] != pytest.approx(v)}
     assert not wrong, list(wrong.items())[:5]
     assert job_statuses(pg_engine) == {JobStatus.DONE: len(expected)}
-    return {"rounds": rounds, "kills": kills, "done_after_each_round": progress}
+    return {"seed": seed, "rounds": rounds, "kills": kills, "done_after_each_round": progress}
 
 
 def test_sigkilled_workers_leave_exactly_the_expected_scores(
