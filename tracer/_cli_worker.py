@@ -219,10 +219,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _run_with_progress(worker: Any) -> Any:
     import asyncio
+    import logging
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    due = worker.repo.queue_stats().due
+    # Log lines on the same terminal would tear the bar apart; warnings still show.
+    logging.getLogger("recalltrace").setLevel(logging.WARNING)
+    due = worker.repo.queue_stats(worker.metrics).due
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
