@@ -390,3 +390,35 @@ def test_malformed_stored_inputs_fail_at_once_with_the_reason(sqlite_url: str) -
     assert status == "failed"
     assert "reference_contexts[1]" in reason
     repo.dispose()
+
+
+def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
+    repo = Repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
+    repo.write_traces([full_trace()])
+    sweeps: list[int] = []
+    with JudgeServer(latency=2.0) as server:
+        worker = worker_for(
+            database_url,
+            metrics=["judge_context_recall"],
+            judge=judge_config(server),
+            lease_s=0.6,
+        )
+        stop = threading.Event()
+
+        def sweep() -> None:  # another worker's maintenance, looking for dead leases
+            while not stop.is_set():
+                sweeps.append(repo.requeue_expired_leases())
+                time.sleep(0.1)
+
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        try:
+            stats = asyncio.run(worker.run(once=True))
+        finally:
+            stop.set()
+            sweeper.join()
+            worker.close()
+    assert stats.scored == 1
+    assert len(sweeps) >= 10 and sum(sweeps) == 0  # the lease was never found expired
+    assert server.call_count == 1
+    repo.dispose()
