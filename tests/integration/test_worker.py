@@ -422,3 +422,29 @@ def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
     assert len(sweeps) >= 10 and sum(sweeps) == 0  # the lease was never found expired
     assert server.call_count == 1
     repo.dispose()
+
+
+@pytest.mark.postgres
+def test_an_idle_worker_wakes_on_notify_not_on_its_poll_interval(pg_engine: Any) -> None:
+    repo = Repository(pg_engine, metrics=["id_based_context_recall"])
+    url = pg_engine.url.render_as_string(hide_password=False)
+    worker = worker_for(url, metrics=["id_based_context_recall"], poll_interval_s=30.0, listen=True)
+    runner = threading.Thread(target=lambda: asyncio.run(worker.run()))
+    runner.start()
+    try:
+        time.sleep(2.0)  # idle: nothing to claim, LISTEN connection up
+        repo.write_traces([full_trace() for _ in range(3)])
+        written = time.monotonic()
+        deadline = written + 10
+        while (
+            time.monotonic() < deadline
+            and len(scores_by_metric(url).get("id_based_context_recall", [])) < 3
+        ):
+            time.sleep(0.05)
+        waited = time.monotonic() - written
+    finally:
+        worker.request_stop()
+        runner.join(30)
+        worker.close()
+    assert len(scores_by_metric(url)["id_based_context_recall"]) == 3
+    assert waited < 5, f"scored after {waited:.1f} s: the worker slept through the NOTIFY"
