@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    db = sub.add_parser("db", help="manage the database schema")
+    db = sub.add_parser("db", help="database schema migrations and retention")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
     _add_database_option(up)
