@@ -92,6 +92,8 @@ def main() -> int:
         problems.append("calls neither stored nor counted as dropped")
     if not dropped.get("queue_full"):
         problems.append("the queue bound was never reached")
+    if set(dropped) - {"queue_full"}:
+        problems.append("accepted traces were dropped after the outage")
     if traced["max_ms"] > 250:
         problems.append("a call took longer than 250 ms")
     if growth > 25:
