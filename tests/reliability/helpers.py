@@ -52,6 +52,7 @@ class ConnectionKiller:
         self.engine = admin_engine(url)
         self.killed = 0
         self.outages = 0
+        self.hangs = 0
 
     def kill(self) -> int:
         with self.engine.connect() as conn:
@@ -93,6 +94,18 @@ class ConnectionKiller:
         while time.monotonic() < end:
             self.kill()
             time.sleep(every)
+
+    def hang(self, url: str, seconds: float) -> None:
+        """Make every write to ``traces`` wait ``seconds``: a transaction holds the table's
+        ACCESS EXCLUSIVE lock (a database that hangs instead of failing)."""
+        engine = create_engine_from_url(url, pool_size=1, max_overflow=0)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
+                self.hangs += 1
+                time.sleep(seconds)
+        finally:
+            engine.dispose()
 
     def close(self) -> None:
         self.allow_connections(True)

@@ -32,12 +32,14 @@ def run_load(
     rate: float,
     seconds: float,
     outage: tuple[float, float] | None,
+    hang: tuple[float, float] | None = None,
     max_queue_size: int = 2048,
     mode: str = "recalltrace",
     flush_timeout: float = 60.0,
 ) -> dict[str, Any]:
     """Run the app for ``seconds`` at ``rate``; refuse its database from ``outage[0]`` to
-    ``outage[1]`` seconds into the run. The summary gets ``stored`` (traces in the database)."""
+    ``outage[1]`` seconds into the run, and make its writes hang from ``hang[0]`` to
+    ``hang[1]``. The summary gets ``stored`` (traces in the database)."""
     app_url = with_application_name(url, APP_NAME)
     proc = spawn(
         [
@@ -55,11 +57,15 @@ def run_load(
         started = time.monotonic()
 
         def inject() -> None:
-            if outage is None:
-                return
+            faults = [(window, "outage") for window in [outage] if window is not None]
+            faults += [(window, "hang") for window in [hang] if window is not None]
             try:
-                time.sleep(max(0.0, started + outage[0] - time.monotonic()))
-                killer.outage(outage[1] - outage[0])
+                for (begin, end), kind in sorted(faults):
+                    time.sleep(max(0.0, started + begin - time.monotonic()))
+                    if kind == "outage":
+                        killer.outage(end - begin)
+                    else:
+                        killer.hang(url, end - begin)
             except BaseException as exc:
                 fault_error.append(exc)
 
@@ -82,6 +88,7 @@ def run_load(
     engine.dispose()
     summary["killed_connections"] = killer.killed
     summary["outages"] = killer.outages
+    summary["hangs"] = killer.hangs
     return summary
 
 
