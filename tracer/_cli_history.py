@@ -214,6 +214,10 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Largest count or id a command accepts: what a Postgres bigint holds (limits, job ids).
+_MAX_INT = 2**63 - 1
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -221,6 +225,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text!r}")
+    if value > _MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a number of at most {_MAX_INT}, got {text!r}")
     return value
 
 

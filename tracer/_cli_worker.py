@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any
@@ -16,7 +17,7 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
+    if not 0 < value < math.inf:  # also refuses nan
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 

@@ -45,6 +45,13 @@ HOSTILE = [
     "a\nb",
     "\u202e-rtl\u200b",
     "x" * 5000,
+    # numbers where numbers go, out of every range
+    "-1",
+    "0",
+    "nan",
+    "inf",
+    "1e309",
+    "99999999999999999999",
 ]
 FILTERS: dict[str, list[str]] = {
     "scores summary": ["--app", "--metric", "--since", "--until", "--bucket", "--format"],
@@ -110,6 +117,13 @@ def test_hostile_values_through_every_filter(
             code = run_cli(argv)
             assert code in (0, 1, 2), (argv, code)
             outcomes[code] = outcomes.get(code, 0) + 1
+    # The worker's numbers: each value here must be refused before anything starts (a worker
+    # given one of them would otherwise run, or crash on its first lease).
+    worker_options = ["--lease", "--poll-interval", "--grace-period", "--judge-timeout",
+                      "--concurrency", "--batch-size", "--max-attempts"]  # fmt: skip
+    for option, value in itertools.product(worker_options, ["nan", "inf", "1e309", "-1", "0"]):
+        argv = ["worker", "--once", "--database-url", postgres_url, option, value]
+        assert run_cli(argv) == 2, argv
     # trace show takes the id itself.
     for value in HOSTILE:
         assert run_cli(["trace", "show", value, "--database-url", postgres_url]) == 2
