@@ -132,6 +132,7 @@ def test_odd_values_never_reach_the_caller_and_are_stored(storage_tracer: str) -
         "deep-metadata": ([{"content": "deep", "metadata": nested(5000)}], "ok", "q"),
         "circular-metadata": ([{"content": "circle", "metadata": circular}], "ok", "q"),
         "unprintable-metadata": ([{"content": "m", "metadata": {"k": unprintable}}], "ok", "q"),
+        "unprintable-document": ([unprintable], "ok", "q"),
         "unprintable-question": (["doc"], "ok", unprintable),
         "unprintable-answer": (["doc"], unprintable, "q"),
     }
@@ -151,7 +152,11 @@ def test_odd_values_never_reach_the_caller_and_are_stored(storage_tracer: str) -
     assert [c["content"] for c in deep] == ["deep"]
     json.dumps(deep[0]["metadata"])  # stored as JSON, depth bounded
     assert [c["content"] for c in rows["circular-metadata"]["contexts"]] == ["circle"]
-    assert [c["content"] for c in rows["unprintable-metadata"]["contexts"]] == ["m"]
+    metadata = rows["unprintable-metadata"]["contexts"]
+    assert [c["content"] for c in metadata] == ["m"]
+    assert metadata[0]["metadata"] == {"k": "<Unprintable not printable: RuntimeError>"}
+    # A document that cannot be read at all is left out (and logged once); the trace is kept.
+    assert rows["unprintable-document"]["contexts"] == []
     question = rows["unprintable-question"]
     assert question["user_input"] is None
     assert any("user_input" in note for note in question["notes"])
