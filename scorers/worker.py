@@ -337,6 +337,7 @@ class Worker:
         # round trip, and one per job would cap throughput.
         prefetch = max(1, min(opts.batch_size, opts.concurrency // 2))
         refill_at = max(1, min(opts.batch_size, opts.concurrency // 4))
+        claim_failures = 0
         while not self._stop.is_set():
             self._launch_ready()
             room = opts.concurrency + prefetch - len(self._running) - len(self._ready)
@@ -353,9 +354,15 @@ class Worker:
                         metrics=metrics,
                     )
                 except Exception as exc:
+                    claim_failures += 1
+                    if once and claim_failures >= 3:
+                        # A one-shot run (cron, CI) reports an unreachable database instead of
+                        # waiting for it forever; a long-running worker keeps trying.
+                        raise
                     logger.error("claiming jobs failed (%s); retrying", _describe(exc))
                     await self._sleep(min(opts.poll_interval_s, 5.0))
                     continue
+                claim_failures = 0
                 if claimed:
                     await self._prepare(claimed)
                     continue

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("recalltrace.tracer")
 
-_MAX_BACKOFF = 30.0
+# Retries while storage is down stay this close together, so traces flow again within
+# seconds of storage coming back (each retry is one connection attempt).
+_MAX_BACKOFF = 5.0
 # Longest stretch of record assembly before the writer offers the GIL to the application.
 _SLICE = 0.001
 _MAX_REFERENCE_BACKOFF = 5.0

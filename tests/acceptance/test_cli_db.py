@@ -132,3 +132,12 @@ def test_recalltrace_metrics_limits_the_jobs_a_trace_gets(
     monkeypatch.setenv("RECALLTRACE_METRICS", "recall_at_k")
     with pytest.raises(ValueError, match="unknown metric 'recall_at_k'"):
         open_repository(url)
+
+
+def test_worker_once_reports_an_unreachable_database_instead_of_waiting() -> None:
+    url = "postgresql+psycopg://alice:hunter2-secret@127.0.0.1:1/nowhere"
+    result = run_cli("worker", "--once", "--poll-interval", "0.2", "--database-url", url)
+    assert result.returncode == 2
+    assert "recalltrace: error: cannot reach the database" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "hunter2-secret" not in result.stdout + result.stderr
