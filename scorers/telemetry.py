@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import _logs, metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -20,6 +20,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_s
 
 from scorers._judge import JudgeCallRecord
 from scorers._result import ScoreResult
+
+if TYPE_CHECKING:
+    from storage.repository import QueueStats
 
 logger = logging.getLogger("recalltrace.worker")
 
@@ -47,18 +50,6 @@ EVALUATION_EVENT = "gen_ai.evaluation.result"
 
 
 @dataclass
-class QueueSnapshot:
-    """The latest queue figures, refreshed by the worker's maintenance loop."""
-
-    due: int = 0
-    running: int = 0
-    waiting: int = 0
-    failed: int = 0
-    oldest_due_age_s: float = 0.0
-    known: bool = False
-
-
-@dataclass
 class WorkerTelemetry:
     """The worker's instruments.
 
@@ -72,7 +63,9 @@ class WorkerTelemetry:
 
     meter_provider: metrics.MeterProvider | None = None
     logger_provider: _logs.LoggerProvider | None = None
-    queue: QueueSnapshot = field(default_factory=QueueSnapshot)
+    queue: QueueStats | None = None
+    """The latest queue figures, refreshed by the worker's maintenance loop; the gauges
+    report nothing until the first refresh."""
 
     def __post_init__(self) -> None:
         from importlib.metadata import PackageNotFoundError, version
@@ -139,9 +132,9 @@ class WorkerTelemetry:
 
     # -- gauges -------------------------------------------------------------------------
     def _observe_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if not self.queue.known:
-            return []
         q = self.queue
+        if q is None:
+            return []
         return [
             Observation(q.due, {"rag.job.state": "due"}),
             Observation(q.running, {"rag.job.state": "running"}),
@@ -150,9 +143,9 @@ class WorkerTelemetry:
         ]
 
     def _observe_age(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if not self.queue.known:
+        if self.queue is None:
             return []
-        return [Observation(self.queue.oldest_due_age_s)]
+        return [Observation(self.queue.oldest_due_age_s or 0.0)]
 
     # -- recording ----------------------------------------------------------------------
     def record_job(self, outcome: str, metric: str) -> None:

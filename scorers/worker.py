@@ -41,6 +41,7 @@ from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
 from scorers._result import ScoreResult
 from scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
 from scorers.telemetry import WorkerTelemetry
+from storage.errors import is_database_unavailable
 
 logger = logging.getLogger("recalltrace.worker")
 
@@ -148,11 +149,8 @@ class Worker:
         if repository is None:
             from storage.repository import open_repository
 
-            repository = open_repository(
-                self.options.database_url, max_attempts=self.options.max_attempts
-            )
+            repository = open_repository(self.options.database_url)
         self.repo = repository
-        self.repo.max_attempts = self.options.max_attempts
         self._reference_ttl = (
             None
             if self.options.reference_ttl_s is None
@@ -178,9 +176,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._stop_requested = threading.Event()
-        self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recalltrace-db")
+        self._db: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._app_names: dict[str, str] = {}
 
     # -- set-up -------------------------------------------------------------------------
     def _build_scorers(self) -> None:
@@ -250,6 +247,8 @@ class Worker:
             finally:
                 self.stats.db_seconds += time.perf_counter() - started
 
+        if self._db is None:
+            self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recalltrace-db")
         return await loop.run_in_executor(self._db, timed)
 
     def request_stop(self) -> None:
@@ -270,6 +269,8 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError):
+                # Event loops without signal support (Windows' proactor) leave stopping to
+                # request_stop() and KeyboardInterrupt.
                 continue
         return installed
 
@@ -326,8 +327,9 @@ class Worker:
             loop = asyncio.get_running_loop()
             for sig in signals:
                 loop.remove_signal_handler(sig)
-            self._db.shutdown(wait=True)
-            self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="recalltrace-db")
+            if self._db is not None:
+                self._db.shutdown(wait=True)
+                self._db = None
         return self.stats
 
     async def _claim_loop(self, once: bool) -> None:
@@ -394,10 +396,7 @@ class Worker:
             await self._sleep(1.0)
             return
         for job in jobs:
-            trace = inputs.get(job.trace_id)
-            if trace is not None:
-                self._app_names[job.trace_id] = trace.app_name
-            self._ready.append((job, trace))
+            self._ready.append((job, inputs.get(job.trace_id)))
         self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -420,6 +419,7 @@ class Worker:
 
     async def _process(self, job: Any, trace: Any) -> None:
         started = time.monotonic()
+        app = trace.app_name if trace is not None else ""
         scorer = self._scorers.get(job.metric)
         if scorer is not None and scorer.uses_llm and self._paused_until > time.monotonic():
             # Claimed before the judge was paused: give it back untouched.
@@ -434,22 +434,22 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except TransientJudgeError as exc:
-            await self._on_transient(job, exc)
+            await self._on_transient(job, exc, app)
             return
         except TerminalJudgeError as exc:
             await self._on_terminal(job, exc)
             return
         except ScorerInputError as exc:
             # The stored inputs are malformed; another attempt would see the same data.
-            await self._finish_failed(job, f"The trace's inputs are invalid: {exc}", started)
+            self._finish_failed(job, f"The trace's inputs are invalid: {exc}", started, app)
             return
         except Exception as exc:
-            await self._on_error(job, exc, started)
+            await self._on_error(job, exc, started, app)
             return
         if result.status == "failed" and job.attempts + 1 < self.options.max_attempts:
             await self._retry(job, result.reason, consume_attempt=True)
             return
-        self._queue_finish(job, result, trace.app_name, time.monotonic() - started)
+        self._queue_finish(job, result, app, time.monotonic() - started)
 
     def _backoff(self, attempt: int, hint: float | None = None) -> timedelta:
         opts = self.options
@@ -459,15 +459,17 @@ class Worker:
             delay = max(delay, hint)
         return timedelta(seconds=delay)
 
-    async def _retry(self, job: Any, error: str, *, consume_attempt: bool) -> None:
-        delay = self._backoff(job.attempts)
+    async def _retry(
+        self, job: Any, error: str, *, consume_attempt: bool, delay: timedelta | None = None
+    ) -> None:
         try:
             status = await self._db_call(
                 self.repo.reschedule_job,
                 job,
-                delay=delay,
+                delay=self._backoff(job.attempts) if delay is None else delay,
                 error=error,
                 consume_attempt=consume_attempt,
+                max_attempts=self.options.max_attempts,
             )
         except Exception as exc:
             logger.error("rescheduling job %s failed (%s)", job.id, _describe(exc))
@@ -479,28 +481,19 @@ class Worker:
             self.stats.retried += 1
             self.telemetry.record_job("retried", job.metric)
 
-    async def _on_transient(self, job: Any, exc: TransientJudgeError) -> None:
+    async def _on_transient(self, job: Any, exc: TransientJudgeError, app: str) -> None:
         now = datetime.now(timezone.utc)
         first = job.first_transient_at or now
         if (now - first).total_seconds() > self.options.transient_max_age_s:
-            await self._finish_failed(
-                job, f"The judge kept failing transiently for too long: {exc}", time.monotonic()
+            self._finish_failed(
+                job,
+                f"The judge kept failing transiently for too long: {exc}",
+                time.monotonic(),
+                app,
             )
             return
         delay = self._backoff(min(job.attempts + 1, 6), exc.retry_after_s)
-        try:
-            await self._db_call(
-                self.repo.reschedule_job,
-                job,
-                delay=delay,
-                error=f"transient: {exc}",
-                consume_attempt=False,
-            )
-        except Exception as db_exc:
-            logger.error("rescheduling job %s failed (%s)", job.id, _describe(db_exc))
-            return
-        self.stats.retried += 1
-        self.telemetry.record_job("retried", job.metric)
+        await self._retry(job, f"transient: {exc}", consume_attempt=False, delay=delay)
 
     async def _on_terminal(self, job: Any, exc: TerminalJudgeError) -> None:
         already_paused = self._paused_until > time.monotonic()
@@ -526,25 +519,16 @@ class Worker:
         except Exception as exc:
             logger.error("giving back job %s failed (%s)", job.id, _describe(exc))
 
-    async def _on_error(self, job: Any, exc: BaseException, started: float) -> None:
+    async def _on_error(self, job: Any, exc: BaseException, started: float, app: str) -> None:
         message = f"{type(exc).__name__}: {exc}"
         logger.warning("job %s (%s) raised %s", job.id, job.metric, message)
         if job.attempts + 1 >= self.options.max_attempts:
-            await self._finish_failed(job, f"Scoring raised {message}", started)
+            self._finish_failed(job, f"Scoring raised {message}", started, app)
         else:
             await self._retry(job, message, consume_attempt=True)
 
-    async def _finish_failed(self, job: Any, reason: str, started: float) -> None:
-        result = ScoreResult(
-            metric=job.metric,
-            value=None,
-            status="failed",
-            reason=reason,
-            details={"error": reason},
-            version=job.version,
-        )
-        app = self._app_names.get(job.trace_id, "")
-        self._queue_finish(job, result, app, time.monotonic() - started)
+    def _finish_failed(self, job: Any, reason: str, started: float, app: str) -> None:
+        self._queue_finish(job, _failed_result(job, reason), app, time.monotonic() - started)
 
     def _queue_finish(self, job: Any, result: ScoreResult, app: str, duration: float) -> None:
         self._pending_finish.append((job, result, app, duration))
@@ -573,7 +557,7 @@ class Worker:
                 break
             except Exception as exc:
                 failures += 1
-                if failures >= _ISOLATE_AFTER and not _is_connection_error(exc):
+                if failures >= _ISOLATE_AFTER and not is_database_unavailable(exc):
                     # Storage refuses something this batch holds (it is not down): retrying
                     # the batch as it is would hold every score behind it forever.
                     batch = await self._write_one_by_one(batch)
@@ -594,7 +578,6 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
         for job, result, app, duration in batch:
-            self._app_names.pop(job.trace_id, None)
             outcome = result.status
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self.telemetry.record_job(outcome, job.metric)
@@ -622,19 +605,12 @@ class Worker:
                 finished.append((job, result, app, duration))
                 continue
             except Exception as exc:
-                if _is_connection_error(exc):
+                if is_database_unavailable(exc):
                     self._pending_finish[:0] = batch[index:]
                     return finished
                 reason = f"The score could not be stored: {_describe(exc)}"
             logger.error("job %s (%s): %s", job.id, job.metric, reason)
-            failed = ScoreResult(
-                metric=job.metric,
-                value=None,
-                status="failed",
-                reason=reason,
-                details={"error": reason},
-                version=job.version,
-            )
+            failed = _failed_result(job, reason)
             try:
                 await self._db_call(self.repo.finish_jobs, [(job, failed)])
                 finished.append((job, failed, app, duration))
@@ -721,15 +697,7 @@ class Worker:
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
-        q = self.telemetry.queue
-        q.due, q.running, q.waiting, q.failed = (
-            stats.due,
-            stats.running,
-            stats.waiting,
-            stats.failed,
-        )
-        q.oldest_due_age_s = stats.oldest_due_age_s or 0.0
-        q.known = True
+        self.telemetry.queue = stats
 
     async def _maintenance_loop(self) -> None:
         while True:
@@ -760,21 +728,27 @@ class Worker:
 
     def close(self) -> None:
         """Release the database connections."""
-        self._db.shutdown(wait=False)
+        if self._db is not None:
+            self._db.shutdown(wait=False)
+            self._db = None
         self.repo.dispose()
 
 
 # Failed writes of one batch before its scores are stored one by one (when the database is
 # reachable but refuses the batch).
 _ISOLATE_AFTER = 3
-_CONNECTION_ERRORS = frozenset(
-    {"OperationalError", "InterfaceError", "DisconnectionError", "ConnectionError", "OSError"}
-)
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    """Whether ``exc`` means the database is unreachable (rather than refusing the data)."""
-    return any(cls.__name__ in _CONNECTION_ERRORS for cls in type(exc).__mro__)
+def _failed_result(job: Any, reason: str) -> ScoreResult:
+    """The ``failed`` score a job ends with when no scorer result can be stored."""
+    return ScoreResult(
+        metric=job.metric,
+        value=None,
+        status="failed",
+        reason=reason,
+        details={"error": reason},
+        version=job.version,
+    )
 
 
 def _describe(exc: BaseException) -> str:

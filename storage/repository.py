@@ -11,13 +11,12 @@ so workers on hosts with skewed clocks still agree; SQLite uses the local clock.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
@@ -127,7 +126,6 @@ class TraceInputs:
     reference: str | None
     reference_contexts: list[str] | None
     reference_context_ids: list[str] | None
-    contexts: list[ContextRecord] = field(default_factory=list)
 
     def scorer_inputs(self) -> dict[str, Any]:
         """Keyword inputs for ``Scorer.ascore`` (the spec's names)."""
@@ -357,7 +355,7 @@ class Repository:
         if self.is_postgres:
             self._write_traces_postgres(batch, now)
         else:
-            self._write_traces_generic(batch, now)
+            self._write_traces_rows(batch, now)
 
     def _trace_rows(self, batch: Sequence[TraceRecord], now: datetime) -> list[dict[str, Any]]:
         return [
@@ -418,36 +416,13 @@ class Repository:
                 )
         return rows
 
-    def _write_traces_generic(self, batch: Sequence[TraceRecord], now: datetime) -> None:
-        trace_rows = self._trace_rows(batch, now)
-        with self.engine.begin() as conn:
-            existing = set(
-                conn.scalars(
-                    select(Trace.trace_id).where(Trace.trace_id.in_([r.trace_id for r in batch]))
-                )
-            )
-            fresh = [r for r in batch if r.trace_id not in existing]
-            if not fresh:
-                return
-            fresh_ids = {r.trace_id for r in fresh}
-            conn.execute(
-                insert(Trace),
-                [row for row in trace_rows if row["trace_id"] in fresh_ids],
-            )
-            contexts = self._context_rows(fresh)
-            if contexts:
-                conn.execute(insert(RetrievedContext), contexts)
-            jobs = self._job_rows(fresh, now)
-            if jobs:
-                conn.execute(self._insert(ScoringJob.__table__).on_conflict_do_nothing(), jobs)
-
     def _write_traces_postgres(self, batch: Sequence[TraceRecord], now: datetime) -> None:
         try:
             self._copy_batch(batch, now)
         except _DuplicateTrace:
             # Some of the batch is stored already (a resend): write the rest row by row
             # through INSERT ... ON CONFLICT, which skips what exists.
-            self._write_traces_upsert(batch, now)
+            self._write_traces_rows(batch, now)
 
     def _copy_batch(self, batch: Sequence[TraceRecord], now: datetime) -> None:
         from psycopg import errors as pg_errors
@@ -527,14 +502,16 @@ class Repository:
                 if any(j["status"] == JobStatus.QUEUED for j in job_rows):
                     cursor.execute("SELECT pg_notify(%s, '')", (NOTIFY_CHANNEL,))
 
-    def _write_traces_upsert(self, batch: Sequence[TraceRecord], now: datetime) -> None:
+    def _write_traces_rows(self, batch: Sequence[TraceRecord], now: datetime) -> None:
+        """Row inserts that skip stored trace ids: the SQLite path, and the Postgres path for a
+        batch that is partly stored already."""
         with self.engine.begin() as conn:
             inserted = set(
                 conn.scalars(
                     self._insert(Trace.__table__)
-                    .values(self._trace_rows(batch, now))
                     .on_conflict_do_nothing(index_elements=["trace_id"])
-                    .returning(Trace.__table__.c.trace_id)
+                    .returning(Trace.__table__.c.trace_id),
+                    self._trace_rows(batch, now),
                 )
             )
             fresh = [r for r in batch if r.trace_id in inserted]
@@ -1032,15 +1009,16 @@ class Repository:
         delay: timedelta,
         error: str,
         consume_attempt: bool,
+        max_attempts: int | None = None,
     ) -> str:
         """Put ``job`` back in the queue after ``delay``; returns its new status.
 
-        A consumed attempt that reaches ``max_attempts`` fails the job instead, keeping
-        ``error``. Transient errors (``consume_attempt=False``) remember when they started, so
-        the worker can bound their total age.
+        A consumed attempt that reaches ``max_attempts`` (the repository's unless given) fails
+        the job instead, keeping ``error``. Transient errors (``consume_attempt=False``)
+        remember when they started, so the worker can bound their total age.
         """
         attempts = job.attempts + (1 if consume_attempt else 0)
-        if attempts >= self.max_attempts:
+        if attempts >= (self.max_attempts if max_attempts is None else max_attempts):
             self.fail_job(job, error, attempts=attempts)
             return JobStatus.FAILED
         now = self._db_now()
@@ -1158,7 +1136,6 @@ class Repository:
                 reference=t.reference,
                 reference_contexts=t.reference_contexts,
                 reference_context_ids=t.reference_context_ids,
-                contexts=ctx,
             )
         return result
 
@@ -1300,8 +1277,3 @@ def open_repository(
     return Repository(
         engine, metrics=metrics, reference_ttl=reference_ttl, max_attempts=max_attempts
     )
-
-
-def dumps(value: Any) -> str:
-    """JSON text of ``value`` with NaN/inf turned into null (for logs and the CLI)."""
-    return json.dumps(_json_safe(value), ensure_ascii=False)

@@ -48,14 +48,19 @@ def _postgres_reachable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """URL of a fresh, migrated Postgres database for this test session."""
+def require_postgres() -> None:
+    """Skip the calling test when Postgres is unreachable; fail it instead under CI=true."""
     problem = _postgres_reachable()
     if problem is not None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"Postgres is required under CI=true but unreachable: {problem}")
         pytest.skip(f"Postgres unreachable: {problem}")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh, migrated Postgres database for this test session."""
+    require_postgres()
     name = f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = _admin_engine()
     with admin.connect() as conn:

@@ -244,37 +244,28 @@ def _run_with_progress(worker: Any) -> Any:
 
 
 def _cmd_backfill(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
+    import contextlib
 
-    from storage.history import TimeSpecError, parse_time
+    from rich.progress import Progress
+
     from storage.repository import open_repository
+    from tracer._cli_history import _window
 
-    now = datetime.now(timezone.utc)
-    try:
-        since = None if args.since is None else parse_time(args.since, now=now)
-        until = None if args.until is None else parse_time(args.until, now=now)
-    except TimeSpecError as exc:
-        raise CommandError(str(exc)) from None
+    since, until = _window(args)
     metrics = _metrics_arg(args.metric)
     repo = open_repository(args.database_url)
+    progress = Progress(transient=True) if sys.stdout.isatty() else None
     try:
         keys = metrics or [m.key for m in repo.metrics]
         total = 0
-        if sys.stdout.isatty():
-            from rich.progress import Progress
-
-            with Progress(transient=True) as progress:
-                task = progress.add_task("creating jobs", total=len(keys))
-                for key in keys:
-                    total += repo.create_jobs(
-                        metrics=[key], since=since, until=until, app_name=args.app
-                    )
-                    progress.advance(task)
-        else:
+        with progress or contextlib.nullcontext():
+            task = progress.add_task("creating jobs", total=len(keys)) if progress else None
             for key in keys:
                 total += repo.create_jobs(
                     metrics=[key], since=since, until=until, app_name=args.app
                 )
+                if progress is not None and task is not None:
+                    progress.advance(task)
     finally:
         repo.dispose()
     print(f"created {total} scoring jobs for {', '.join(keys)}")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from storage.errors import is_database_unavailable
 from tracer._metrics import TracerStats
 from tracer._state import TraceState, merge_reference_into_record
 
@@ -42,32 +43,6 @@ def is_trace_not_found(exc: BaseException) -> bool:
     if isinstance(exc, LookupError):
         return True
     return any(cls.__name__ == "TraceNotFound" for cls in type(exc).__mro__)
-
-
-_UNAVAILABLE_NAMES = frozenset(
-    {"OperationalError", "InterfaceError", "DisconnectionError", "ConnectionError"}
-)
-
-
-def is_storage_unavailable(exc: BaseException) -> bool:
-    """Whether a write failed because storage could not be reached, not because it refused
-    the records: connection refused or lost, a server restarting, a pool or lock timeout.
-
-    Such failures keep the records for another try for as long as the queue bound allows;
-    any other failure counts as an attempt.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (ConnectionError, TimeoutError)):
-            return True
-        if getattr(current, "connection_invalidated", False):
-            return True
-        if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(current).__mro__):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 @dataclass(slots=True)
@@ -456,7 +431,7 @@ class BatchWriter:
         # While storage is unreachable the records keep their place (they count against the
         # queue bound, so new traces are dropped as queue_full instead); only failures where
         # storage refused the records use up attempts.
-        if not is_storage_unavailable(exc):
+        if not is_database_unavailable(exc):
             for pending in chunk:
                 pending.attempts += 1
                 if pending.attempts >= self._max_write_attempts:

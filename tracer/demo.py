@@ -221,7 +221,7 @@ def _print_results(
     from rich.table import Table
 
     from scorers.catalog import CATALOG
-    from storage.db import create_engine_from_url
+    from storage.db import create_engine_from_url, redact_url
     from storage.history import History
 
     engine = create_engine_from_url(url)
@@ -251,7 +251,7 @@ def _print_results(
             console.print(f"       {row.reason}", style="dim")
         hint = f"recalltrace trace show {worst[0].trace_id}"
         if not url.startswith("sqlite:///./"):
-            hint += f" --database-url '{_quote(url)}'"
+            hint += f" --database-url '{redact_url(url)}'"
         console.print(f"Look closer: {hint}")
     console.print("History: recalltrace scores summary --since 1d")
     if not_configured:
@@ -261,9 +261,3 @@ def _print_results(
             "(any LiteLLM model string; hosted models read their usual API key variables)"
         )
     engine.dispose()
-
-
-def _quote(url: str) -> str:
-    from storage.db import redact_url
-
-    return redact_url(url)

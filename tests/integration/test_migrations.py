@@ -14,18 +14,12 @@ from sqlalchemy.engine import make_url
 from storage.db import create_engine_from_url
 from storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from storage.models import Base
-from tests.conftest import _admin_engine, _base_url, _postgres_reachable
+from tests.conftest import _admin_engine, _base_url, require_postgres
 
 
 @pytest.fixture
 def empty_postgres_url() -> Iterator[str]:
-    problem = _postgres_reachable()
-    if problem is not None:
-        import os
-
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Postgres is required under CI=true but unreachable: {problem}")
-        pytest.skip(f"Postgres unreachable: {problem}")
+    require_postgres()
     name = f"rt_migr_{uuid.uuid4().hex[:10]}"
     admin = _admin_engine()
     with admin.connect() as conn:

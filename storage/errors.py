@@ -1,0 +1,32 @@
+"""Telling a database that cannot be reached from one that refuses the data.
+
+Imports nothing heavy: the tracer's writer uses it without loading SQLAlchemy for it.
+"""
+
+from __future__ import annotations
+
+# Class names rather than classes, so that no driver or SQLAlchemy import is needed here.
+_UNAVAILABLE_NAMES = frozenset(
+    {"OperationalError", "InterfaceError", "DisconnectionError", "ConnectionError"}
+)
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) means the database could not be
+    reached: connection refused or lost, a server restarting, a pool or lock timeout.
+
+    Such failures are worth retrying as they are; any other failure means the database
+    refused what it was given.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return True
+        if getattr(current, "connection_invalidated", False):
+            return True
+        if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
