@@ -17,7 +17,7 @@ from __future__ import annotations
 from scorers._base import Scorer
 from scorers._cache import ReferenceCache
 from scorers._errors import JudgeError, ScorerInputError, TerminalJudgeError, TransientJudgeError
-from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
+from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig, load_judge_backend
 from scorers._registry import available, get
 from scorers._result import ScoreResult
 
@@ -34,4 +34,5 @@ __all__ = [
     "TransientJudgeError",
     "available",
     "get",
+    "load_judge_backend",
 ]

@@ -264,6 +264,24 @@ def test_a_flag_the_user_set_is_kept() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_load_judge_backend_imports_litellm_and_freezes_only_when_asked() -> None:
+    code = (
+        "import gc, sys, scorers\n"
+        "assert 'litellm' not in sys.modules\n"
+        "before = gc.get_freeze_count()\n"
+        "scorers.load_judge_backend()\n"
+        "print('litellm' in sys.modules, gc.get_freeze_count() == before)\n"
+        "scorers.load_judge_backend(freeze_gc=True)\n"
+        "import litellm\n"
+        "print(gc.get_freeze_count() > before + 100000, gc.is_tracked(litellm.model_cost))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    # LiteLLM's module state is in the hundreds of thousands of objects: all of it frozen.
+    assert out.stdout.split() == ["True", "True", "True", "True"]
+
+
 def test_the_server_runs_as_a_separate_process() -> None:
     import json
     import urllib.request
