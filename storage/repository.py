@@ -321,6 +321,7 @@ class Repository:
             raise ValueError("max_attempts must be at least 1")
         self.reference_ttl = reference_ttl
         self.max_attempts = max_attempts
+        self._score_upsert_stmt: Any = None
 
     # -- clock --------------------------------------------------------------------------
     def _db_now(self) -> Any:
@@ -337,6 +338,22 @@ class Repository:
 
     def _insert(self, table: Any) -> Any:
         return (pg_dialect.insert if self.is_postgres else sqlite_dialect.insert)(table)
+
+    def _score_upsert(self) -> Any:
+        """INSERT of a score that replaces only a ``skipped`` one; returns the rows written."""
+        stmt = self._score_upsert_stmt
+        if stmt is None:
+            insert = self._insert(Score.__table__)
+            stmt = self._score_upsert_stmt = insert.on_conflict_do_update(
+                index_elements=["trace_id", "metric", "version"],
+                set_={k: insert.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS},
+                where=and_(
+                    Score.__table__.c.status == "skipped", insert.excluded.status != "skipped"
+                ),
+            ).returning(
+                Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version
+            )
+        return stmt
 
     # -- writing traces -----------------------------------------------------------------
     def write_traces(self, records: Sequence[TraceRecord]) -> None:
@@ -958,18 +975,9 @@ class Repository:
                 }
                 for job, score in kept
             ]
-            stmt = self._insert(Score.__table__).values(rows)
-            replaceable = {k: stmt.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS}
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["trace_id", "metric", "version"],
-                set_=replaceable,
-                where=and_(
-                    Score.__table__.c.status == "skipped", stmt.excluded.status != "skipped"
-                ),
-            ).returning(
-                Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version
-            )
-            written = {tuple(r) for r in conn.execute(stmt)}
+            # One statement for any number of rows: SQLAlchemy compiles it once and sends the
+            # rows as multi-row VALUES batches ("insertmanyvalues"), with RETURNING.
+            written = {tuple(r) for r in conn.execute(self._score_upsert(), rows)}
             self._invalidate_summaries(
                 conn, ((job.metric, traces[job.trace_id].started_at) for job, _ in kept)
             )

@@ -95,6 +95,33 @@ def test_claim_finish_and_same_score_twice_leaves_one_row(repo: Repository) -> N
     assert job_statuses(repo, trace.trace_id)[job.metric] == JobStatus.DONE
 
 
+def test_one_batch_mixes_new_duplicate_and_replaced_skipped_scores(repo: Repository) -> None:
+    repo.write_traces([make_trace() for _ in range(3)])
+    jobs = repo.claim_jobs(
+        "w", limit=100, lease=timedelta(minutes=5), metrics=["llm_context_recall"]
+    )
+    first, second, third = sorted(jobs, key=lambda j: j.id)
+    assert repo.finish_jobs(
+        [(first, ScoreValue(first.metric)), (second, ScoreValue(second.metric, None, "skipped"))]
+    ) == [True, True]
+    # first: already scored (kept); second: skipped, now scored (replaced); third: new.
+    written = repo.finish_jobs(
+        [
+            (first, ScoreValue(first.metric, 0.1)),
+            (second, ScoreValue(second.metric, 0.2)),
+            (third, ScoreValue(third.metric, 0.3)),
+        ]
+    )
+    assert written == [False, True, True]
+    with repo.engine.connect() as conn:
+        values = dict(
+            conn.execute(
+                select(Score.trace_id, Score.value).where(Score.metric == first.metric)
+            ).all()
+        )
+    assert values == {first.trace_id: 0.75, second.trace_id: 0.2, third.trace_id: 0.3}
+
+
 def test_expired_lease_comes_back_to_another_worker(repo: Repository) -> None:
     repo.write_traces([make_trace() for _ in range(3)])
     crashed = repo.claim_jobs("crashed", limit=5, lease=timedelta(milliseconds=200))
