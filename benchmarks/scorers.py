@@ -41,6 +41,8 @@ import scorers  # noqa: E402
 from tests.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
 
 LATENCY_S = 0.2
+# A model in LiteLLM's price list, served by the local judge: a real deployment's cost path.
+JUDGE_MODEL = "openai/gpt-4o-mini"
 CONCURRENCY = 64
 
 
@@ -297,9 +299,13 @@ def ragas_requests(case: dict[str, Any]) -> dict[str, dict[str, Any] | str]:
             from ragas.llms import llm_factory
             from ragas.metrics.collections import ContextRecall
 
-            client = AsyncOpenAI(base_url=server.base_url, api_key="test")
-            metric = ContextRecall(llm=llm_factory("gpt-4o-mini", client=client))
-            asyncio.run(metric.ascore(**case))
+            async def collections_call() -> None:
+                # The client closes on the loop it ran on (else its GC finalizer finds it shut).
+                async with AsyncOpenAI(base_url=server.base_url, api_key="test") as client:
+                    metric = ContextRecall(llm=llm_factory("gpt-4o-mini", client=client))
+                    await metric.ascore(**case)
+
+            asyncio.run(collections_call())
             captured["collections"] = server.requests[0]
         except Exception as exc:
             captured["collections"] = f"{type(exc).__name__}: {exc}"
@@ -452,10 +458,10 @@ CALLS_PER_TRACE = {
 }
 
 
-async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple[float, int]:
-    """Score ``traces`` traces with ``concurrency`` in flight; (seconds, scored traces)."""
+async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple[float, int, float]:
+    """Score ``traces`` traces with ``concurrency`` in flight; (seconds, scored, CPU seconds)."""
     judge = scorers.JudgeClient(
-        model="openai/test-judge",
+        model=JUDGE_MODEL,
         api_base=base_url,
         api_key="test",
         max_concurrency=concurrency * CALLS_PER_TRACE[key],
@@ -473,9 +479,10 @@ async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple
             return result.status == "scored"
 
     await asyncio.gather(*(one(-i - 1) for i in range(concurrency)))  # warm-up
+    cpu = time.process_time()
     started = time.perf_counter()
     done = await asyncio.gather(*(one(i) for i in range(traces)))
-    return time.perf_counter() - started, sum(done)
+    return time.perf_counter() - started, sum(done), time.process_time() - cpu
 
 
 async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
@@ -492,7 +499,7 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
     async def one() -> None:
         async with limit:
             await litellm.acompletion(
-                model="openai/test-judge",
+                model=JUDGE_MODEL,
                 api_base=base_url,
                 api_key="test",
                 messages=messages,
@@ -506,15 +513,23 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
     return time.perf_counter() - started
 
 
-def child(key: str, base_url: str, traces: int, concurrency: int) -> None:
+def prepare_process(freeze_gc: bool) -> None:
+    """Load LiteLLM before timing; with ``freeze_gc``, as a process dedicated to scoring would."""
+    scorers.load_judge_backend(freeze_gc=freeze_gc)
+
+
+def child(key: str, base_url: str, traces: int, concurrency: int, freeze_gc: bool) -> None:
     """One of several client processes: warm up, say READY, wait for GO, report."""
+    prepare_process(freeze_gc)
     print("READY", flush=True)
     sys.stdin.readline()
-    elapsed, scored = asyncio.run(drive(key, base_url, traces, concurrency))
-    print(json.dumps({"elapsed": elapsed, "scored": scored}), flush=True)
+    elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, concurrency))
+    print(json.dumps({"elapsed": elapsed, "scored": scored, "cpu": cpu}), flush=True)
 
 
-def multi_process(key: str, base_url: str, traces: int, processes: int) -> tuple[float, int]:
+def multi_process(
+    key: str, base_url: str, traces: int, processes: int, freeze_gc: bool
+) -> tuple[float, int, float]:
     children = [
         subprocess.Popen(
             [
@@ -528,6 +543,7 @@ def multi_process(key: str, base_url: str, traces: int, processes: int) -> tuple
                 str(traces // processes),
                 "--concurrency",
                 str(CONCURRENCY // processes),
+                *([] if freeze_gc else ["--no-freeze-gc"]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -553,43 +569,79 @@ def multi_process(key: str, base_url: str, traces: int, processes: int) -> tuple
         for proc in children:
             if proc.poll() is None:
                 proc.kill()
-    return max(r["elapsed"] for r in reports), sum(r["scored"] for r in reports)
+    return (
+        max(r["elapsed"] for r in reports),
+        sum(r["scored"] for r in reports),
+        sum(r["cpu"] for r in reports),
+    )
 
 
-def bench_throughput(traces: int, processes: int) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_throughput(traces: int, processes: int, freeze_gc: bool) -> dict[str, Any]:
     process, base_url = start_server_process(LATENCY_S)
     bound = CONCURRENCY / LATENCY_S
     out: dict[str, Any] = {"bound": bound}
+    prepare_process(freeze_gc)
     print(
         f"\nthroughput through LiteLLM, server latency {LATENCY_S * 1000:.0f} ms, concurrency "
-        f"{CONCURRENCY}: bound {bound:.0f} judge calls/s (judge server in its own process)"
+        f"{CONCURRENCY}: bound {bound:.0f} traces/s (judge server in its own process); "
+        f"{traces} traces per run; client processes "
+        + (
+            "load LiteLLM with load_judge_backend(freeze_gc=True)"
+            if freeze_gc
+            else "do not freeze the GC"
+        )
     )
     try:
+        server_cpu = process_cpu_s(process.pid)
+        cpu = time.process_time()
         elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
+        cpu, server_cpu = time.process_time() - cpu, process_cpu_s(process.pid) - server_cpu
         out["litellm_alone"] = traces / elapsed
         print(
-            f"  bare litellm.acompletion   {traces / elapsed:7.1f} calls/s   "
-            f"{traces / elapsed / bound:.2f} of the bound (the ceiling for one process)"
+            f"  {'bare litellm.acompletion':<22} {traces / elapsed:6.1f} calls/s "
+            f"{traces / elapsed / bound:.2f}  (client {cpu / traces * 1000:.2f} ms CPU/call, "
+            f"server {server_cpu / traces * 1000:.2f})"
+        )
+        print(
+            f"  {'variant':<22} {'one process':>21}   {processes} processes "
+            "(client CPU ms per judge call, server CPU ms per call)"
         )
         for key, calls in CALLS_PER_TRACE.items():
             if process.poll() is not None:  # the server died (killed from outside): restart it
                 print(f"  (the judge server exited with {process.returncode}; restarted)")
                 process, base_url = start_server_process(LATENCY_S)
-            trace_bound = bound / calls
-            elapsed, scored = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
-            rate = scored / elapsed
-            row = {"one_process": rate, "one_process_share": rate / trace_bound}
-            line = (
-                f"  {key:<24} {rate:7.1f} traces/s  {rate / trace_bound:.2f} of the bound"
-                f" ({calls} call(s)/trace, {scored}/{traces} scored)"
-            )
+            runs: list[tuple[float, int, float, float]] = []
+            server_cpu = process_cpu_s(process.pid)
+            elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
+            runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
             if processes > 1:
-                elapsed, scored = multi_process(key, base_url, traces, processes)
+                server_cpu = process_cpu_s(process.pid)
+                elapsed, scored, cpu = multi_process(key, base_url, traces, processes, freeze_gc)
+                runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
+            row: dict[str, Any] = {"calls_per_trace": calls}
+            line = f"  {key:<22}"
+            for label, (elapsed, scored, cpu, server) in zip(("one", "multi"), runs, strict=False):
                 rate = scored / elapsed
-                row.update(multi_process=rate, multi_process_share=rate / trace_bound)
-                line += f";  {processes} processes: {rate:7.1f} traces/s  {rate / trace_bound:.2f}"
+                judge_calls = traces * calls
+                row[label] = {"rate": rate, "share": rate / bound, "scored": scored}
+                line += (
+                    f" {rate:6.1f} traces/s {rate / bound:.2f} "
+                    f"({cpu / judge_calls * 1000:.2f}, {server / judge_calls * 1000:.2f})"
+                    + ("" if scored == traces else f" {scored}/{traces} scored")
+                    + " "
+                )
             out[key] = row
-            print(line)
+            print(line.rstrip())
+        print(
+            "  bound: concurrency / latency = "
+            f"{bound:.0f} traces/s; context_entity_recall makes its 2 calls per trace at once"
+        )
     finally:
         process.terminate()
         process.wait(10)
@@ -599,15 +651,21 @@ def bench_throughput(traces: int, processes: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="scorer benchmarks")
     parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--traces", type=int, default=640)
+    parser.add_argument("--traces", type=int, default=2000, help="traces per throughput run")
     parser.add_argument("--processes", type=int, default=2, help="client processes, 1 for one")
     parser.add_argument("--skip", nargs="*", default=[], choices=["speed", "tokens", "throughput"])
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="measure throughput without scorers.load_judge_backend(freeze_gc=True)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.base_url, args.traces, args.concurrency)
+        child(args.child, args.base_url, args.traces, args.concurrency, args.freeze_gc)
         return
     problem = ragas_available()
     if problem:
@@ -617,7 +675,7 @@ def main() -> None:
     if "tokens" not in args.skip:
         bench_tokens(problem)
     if "throughput" not in args.skip:
-        bench_throughput(args.traces, args.processes)
+        bench_throughput(args.traces, args.processes, args.freeze_gc)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ imports LiteLLM, is outside that window). The bound is N x concurrency / latency
 
     python benchmarks/worker.py [--latency 0.2] [--concurrency 16] [--seconds 15]
 
-Also measured: the non-LLM variants alone (database-bound), and the workers' own figure of
-database time per job.
+Also measured: the non-LLM variants alone (database-bound), the workers' own figure of
+database time per job, and the CPU used inside the window: the whole machine's busy cores, and
+the workers', Postgres' and the judge server's shares of them, read from /proc.
 """
 
 from __future__ import annotations
@@ -54,11 +55,43 @@ def write_traces(url: str, metrics: list[str], count: int) -> None:
     repo.dispose()
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by one process; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_snapshot(workers: list[int], judge_pid: int) -> dict[str, float]:
+    """CPU seconds so far: the machine's busy time, the workers, Postgres and the judge."""
+    busy = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    postgres = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    postgres += _proc_cpu_s(int(entry.name))
+            except OSError:
+                continue
+    return {
+        "machine": (sum(busy) - busy[3] - busy[4]) / TICK,  # all but idle and iowait
+        "workers": sum(_proc_cpu_s(pid) for pid in workers),
+        "postgres": postgres,
+        "judge": _proc_cpu_s(judge_pid),
+    }
+
+
 def run(
     url: str, judge_url: str | None, metrics: list[str], processes: int, concurrency: int,
-    expected: int,
-) -> tuple[float, list[float]]:  # fmt: skip
-    """Start the workers; return (scores/s between 10% and 90%, db ms per job per worker)."""
+    expected: int, judge_pid: int,
+) -> tuple[float, list[float], dict[str, float]]:  # fmt: skip
+    """Start the workers; return (scores/s between 10% and 90%, db ms per job per worker,
+    cores used in that window by the machine, the workers, Postgres and the judge)."""
     cmd = [
         sys.executable, "-m", "tracer.cli", "worker", "--database-url", url, "--once",
         "--no-progress", "--concurrency", str(concurrency), "--batch-size", str(concurrency),
@@ -66,7 +99,8 @@ def run(
     for metric in metrics:
         cmd += ["--metric", metric]
     if judge_url:
-        cmd += ["--judge-model", "openai/bench-judge", "--judge-api-base", judge_url]
+        # A model in LiteLLM's price list, served by the local judge: a deployment's cost path.
+        cmd += ["--judge-model", "openai/gpt-4o-mini", "--judge-api-base", judge_url]
     env = dict(os.environ, OPENAI_API_KEY="bench-key")
     procs = [
         subprocess.Popen(
@@ -76,15 +110,17 @@ def run(
     ]
     engine = create_engine_from_url(url)
     marks: dict[float, float] = {}
+    cpu: dict[float, dict[str, float]] = {}
+    pids = [p.pid for p in procs]
     low, high = 0.1 * expected, 0.9 * expected
     while any(p.poll() is None for p in procs):
         with engine.connect() as conn:
             done = conn.scalar(select(func.count()).select_from(Score)) or 0
         now = time.perf_counter()
-        if done >= low and low not in marks:
-            marks[low] = now
-        if done >= high and high not in marks:
-            marks[high] = now
+        for mark in (low, high):
+            if done >= mark and mark not in marks:
+                marks[mark] = now
+                cpu[mark] = cpu_snapshot(pids, judge_pid)
         time.sleep(0.05)
     engine.dispose()
     db_ms = []
@@ -97,7 +133,17 @@ def run(
             db_ms.append(float(match.group(1)))
     if low not in marks or high not in marks or marks[high] <= marks[low]:
         raise SystemExit("the run was too short to measure; raise --seconds")
-    return (high - low) / (marks[high] - marks[low]), db_ms
+    window = marks[high] - marks[low]
+    cores = {key: (cpu[high][key] - cpu[low][key]) / window for key in cpu[low]}
+    return (high - low) / window, db_ms, cores
+
+
+def describe_cores(cores: dict[str, float], rate: float) -> str:
+    return (
+        f"cores busy {cores['machine']:.2f} of {os.cpu_count()} (workers {cores['workers']:.2f}, "
+        f"Postgres {cores['postgres']:.2f}, judge server {cores['judge']:.2f}); worker CPU "
+        f"{cores['workers'] / rate * 1000:.2f} ms/job"
+    )
 
 
 def main() -> None:
@@ -117,24 +163,25 @@ def main() -> None:
             metrics = ["non_llm_context_recall", "id_based_context_recall"]
             count = 10_000
             write_traces(url, metrics, count)
-            rate, db_ms = run(url, None, metrics, 1, 64, count * len(metrics))
+            rate, db_ms, cores = run(url, None, metrics, 1, 64, count * len(metrics), judge.pid)
             print(
                 f"non-LLM variants, 1 worker: {rate:,.0f} scores/s; database time per job "
-                f"{', '.join(f'{d:.2f}' for d in db_ms)} ms",
+                f"{', '.join(f'{d:.2f}' for d in db_ms)} ms; {describe_cores(cores, rate)}",
                 flush=True,
             )
             for n in args.workers:
                 bound = n * args.concurrency / args.latency
                 traces = int(bound * args.seconds)
                 write_traces(url, ["judge_context_recall"], traces)
-                rate, db_ms = run(
-                    url, judge_url, ["judge_context_recall"], n, args.concurrency, traces
-                )
-                rows.append((n, bound, rate, db_ms))
+                rate, db_ms, cores = run(
+                    url, judge_url, ["judge_context_recall"], n, args.concurrency, traces,
+                    judge.pid,
+                )  # fmt: skip
+                rows.append((n, bound, rate, db_ms, cores))
                 print(
                     f"{n} worker(s): {rate:,.1f} scores/s, bound {bound:,.0f}/s, "
                     f"ratio {rate / bound:.2f}; database time per job "
-                    f"{', '.join(f'{d:.2f}' for d in db_ms)} ms",
+                    f"{', '.join(f'{d:.2f}' for d in db_ms)} ms; {describe_cores(cores, rate)}",
                     flush=True,
                 )
     finally:
@@ -145,10 +192,17 @@ def main() -> None:
         f"judge_context_recall (one judge call per job), judge latency {args.latency * 1000:.0f} "
         f"ms, {args.concurrency} jobs in flight per worker process"
     )
-    print(f"{'workers':>8} {'bound/s':>9} {'scores/s':>9} {'ratio':>6} {'db ms/job':>10}")
-    for n, bound, rate, db_ms in rows:
+    print(
+        f"{'workers':>8} {'bound/s':>9} {'scores/s':>9} {'ratio':>6} {'db ms/job':>10} "
+        f"{'cores busy':>11} {'workers':>8} {'Postgres':>9} {'judge':>6} {'worker CPU ms/job':>18}"
+    )
+    for n, bound, rate, db_ms, cores in rows:
         mean_db = sum(db_ms) / len(db_ms) if db_ms else float("nan")
-        print(f"{n:>8} {bound:>9.0f} {rate:>9.1f} {rate / bound:>6.2f} {mean_db:>10.2f}")
+        print(
+            f"{n:>8} {bound:>9.0f} {rate:>9.1f} {rate / bound:>6.2f} {mean_db:>10.2f} "
+            f"{cores['machine']:>11.2f} {cores['workers']:>8.2f} {cores['postgres']:>9.2f} "
+            f"{cores['judge']:>6.2f} {cores['workers'] / rate * 1000:>18.2f}"
+        )
 
 
 if __name__ == "__main__":
