@@ -38,6 +38,7 @@ os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import scorers  # noqa: E402
+from benchmarks._cpu import process_cpu_s  # noqa: E402
 from tests.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
 
 LATENCY_S = 0.2
@@ -513,14 +514,9 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
     return time.perf_counter() - started
 
 
-def prepare_process(freeze_gc: bool) -> None:
-    """Load LiteLLM before timing; with ``freeze_gc``, as a process dedicated to scoring would."""
-    scorers.load_judge_backend(freeze_gc=freeze_gc)
-
-
 def child(key: str, base_url: str, traces: int, concurrency: int, freeze_gc: bool) -> None:
     """One of several client processes: warm up, say READY, wait for GO, report."""
-    prepare_process(freeze_gc)
+    scorers.load_judge_backend(freeze_gc=freeze_gc)  # before timing, as a scoring service
     print("READY", flush=True)
     sys.stdin.readline()
     elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, concurrency))
@@ -576,17 +572,11 @@ def multi_process(
     )
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_throughput(traces: int, processes: int, freeze_gc: bool) -> dict[str, Any]:
     process, base_url = start_server_process(LATENCY_S)
     bound = CONCURRENCY / LATENCY_S
     out: dict[str, Any] = {"bound": bound}
-    prepare_process(freeze_gc)
+    scorers.load_judge_backend(freeze_gc=freeze_gc)  # before timing, as a scoring service
     print(
         f"\nthroughput through LiteLLM, server latency {LATENCY_S * 1000:.0f} ms, concurrency "
         f"{CONCURRENCY}: bound {bound:.0f} traces/s (judge server in its own process); "

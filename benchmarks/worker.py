@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import func, select, text  # noqa: E402
 
+from benchmarks._cpu import machine_busy_s, process_cpu_s  # noqa: E402
 from benchmarks._pg import scratch_database  # noqa: E402
 from storage.db import create_engine_from_url  # noqa: E402
 from storage.models import Score  # noqa: E402
@@ -55,34 +56,21 @@ def write_traces(url: str, metrics: list[str], count: int) -> None:
     repo.dispose()
 
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by one process; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def cpu_snapshot(workers: list[int], judge_pid: int) -> dict[str, float]:
     """CPU seconds so far: the machine's busy time, the workers, Postgres and the judge."""
-    busy = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     postgres = 0.0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if (entry / "comm").read_text().strip() == "postgres":
-                    postgres += _proc_cpu_s(int(entry.name))
+                    postgres += process_cpu_s(int(entry.name))
             except OSError:
                 continue
     return {
-        "machine": (sum(busy) - busy[3] - busy[4]) / TICK,  # all but idle and iowait
-        "workers": sum(_proc_cpu_s(pid) for pid in workers),
+        "machine": machine_busy_s(),
+        "workers": sum(process_cpu_s(pid) for pid in workers),
         "postgres": postgres,
-        "judge": _proc_cpu_s(judge_pid),
+        "judge": process_cpu_s(judge_pid),
     }
 
 

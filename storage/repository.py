@@ -321,7 +321,7 @@ class Repository:
             raise ValueError("max_attempts must be at least 1")
         self.reference_ttl = reference_ttl
         self.max_attempts = max_attempts
-        self._score_upsert_stmt: Any = None
+        self._score_upsert = self._build_score_upsert()
 
     # -- clock --------------------------------------------------------------------------
     def _db_now(self) -> Any:
@@ -339,21 +339,14 @@ class Repository:
     def _insert(self, table: Any) -> Any:
         return (pg_dialect.insert if self.is_postgres else sqlite_dialect.insert)(table)
 
-    def _score_upsert(self) -> Any:
+    def _build_score_upsert(self) -> Any:
         """INSERT of a score that replaces only a ``skipped`` one; returns the rows written."""
-        stmt = self._score_upsert_stmt
-        if stmt is None:
-            insert = self._insert(Score.__table__)
-            stmt = self._score_upsert_stmt = insert.on_conflict_do_update(
-                index_elements=["trace_id", "metric", "version"],
-                set_={k: insert.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS},
-                where=and_(
-                    Score.__table__.c.status == "skipped", insert.excluded.status != "skipped"
-                ),
-            ).returning(
-                Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version
-            )
-        return stmt
+        insert = self._insert(Score.__table__)
+        return insert.on_conflict_do_update(
+            index_elements=["trace_id", "metric", "version"],
+            set_={k: insert.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS},
+            where=and_(Score.__table__.c.status == "skipped", insert.excluded.status != "skipped"),
+        ).returning(Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version)
 
     # -- writing traces -----------------------------------------------------------------
     def write_traces(self, records: Sequence[TraceRecord]) -> None:
@@ -975,9 +968,11 @@ class Repository:
                 }
                 for job, score in kept
             ]
-            # One statement for any number of rows: SQLAlchemy compiles it once and sends the
-            # rows as multi-row VALUES batches ("insertmanyvalues"), with RETURNING.
-            written = {tuple(r) for r in conn.execute(self._score_upsert(), rows)}
+            # One statement for any number of rows, executed with the rows as parameters:
+            # SQLAlchemy sends them as multi-row VALUES ("insertmanyvalues") with RETURNING and
+            # compiles the statement once per batch, not once per row count. (The PostgreSQL
+            # dialect's INSERT never enters SQLAlchemy's compiled cache.)
+            written = {tuple(r) for r in conn.execute(self._score_upsert, rows)}
             self._invalidate_summaries(
                 conn, ((job.metric, traces[job.trace_id].started_at) for job, _ in kept)
             )
