@@ -23,36 +23,76 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 def _candidates(
     references: list[str], retrieved: list[str], threshold: float
-) -> list[list[tuple[float, int]]]:
+) -> list[list[tuple[float, int, int]]]:
     """Per reference, the retrieved contexts whose similarity bound exceeds ``threshold``, as
-    ``(bound, index)`` pairs, highest bound first."""
+    ``(bound, index, common)`` pairs (``common``: the LCS length), highest bound first."""
+    ref_lengths = [len(r) for r in references]
+    lengths = [len(c) for c in retrieved]
+    # Every pair needs an LCS above threshold x its longer length, so above threshold x the
+    # smallest such length over all pairs. Passed to RapidFuzz as a cutoff, it limits the LCS
+    # to a diagonal band and reports 0 for the pairs below it, which are then skipped whole.
+    cutoff = int(threshold * max(min(ref_lengths), min(lengths)))
     if _numpy is not None:
-        rows = process.cdist(
-            references, retrieved, scorer=LCSseq.similarity, dtype=_numpy.int32, workers=1
-        ).tolist()
+        matrix = process.cdist(
+            references,
+            retrieved,
+            scorer=LCSseq.similarity,
+            dtype=_numpy.int32,
+            workers=1,
+            score_cutoff=cutoff,
+        )
+        if cutoff > 0:
+            flat = _numpy.flatnonzero(matrix).tolist()
+            width = len(retrieved)
+            values = matrix.ravel()[flat].tolist() if flat else []
+            pairs = [(k // width, k % width, v) for k, v in zip(flat, values, strict=True)]
+        else:
+            pairs = [
+                (i, j, common)
+                for i, row in enumerate(matrix.tolist())
+                for j, common in enumerate(row)
+            ]
     else:
         similarity = LCSseq.similarity
-        rows = [[similarity(r, c) for c in retrieved] for r in references]
-    lengths = [len(c) for c in retrieved]
-    # The bound is common / longest; pairs clearly below the threshold are dropped with one
-    # multiplication, the rest get the bound computed exactly as the similarity would be.
-    margin = threshold - 1e-9
-    out: list[list[tuple[float, int]]] = []
-    for reference, row in zip(references, rows, strict=True):
-        length = len(reference)
-        pairs = []
-        for index, common in enumerate(row):
-            other = lengths[index]
-            longest = length if length > other else other
-            if common < margin * longest:
-                continue
-            bound = 1.0 - (longest - common) / longest if longest else 1.0
-            if bound > threshold:
-                pairs.append((bound, index))
-        if len(pairs) > 1:
-            pairs.sort(key=lambda pair: (-pair[0], pair[1]))
-        out.append(pairs)
+        pairs = [
+            (i, j, similarity(reference, context))
+            for i, reference in enumerate(references)
+            for j, context in enumerate(retrieved)
+        ]
+    out: list[list[tuple[float, int, int]]] = [[] for _ in references]
+    for i, j, common in pairs:
+        length, other = ref_lengths[i], lengths[j]
+        longest = length if length > other else other
+        # The bound is computed exactly as the similarity would be: 1 - (longest - LCS) / longest.
+        bound = 1.0 - (longest - common) / longest if longest else 1.0
+        if bound > threshold:
+            out[i].append((bound, j, common))
+    for row in out:
+        if len(row) > 1:
+            row.sort(key=lambda pair: (-pair[0], pair[1]))
     return out
+
+
+def _levenshtein_similarity(reference: str, context: str, common: int) -> float:
+    """``1 - Levenshtein.normalized_distance``, bit for bit, from the pair's LCS length.
+
+    The distance is at most the Indel distance (len + len - 2 LCS) and, for equal lengths, the
+    Hamming distance, and at least max(len) - LCS. When the two meet, that is the distance;
+    otherwise, given the ceiling as its cutoff, RapidFuzz computes only a diagonal band of the
+    matrix, which for close pairs is a fraction of it.
+    """
+    length, other = len(reference), len(context)
+    longest = length if length > other else other
+    if not longest:
+        return 1.0
+    ceiling = length + other - 2 * common
+    if length == other:
+        hamming = Hamming.distance(reference, context)
+        if hamming < ceiling:
+            ceiling = hamming
+    if ceiling > longest - common:  # else the floor max(len) - LCS meets it: that is the distance
+        ceiling = Levenshtein.distance(reference, context, score_cutoff=ceiling)
+    return 1.0 - ceiling / longest
 
 
 _MEASURES: dict[str, Any] = {
@@ -129,10 +169,10 @@ class NonLLMContextRecall(BaseScorer):
         ):
             best_index: int | None = None
             best = -1.0
-            for upper, index in candidates:
+            for upper, index, common in candidates:
                 if upper <= best:
                     break  # sorted by bound: no later candidate can beat the best
-                similarity = 1.0 - distance(reference, retrieved[index])
+                similarity = _levenshtein_similarity(reference, retrieved[index], common)
                 if similarity > best:
                     best_index, best = index, similarity
             out.append((best_index, best) if best > threshold else (None, None))

@@ -279,11 +279,25 @@ def _edited_windows(seed: int) -> tuple[list[str], list[str]]:
     def text() -> str:
         return " ".join(rnd.choice(words) for _ in range(40))[:300]
 
+    def indels(source: str, rate: float) -> str:
+        # Deletions and insertions change the length: the Indel ceiling, not the Hamming one.
+        out = []
+        for c in source:
+            roll = rnd.random()
+            if roll < rate / 2:
+                continue
+            out.append(c + "yz" if roll < rate else c)
+        return "".join(out)
+
     retrieved = [text() for _ in range(10)]
-    reference = [
-        "".join(c if rnd.random() > rate else "x" for c in rnd.choice(retrieved))
-        for rate in (0.05, 0.3, 0.45, 0.6)
-    ] + [text()]
+    reference = (
+        [
+            "".join(c if rnd.random() > rate else "x" for c in rnd.choice(retrieved))
+            for rate in (0.05, 0.3, 0.45, 0.6)
+        ]
+        + [indels(rnd.choice(retrieved), rate) for rate in (0.02, 0.15, 0.35)]
+        + [text()]
+    )
     return retrieved, reference
 
 
@@ -297,7 +311,7 @@ def test_long_texts_match_the_definition_with_and_without_numpy(
         monkeypatch.setattr(module, "_numpy", None)
     for seed in range(30):
         retrieved, reference = _edited_windows(seed)
-        for threshold in (0.2, 0.5, 0.8):
+        for threshold in (0.0, 0.2, 0.5, 0.8):
             result = non_llm(threshold=threshold).score(
                 retrieved_contexts=retrieved, reference_contexts=reference
             )
