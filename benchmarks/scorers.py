@@ -116,7 +116,9 @@ def ragas_available() -> str | None:
 # --- 1. non-LLM speed -------------------------------------------------------------------------
 
 
-def bench_non_llm(count: int, ragas_problem: str | None, blocks: int = 4) -> dict[str, Any]:
+def bench_non_llm(
+    count: int, ragas_problem: str | None, blocks: int = 4, repeats: int = 3
+) -> dict[str, Any]:
     """Ours and Ragas alternate over blocks of the samples, so load from other processes on
     the shared machine weighs on both sides alike; wall and CPU time are both reported."""
     samples = make_samples(count)
@@ -162,24 +164,31 @@ def bench_non_llm(count: int, ragas_problem: str | None, blocks: int = 4) -> dic
     ours: list[Any] = []
     theirs: list[Any] = []
     totals = {"ours_wall": 0.0, "ours_cpu": 0.0, "ragas_wall": 0.0, "ragas_cpu": 0.0}
+    means = {"ours_wall": 0.0, "ragas_wall": 0.0}
     size = -(-count // blocks)
     for start in range(0, count, size):
         block = samples[start : start + size]
-        mine, wall_a, cpu_a = run_ours(block)
-        other, wall_r, cpu_r = run_ragas(block)
-        _, wall_b, cpu_b = run_ours(block)
+        # The sides alternate `repeats` times over each block; each side's fastest run counts
+        # (the least disturbed by the rest of the machine), the mean is printed beside it.
+        runs: dict[str, list[tuple[float, float]]] = {"ours": [], "ragas": []}
+        for _ in range(repeats):
+            mine, wall, cpu = run_ours(block)
+            runs["ours"].append((wall, cpu))
+            other, wall, cpu = run_ragas(block)
+            runs["ragas"].append((wall, cpu))
         ours += mine
         theirs += other
-        totals["ours_wall"] += (wall_a + wall_b) / 2
-        totals["ours_cpu"] += (cpu_a + cpu_b) / 2
-        totals["ragas_wall"] += wall_r
-        totals["ragas_cpu"] += cpu_r
+        for side, timings in runs.items():
+            totals[f"{side}_wall"] += min(wall for wall, _ in timings)
+            totals[f"{side}_cpu"] += min(cpu for _, cpu in timings)
+            means[f"{side}_wall"] += statistics.fmean(wall for wall, _ in timings)
     identical = sum(a == b for a, b in zip(ours, theirs, strict=True))
     out.update(
         {key: value * 1000 / count for key, value in totals.items()},
         identical=identical,
         ratio_wall=totals["ragas_wall"] / totals["ours_wall"],
         ratio_cpu=totals["ragas_cpu"] / totals["ours_cpu"],
+        ratio_mean_wall=means["ragas_wall"] / means["ours_wall"],
     )
     print(
         f"  recalltrace  {out['ours_wall']:.4f} ms/sample wall  {out['ours_cpu']:.4f} ms CPU"
@@ -187,7 +196,10 @@ def bench_non_llm(count: int, ragas_problem: str | None, blocks: int = 4) -> dic
     )
     print(f"  Ragas 0.4.3  {out['ragas_wall']:.4f} ms/sample wall  {out['ragas_cpu']:.4f} ms CPU")
     print(f"  identical scores: {identical}/{count}")
-    print(f"  speed-up: {out['ratio_wall']:.1f}x wall, {out['ratio_cpu']:.1f}x CPU (target >= 20x)")
+    print(
+        f"  speed-up: {out['ratio_wall']:.1f}x wall, {out['ratio_cpu']:.1f}x CPU, best of "
+        f"{repeats} per block (target >= 20x); {out['ratio_mean_wall']:.1f}x on mean wall times"
+    )
     if identical != count:
         raise SystemExit("scores differ from Ragas: the benchmark fails")
     return out
