@@ -32,7 +32,7 @@ from sqlalchemy.sql.elements import TextClause
 from scorers.catalog import CATALOG
 from storage.db import is_postgres
 from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, SummaryCache, Trace
-from storage.repository import SUMMARY_LOCK_KEY, TraceNotFound
+from storage.repository import SUMMARY_LOCK_KEY, UNSTORABLE_TEXT, TraceNotFound
 
 __all__ = [
     "BUCKETS",
@@ -123,6 +123,30 @@ def check_metric(metric: str) -> str:
         known = ", ".join(sorted(CATALOG))
         raise UnknownMetric(f"unknown metric {metric!r}; known metrics: {known}")
     return metric
+
+
+def check_filter_text(name: str, value: str) -> str:
+    """Return ``value``, or raise ``ValueError`` if it holds a character no stored text holds.
+
+    The repository replaces NUL and lone surrogates before storing text (Postgres refuses
+    them), so a filter containing one could never match, on either backend.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {type(value).__name__}")
+    match = UNSTORABLE_TEXT.search(value)
+    if match is None:
+        return value
+    char = match.group()
+    if char == "\x00":
+        what = "a NUL character"
+    elif "\udc80" <= char <= "\udcff":  # how Python decodes a non-UTF-8 byte of argv or a file
+        what = f"the byte 0x{ord(char) - 0xDC00:02x} (not UTF-8)"
+    else:
+        what = f"a lone surrogate (U+{ord(char):04X})"
+    raise ValueError(
+        f"{name} {value!r} holds {what} at position {match.start()}; stored text never holds "
+        "such a character, so nothing could match"
+    )
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
@@ -455,7 +479,7 @@ class History:
         if metric is not None:
             conditions.append(Score.metric == check_metric(metric))
         if app is not None:
-            conditions.append(Score.app_name == app)
+            conditions.append(Score.app_name == check_filter_text("app", app))
         if since is not None:
             conditions.append(Score.trace_started_at >= since)
         if until is not None:
@@ -782,6 +806,7 @@ class History:
     # -- one trace -------------------------------------------------------------------------
     def trace(self, trace_id: str) -> TraceDetail:
         """Everything stored about one trace; raises :class:`TraceNotFound` if there is none."""
+        check_filter_text("trace_id", trace_id)
         with self.engine.connect() as conn:
             trace = conn.execute(
                 select(
@@ -938,6 +963,7 @@ class History:
         if metric is not None:
             common.append(ScoringJob.metric == check_metric(metric))
         if app is not None:
+            check_filter_text("app", app)
             common.append(
                 ScoringJob.trace_id.in_(select(Trace.trace_id).where(Trace.app_name == app))
             )

@@ -170,15 +170,15 @@ def _json_safe(value: Any) -> Any:
 
 # Characters no backend can store in text: Postgres refuses NUL in text and JSON, and lone
 # surrogates (non-UTF-8 bytes decoded with ``surrogateescape``) cannot be encoded as UTF-8.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 _UNSTORABLE_REPLACEMENT = "\ufffd"
 
 
 def _storable_text(text: str) -> tuple[str, int]:
     """``text`` with unstorable characters replaced by U+FFFD, and how many there were."""
-    if "\x00" not in text and (text.isascii() or _UNSTORABLE.search(text) is None):
+    if "\x00" not in text and (text.isascii() or UNSTORABLE_TEXT.search(text) is None):
         return text, 0
-    return _UNSTORABLE.subn(_UNSTORABLE_REPLACEMENT, text)
+    return UNSTORABLE_TEXT.subn(_UNSTORABLE_REPLACEMENT, text)
 
 
 def _storable_json(value: Any) -> tuple[Any, int]:

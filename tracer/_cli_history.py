@@ -85,7 +85,9 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         help="a trace's question, contexts, answer, reference and every score with evidence",
     )
     _add_database_option(show)
-    show.add_argument("trace_id", metavar="TRACE_ID", help="the 32-hex-digit trace id")
+    show.add_argument(
+        "trace_id", type=_stored_text, metavar="TRACE_ID", help="the 32-hex-digit trace id"
+    )
     show.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     show.add_argument(
         "--max-chars",
@@ -112,7 +114,9 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
         "--since", default="1h", metavar="WHEN", help="window start (default: 1h; see --help)"
     )
     check.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
-    check.add_argument("--app", default=None, metavar="NAME", help="only this app")
+    check.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
+    )
     check.add_argument(
         "--min-count",
         type=_positive_int,
@@ -193,13 +197,17 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
         f"(2026-11-01, 2026-11-01T10:00:00Z); default: {DEFAULT_WINDOW}",
     )
     parser.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
-    parser.add_argument("--app", default=None, metavar="NAME", help="only this app")
+    parser.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
+    )
     parser.add_argument("--metric", default=None, metavar="METRIC", help=metric_help)
 
 
 def _add_job_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric", default=None, metavar="METRIC", help="only this metric")
-    parser.add_argument("--app", default=None, metavar="NAME", help="only this app's traces")
+    parser.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app's traces"
+    )
 
 
 def _add_bucket(parser: argparse.ArgumentParser) -> None:
@@ -216,6 +224,17 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
 
 # Largest count or id a command accepts: what a Postgres bigint holds (limits, job ids).
 _MAX_INT = 2**63 - 1
+
+
+def _stored_text(text: str) -> str:
+    """An argument compared with stored text: refuse characters stored text never holds (a
+    non-UTF-8 byte in the command line arrives as a lone surrogate)."""
+    from storage.history import check_filter_text
+
+    try:
+        return check_filter_text("value", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("value ", "", 1)) from None
 
 
 def _positive_int(text: str) -> int:

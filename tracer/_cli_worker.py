@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from tracer._cli_history import _positive_int
+from tracer._cli_history import _positive_int, _stored_text
 from tracer.cli import CommandError, _add_database_option
 
 
@@ -142,7 +142,7 @@ def register_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     _add_database_option(backfill)
     backfill.add_argument("--since", default=None, help="duration (7d) or timestamp")
     backfill.add_argument("--until", default=None, help="duration (1h) or timestamp")
-    backfill.add_argument("--app", default=None, help="only traces of this app")
+    backfill.add_argument("--app", type=_stored_text, default=None, help="only traces of this app")
     backfill.add_argument(
         "--metric", action="append", metavar="KEY", help="variants (default: all six)"
     )

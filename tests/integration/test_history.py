@@ -217,6 +217,26 @@ def test_app_and_metric_filters_and_hostile_values(repo: Repository, history: Hi
             call()
 
 
+def test_filters_with_characters_stored_text_never_holds_are_refused(
+    repo: Repository, history: History
+) -> None:
+    seed(repo, [(trace_at(T0 + timedelta(hours=1), app="alpha"), [scored(METRICS[0], 0.5)])])
+    calls = {
+        "summary": lambda v: history.summary(since=T0, app=v),
+        "worst": lambda v: history.worst(app=v),
+        "window": lambda v: history.window(metric=METRICS[0], app=v),
+        "problem_jobs": lambda v: history.problem_jobs(app=v),
+        "trace": lambda v: history.trace(v),
+    }
+    cases = {"al\x00pha": "a NUL character", "al\udcffpha": "the byte 0xff", "\ud800": r"U\+D800"}
+    for name, call in calls.items():
+        for value, what in cases.items():
+            with pytest.raises(ValueError, match=what) as caught:
+                call(value)
+            assert "nothing could match" in str(caught.value), name
+    assert [r.count for r in history.summary(since=T0, app="alpha")] == [1]
+
+
 def test_worst_lists_lowest_scored_results_first(repo: Repository, history: History) -> None:
     plan = [
         (

@@ -45,6 +45,7 @@ HOSTILE = [
     "a\nb",
     "\u202e-rtl\u200b",
     "x" * 5000,
+    "a\udcffb",  # a non-UTF-8 byte in argv, as Python decodes it
     # numbers where numbers go, out of every range
     "-1",
     "0",
