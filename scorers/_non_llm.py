@@ -163,9 +163,22 @@ class NonLLMContextRecall(BaseScorer):
         # Levenshtein: distance >= max(len) - LCS, so 1 - (max(len) - LCS) / max(len) bounds
         # the similarity from above. The LCS is several times cheaper than the distance and the
         # bound rules out most unrelated pairs; the exact distance runs only for the rest.
-        out = []
-        for reference, candidates in zip(
-            references, _candidates(references, retrieved, threshold), strict=True
+        # A reference context retrieved verbatim (a golden chunk, typically) has similarity 1 with
+        # its first copy, which no other context can beat: no matrix needed for it.
+        first_copy: dict[str, int] = {}
+        for index, context in enumerate(retrieved):
+            first_copy.setdefault(context, index)
+        verbatim = threshold < 1.0
+        best_of: list[tuple[int | None, float | None]] = [
+            (first_copy[reference], 1.0) if verbatim and reference in first_copy else (None, None)
+            for reference in references
+        ]
+        rest = [i for i, found in enumerate(best_of) if found[0] is None]
+        if not rest:
+            return best_of
+        pending = [references[i] for i in rest]
+        for position, reference, candidates in zip(
+            rest, pending, _candidates(pending, retrieved, threshold), strict=True
         ):
             best_index: int | None = None
             best = -1.0
@@ -175,8 +188,9 @@ class NonLLMContextRecall(BaseScorer):
                 similarity = _levenshtein_similarity(reference, retrieved[index], common)
                 if similarity > best:
                     best_index, best = index, similarity
-            out.append((best_index, best) if best > threshold else (None, None))
-        return out
+            if best > threshold:
+                best_of[position] = (best_index, best)
+        return best_of
 
     def _compute(self, clean: dict[str, Any], started: float) -> ScoreResult:
         missing = self.missing_input(clean)

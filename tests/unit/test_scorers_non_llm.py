@@ -320,3 +320,34 @@ def test_long_texts_match_the_definition_with_and_without_numpy(
                 if match["found"]:
                     best = max(1 - Levenshtein.normalized_distance(ref, c) for c in retrieved)
                     assert match["similarity"] == best
+
+
+def test_verbatim_references_need_no_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scorers._non_llm as module
+
+    retrieved = [TOWER, PARIS, "An unrelated context.", PARIS]
+    reference = [PARIS, TOWER, PARIS]
+
+    def no_matrix(*args: object) -> object:
+        raise AssertionError("every reference context is retrieved verbatim")
+
+    monkeypatch.setattr(module, "_candidates", no_matrix)
+    result = non_llm().score(retrieved_contexts=retrieved, reference_contexts=reference)
+    assert result.value == 1.0
+    assert [(m["retrieved_index"], m["similarity"]) for m in result.details["matches"]] == [
+        (1, 1.0),  # the first of the two copies
+        (0, 1.0),
+        (1, 1.0),
+    ]
+    monkeypatch.undo()
+    # A similarity of exactly 1 does not pass a threshold of 1.
+    strict = non_llm(threshold=1.0).score(
+        retrieved_contexts=retrieved, reference_contexts=reference
+    )
+    assert strict.value == 0.0
+    assert all(m["retrieved_index"] is None for m in strict.details["matches"])
+    # Verbatim and edited references mixed: the edited one still goes through the matrix.
+    edited = [PARIS, TOWER.replace("famous", "famed"), "Nothing like it."]
+    mixed = non_llm().score(retrieved_contexts=retrieved, reference_contexts=edited)
+    assert mixed.value == plain_loop(retrieved, edited)
+    assert [m["retrieved_index"] for m in mixed.details["matches"]] == [1, 0, None]
