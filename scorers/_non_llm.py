@@ -25,14 +25,18 @@ def _candidates(
     references: list[str], retrieved: list[str], threshold: float
 ) -> list[list[tuple[float, int, int]]]:
     """Per reference, the retrieved contexts whose similarity bound exceeds ``threshold``, as
-    ``(bound, index, common)`` pairs (``common``: the LCS length), highest bound first."""
+    ``(bound, index, common)`` pairs (``common``: the LCS length), highest bound first.
+
+    No reference may equal a retrieved context (the caller matches those first): then a pair
+    with no common character has a bound of 0 and is never a candidate.
+    """
     ref_lengths = [len(r) for r in references]
     lengths = [len(c) for c in retrieved]
-    # Every pair needs an LCS above threshold x its longer length, so above threshold x the
-    # smallest such length over all pairs. Passed to RapidFuzz as a cutoff, it limits the LCS
-    # to a diagonal band and reports 0 for the pairs below it, which are then skipped whole.
-    cutoff = int(threshold * max(min(ref_lengths), min(lengths)))
     if _numpy is not None:
+        # Every pair needs an LCS above threshold x its longer length, so above threshold x the
+        # smallest such length over all pairs. As RapidFuzz's cutoff, it limits the LCS to a
+        # diagonal band and reports 0 for the pairs below it, which are then skipped whole.
+        cutoff = int(threshold * max(min(ref_lengths), min(lengths)))
         matrix = process.cdist(
             references,
             retrieved,
@@ -40,18 +44,13 @@ def _candidates(
             dtype=_numpy.int32,
             workers=1,
             score_cutoff=cutoff,
-        )
-        if cutoff > 0:
-            flat = _numpy.flatnonzero(matrix).tolist()
-            width = len(retrieved)
-            values = matrix.ravel()[flat].tolist() if flat else []
-            pairs = [(k // width, k % width, v) for k, v in zip(flat, values, strict=True)]
-        else:
-            pairs = [
-                (i, j, common)
-                for i, row in enumerate(matrix.tolist())
-                for j, common in enumerate(row)
-            ]
+        ).ravel()
+        kept = _numpy.flatnonzero(matrix)
+        width = len(retrieved)
+        pairs = [
+            (k // width, k % width, common)
+            for k, common in zip(kept.tolist(), matrix[kept].tolist(), strict=True)
+        ]
     else:
         similarity = LCSseq.similarity
         pairs = [
@@ -85,14 +84,12 @@ def _levenshtein_similarity(reference: str, context: str, common: int) -> float:
     longest = length if length > other else other
     if not longest:
         return 1.0
-    ceiling = length + other - 2 * common
+    distance = length + other - 2 * common  # the ceiling, until computed
     if length == other:
-        hamming = Hamming.distance(reference, context)
-        if hamming < ceiling:
-            ceiling = hamming
-    if ceiling > longest - common:  # else the floor max(len) - LCS meets it: that is the distance
-        ceiling = Levenshtein.distance(reference, context, score_cutoff=ceiling)
-    return 1.0 - ceiling / longest
+        distance = min(distance, Hamming.distance(reference, context))
+    if distance > longest - common:  # else the floor max(len) - LCS meets it: that is the distance
+        distance = Levenshtein.distance(reference, context, score_cutoff=distance)
+    return 1.0 - distance / longest
 
 
 _MEASURES: dict[str, Any] = {

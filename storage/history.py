@@ -49,11 +49,13 @@ __all__ = [
     "UnknownMetric",
     "WindowStats",
     "WorstRow",
+    "check_filter_text",
     "check_metric",
     "group_by_metric",
     "parse_duration",
     "parse_time",
     "percentile",
+    "unstorable_character",
 ]
 
 Bucket = Literal["hour", "day"]
@@ -125,17 +127,15 @@ def check_metric(metric: str) -> str:
     return metric
 
 
-def check_filter_text(name: str, value: str) -> str:
-    """Return ``value``, or raise ``ValueError`` if it holds a character no stored text holds.
+def unstorable_character(value: str) -> str | None:
+    """What in ``value`` no stored text can hold, and where, or ``None`` if nothing.
 
     The repository replaces NUL and lone surrogates before storing text (Postgres refuses
     them), so a filter containing one could never match, on either backend.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, not {type(value).__name__}")
     match = UNSTORABLE_TEXT.search(value)
     if match is None:
-        return value
+        return None
     char = match.group()
     if char == "\x00":
         what = "a NUL character"
@@ -143,10 +143,20 @@ def check_filter_text(name: str, value: str) -> str:
         what = f"the byte 0x{ord(char) - 0xDC00:02x} (not UTF-8)"
     else:
         what = f"a lone surrogate (U+{ord(char):04X})"
-    raise ValueError(
-        f"{name} {value!r} holds {what} at position {match.start()}; stored text never holds "
-        "such a character, so nothing could match"
+    return (
+        f"{value!r} holds {what} at position {match.start()}; stored text never holds such a "
+        "character, so nothing could match"
     )
+
+
+def check_filter_text(name: str, value: str) -> str:
+    """Return ``value``, or raise ``ValueError`` if it holds a character no stored text holds."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {type(value).__name__}")
+    problem = unstorable_character(value)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
+    return value
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:

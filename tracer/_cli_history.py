@@ -229,12 +229,12 @@ _MAX_INT = 2**63 - 1
 def _stored_text(text: str) -> str:
     """An argument compared with stored text: refuse characters stored text never holds (a
     non-UTF-8 byte in the command line arrives as a lone surrogate)."""
-    from storage.history import check_filter_text
+    from storage.history import unstorable_character
 
-    try:
-        return check_filter_text("value", text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("value ", "", 1)) from None
+    problem = unstorable_character(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _positive_int(text: str) -> int:
