@@ -23,9 +23,12 @@ INPUT_NAMES: tuple[str, ...] = (
     "retrieved_context_ids",
     "reference_context_ids",
 )
+_KNOWN_INPUTS = frozenset(INPUT_NAMES)
 _TEXT_INPUTS = frozenset({"user_input", "response", "reference"})
 _TEXT_LIST_INPUTS = frozenset({"retrieved_contexts", "reference_contexts"})
 _ID_LIST_INPUTS = frozenset({"retrieved_context_ids", "reference_context_ids"})
+#: ``isinstance(item, str)`` as a one-argument function, for a check that loops in C.
+_is_str = str.__instancecheck__
 
 
 @runtime_checkable
@@ -53,7 +56,7 @@ class Scorer(Protocol):
 
 
 def _check_list(name: str, value: Any, allow_int: bool) -> list[str]:
-    if type(value) is list and all(type(item) is str for item in value):
+    if type(value) is list and all(map(_is_str, value)):
         return value  # the common case, checked in one pass
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ScorerInputError(f"{name} must be a list of strings, not {type(value).__name__}")
@@ -78,8 +81,8 @@ def validate_inputs(needs: Sequence[str], inputs: Mapping[str, Any]) -> dict[str
     ``list[str]`` (integer ids become strings, so ``1`` matches ``"1"``). Inputs that are absent
     or ``None`` come back as ``None``. Unknown input names raise, to catch typos early.
     """
-    unknown = sorted(set(inputs) - set(INPUT_NAMES))
-    if unknown:
+    if not _KNOWN_INPUTS.issuperset(inputs):
+        unknown = sorted(set(inputs) - _KNOWN_INPUTS)
         raise ScorerInputError(
             f"unknown input(s) {', '.join(unknown)}; known inputs: {', '.join(INPUT_NAMES)}"
         )

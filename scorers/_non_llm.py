@@ -14,61 +14,34 @@ from scorers._result import ScoreResult
 
 Measure = Literal["levenshtein", "hamming", "jaro", "jaro_winkler"]
 
-_numpy: Any
-try:  # RapidFuzz's all-pairs matrix needs NumPy; without it a loop gives the same numbers.
-    import numpy as _numpy
-except ImportError:  # pragma: no cover - depends on the environment
-    _numpy = None
+_lcs = LCSseq.similarity
 
 
 def _candidates(
-    references: list[str], retrieved: list[str], threshold: float
-) -> list[list[tuple[float, int, int]]]:
-    """Per reference, the retrieved contexts whose similarity bound exceeds ``threshold``, as
-    ``(bound, index, common)`` pairs (``common``: the LCS length), highest bound first.
+    reference: str, retrieved: list[str], lengths: list[int], threshold: float, cutoff: int
+) -> list[tuple[float, int, int]]:
+    """The retrieved contexts whose similarity bound for ``reference`` exceeds ``threshold``, as
+    ``(bound, index, common)`` triples (``common``: the LCS length), highest bound first and, for
+    equal bounds, in retrieval order.
 
-    No reference may equal a retrieved context (the caller matches those first): then a pair
-    with no common character has a bound of 0 and is never a candidate.
+    ``cutoff`` is an LCS length that every candidate pair needs; RapidFuzz then computes only a
+    diagonal band of each pair's matrix and leaves out the pairs below it. ``reference`` must not
+    equal a retrieved context (the caller matches those first): then a pair with no common
+    character has a bound of 0 and is never a candidate.
     """
-    ref_lengths = [len(r) for r in references]
-    lengths = [len(c) for c in retrieved]
-    if _numpy is not None:
-        # Every pair needs an LCS above threshold x its longer length, so above threshold x the
-        # smallest such length over all pairs. As RapidFuzz's cutoff, it limits the LCS to a
-        # diagonal band and reports 0 for the pairs below it, which are then skipped whole.
-        cutoff = int(threshold * max(min(ref_lengths), min(lengths)))
-        matrix = process.cdist(
-            references,
-            retrieved,
-            scorer=LCSseq.similarity,
-            dtype=_numpy.int32,
-            workers=1,
-            score_cutoff=cutoff,
-        ).ravel()
-        kept = _numpy.flatnonzero(matrix)
-        width = len(retrieved)
-        pairs = [
-            (k // width, k % width, common)
-            for k, common in zip(kept.tolist(), matrix[kept].tolist(), strict=True)
-        ]
-    else:
-        similarity = LCSseq.similarity
-        pairs = [
-            (i, j, similarity(reference, context))
-            for i, reference in enumerate(references)
-            for j, context in enumerate(retrieved)
-        ]
-    out: list[list[tuple[float, int, int]]] = [[] for _ in references]
-    for i, j, common in pairs:
-        length, other = ref_lengths[i], lengths[j]
+    length = len(reference)
+    out = []
+    for _, common, index in process.extract(
+        reference, retrieved, scorer=_lcs, score_cutoff=cutoff, limit=None
+    ):
+        other = lengths[index]
         longest = length if length > other else other
         # The bound is computed exactly as the similarity would be: 1 - (longest - LCS) / longest.
         bound = 1.0 - (longest - common) / longest if longest else 1.0
         if bound > threshold:
-            out[i].append((bound, j, common))
-    for row in out:
-        if len(row) > 1:
-            row.sort(key=lambda pair: (-pair[0], pair[1]))
+            out.append((bound, index, common))
+    if len(out) > 1:
+        out.sort(key=lambda triple: (-triple[0], triple[1]))
     return out
 
 
@@ -160,34 +133,36 @@ class NonLLMContextRecall(BaseScorer):
         # Levenshtein: distance >= max(len) - LCS, so 1 - (max(len) - LCS) / max(len) bounds
         # the similarity from above. The LCS is several times cheaper than the distance and the
         # bound rules out most unrelated pairs; the exact distance runs only for the rest.
-        # A reference context retrieved verbatim (a golden chunk, typically) has similarity 1 with
-        # its first copy, which no other context can beat: no matrix needed for it.
-        first_copy: dict[str, int] = {}
-        for index, context in enumerate(retrieved):
-            first_copy.setdefault(context, index)
-        verbatim = threshold < 1.0
-        best_of: list[tuple[int | None, float | None]] = [
-            (first_copy[reference], 1.0) if verbatim and reference in first_copy else (None, None)
-            for reference in references
-        ]
-        rest = [i for i, found in enumerate(best_of) if found[0] is None]
-        if not rest:
-            return best_of
-        pending = [references[i] for i in rest]
-        for position, reference, candidates in zip(
-            rest, pending, _candidates(pending, retrieved, threshold), strict=True
-        ):
+        if threshold >= 1.0:  # no similarity is strictly above 1
+            return [(None, None)] * len(references)
+        # A reference context retrieved verbatim (a golden chunk, typically) has similarity 1
+        # with its first copy, which no other context can beat: no LCS needed for it. Built from
+        # the back, the mapping keeps each context's first index.
+        first_copy = dict(zip(reversed(retrieved), range(len(retrieved) - 1, -1, -1), strict=True))
+        lengths = [len(context) for context in retrieved]
+        shortest = min(lengths)
+        out = []
+        for reference in references:
+            copy = first_copy.get(reference)
+            if copy is not None:
+                out.append((copy, 1.0))
+                continue
+            # Every candidate needs an LCS above threshold x the pair's longer length, hence
+            # above threshold x max(this length, the shortest retrieved length).
+            length = len(reference)
+            cutoff = int(threshold * (length if length > shortest else shortest))
             best_index: int | None = None
             best = -1.0
-            for upper, index, common in candidates:
+            for upper, index, common in _candidates(
+                reference, retrieved, lengths, threshold, cutoff
+            ):
                 if upper <= best:
                     break  # sorted by bound: no later candidate can beat the best
                 similarity = _levenshtein_similarity(reference, retrieved[index], common)
                 if similarity > best:
                     best_index, best = index, similarity
-            if best > threshold:
-                best_of[position] = (best_index, best)
-        return best_of
+            out.append((best_index, best) if best > threshold else (None, None))
+        return out
 
     def _compute(self, clean: dict[str, Any], started: float) -> ScoreResult:
         missing = self.missing_input(clean)
@@ -203,20 +178,17 @@ class NonLLMContextRecall(BaseScorer):
                 details={"measure": self.measure, "threshold": self.threshold, "matches": []},
                 latency_ms=elapsed_ms(started),
             )
-        matches = []
-        found = 0
         best = self._best_matches(references, retrieved)
-        for ref_index, (match_index, similarity) in enumerate(best):
-            if match_index is not None:
-                found += 1
-            matches.append(
-                {
-                    "reference_index": ref_index,
-                    "found": match_index is not None,
-                    "retrieved_index": match_index,
-                    "similarity": similarity,
-                }
-            )
+        matches = [
+            {
+                "reference_index": ref_index,
+                "found": match_index is not None,
+                "retrieved_index": match_index,
+                "similarity": similarity,
+            }
+            for ref_index, (match_index, similarity) in enumerate(best)
+        ]
+        found = sum(match_index is not None for match_index, _ in best)
         total = len(references)
         return self.scored(
             found / total,

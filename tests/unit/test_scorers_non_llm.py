@@ -301,14 +301,7 @@ def _edited_windows(seed: int) -> tuple[list[str], list[str]]:
     return retrieved, reference
 
 
-@pytest.mark.parametrize("with_numpy", [True, False])
-def test_long_texts_match_the_definition_with_and_without_numpy(
-    monkeypatch: pytest.MonkeyPatch, with_numpy: bool
-) -> None:
-    import scorers._non_llm as module
-
-    if not with_numpy:
-        monkeypatch.setattr(module, "_numpy", None)
+def test_long_texts_match_the_definition() -> None:
     for seed in range(30):
         retrieved, reference = _edited_windows(seed)
         for threshold in (0.0, 0.2, 0.5, 0.8):
