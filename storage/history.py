@@ -2,15 +2,16 @@
 
 Every query filters on ``scores.trace_started_at`` (when the request happened, not when it was
 scored), optionally by app and metric, and never joins ``traces``: the score rows carry the
-app name and start time for that reason.
+app name and start time for that reason. Each metric is read at one version: the catalog's
+current one unless another is asked for. After a version change, a backfill stores the new
+version's scores beside the old ones, and the two are never pooled.
 
 Postgres does the statistics itself: percentiles with ``percentile_cont(...) WITHIN GROUP
 (ORDER BY value)``, one small aggregate per UTC hour or day bucket (see :func:`_summary_sql`
-for why not one GROUP BY), read by index-only scans of ``ix_scores_metric_started``. SQLite
-has no ordered-set
-aggregates, so there the rows of the window are fetched and the same statistics (linear
-interpolation between the closest ranks, as ``percentile_cont`` does) are computed in Python;
-that is fine for the laptop-sized databases SQLite is meant for.
+for why not one GROUP BY), read by index-only scans of ``ix_scores_metric_version_started``.
+SQLite has no ordered-set aggregates, so there the rows of the window are fetched and the same
+statistics (linear interpolation between the closest ranks, as ``percentile_cont`` does) are
+computed in Python; that is fine for the laptop-sized databases SQLite is meant for.
 
 All filter values travel as bound parameters.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Engine, and_, func, select, text, union_all
+from sqlalchemy import ColumnElement, Engine, and_, func, or_, select, text, tuple_, union_all
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
@@ -52,6 +53,7 @@ __all__ = [
     "check_filter_text",
     "check_metric",
     "group_by_metric",
+    "metric_versions",
     "parse_duration",
     "parse_time",
     "percentile",
@@ -159,6 +161,23 @@ def check_filter_text(name: str, value: str) -> str:
     return value
 
 
+def metric_versions(metric: str | None = None, version: str | None = None) -> dict[str, str]:
+    """Which version of which metric a history query reads, as ``{metric: version}``.
+
+    Without ``version``: every catalog metric (or just ``metric``) at its current version.
+    ``version`` reads another one, an older version after a backfill to a new one, say; it
+    needs ``metric``, since versions are numbered per metric.
+    """
+    if version is None:
+        keys = [check_metric(metric)] if metric is not None else list(CATALOG)
+        return {key: CATALOG[key].version for key in keys}
+    if metric is None:
+        raise ValueError("a version belongs to one metric: give the metric as well")
+    if not check_filter_text("version", version).strip():
+        raise ValueError("version must not be empty")
+    return {check_metric(metric): version}
+
+
 def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     """The ``fraction`` percentile of ascending ``sorted_values``, as ``percentile_cont``.
 
@@ -185,6 +204,8 @@ class SummaryRow:
     bucket_start: datetime
     """Start of the bucket (UTC, truncated to the hour or the day)."""
     metric: str
+    version: str
+    """The metric's version these scores were computed by."""
     count: int
     """Number of ``scored`` results; the statistics below are over these."""
     mean: float | None
@@ -201,6 +222,7 @@ class SummaryRow:
         return {
             "bucket_start": self.bucket_start.isoformat(),
             "metric": self.metric,
+            "version": self.version,
             "count": self.count,
             "mean": self.mean,
             "p10": self.p10,
@@ -243,6 +265,8 @@ class WindowStats:
     """Scores of one metric over one time window (what ``recalltrace check`` tests)."""
 
     metric: str
+    version: str
+    """The metric's version these scores were computed by."""
     since: datetime | None
     until: datetime | None
     app: str | None
@@ -426,7 +450,7 @@ _BUCKET_STEP: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedel
 def _summary_sql(*, with_app: bool) -> TextClause:
     """The Postgres summary of chosen (bucket, metric) pairs: one small aggregate each.
 
-    Each lateral aggregate is an index-only range scan of ``ix_scores_metric_started``, so
+    Each lateral aggregate is an index-only range scan of ``ix_scores_metric_version_started``, so
     the only sorts are the small per-bucket ones ``percentile_cont`` needs anyway. A plain
     ``GROUP BY`` first sorts every row of the window by its group (three times slower for a
     week of scores), and ``date_trunc(..., 'UTC')`` adds a time-zone lookup per row. Buckets
@@ -441,8 +465,11 @@ def _summary_sql(*, with_app: bool) -> TextClause:
         f"""
         SELECT p.bucket_start, p.metric, s.n_scored, s.mean, s.percentiles,
                s.n_skipped, s.n_failed
-        FROM unnest(CAST(:starts AS timestamptz[]), CAST(:metrics AS text[]))
-             AS p(bucket_start, metric)
+        FROM unnest(
+                 CAST(:starts AS timestamptz[]),
+                 CAST(:metrics AS text[]),
+                 CAST(:versions AS text[])
+             ) AS p(bucket_start, metric, version)
         CROSS JOIN LATERAL (
             SELECT count(sc.value) AS n_scored,
                    avg(sc.value) AS mean,
@@ -452,6 +479,7 @@ def _summary_sql(*, with_app: bool) -> TextClause:
                    count(*) FILTER (WHERE sc.status = 'failed') AS n_failed
             FROM scores AS sc
             WHERE sc.metric = p.metric
+              AND sc.version = p.version
               AND sc.trace_started_at >= p.bucket_start
               AND sc.trace_started_at < p.bucket_start + CAST(:step AS interval)
               AND sc.trace_started_at >= :lower
@@ -479,15 +507,20 @@ class History:
         since: datetime | None,
         until: datetime | None,
         app: str | None,
-        metric: str | None,
+        versions: Mapping[str, str] | None,
     ) -> list[ColumnElement[bool]]:
+        """Conditions on scores: the window, the app and the (metric, version) pairs read."""
         if since is not None and until is not None and since >= until:
             raise ValueError(
                 f"since ({since.isoformat()}) must be before until ({until.isoformat()})"
             )
         conditions: list[ColumnElement[bool]] = []
-        if metric is not None:
-            conditions.append(Score.metric == check_metric(metric))
+        if versions is not None:
+            pairs = [
+                and_(Score.metric == key, Score.version == version)
+                for key, version in versions.items()
+            ]
+            conditions.append(pairs[0] if len(pairs) == 1 else or_(*pairs))
         if app is not None:
             conditions.append(Score.app_name == check_filter_text("app", app))
         if since is not None:
@@ -505,19 +538,22 @@ class History:
         until: datetime | None = None,
         app: str | None = None,
         metric: str | None = None,
+        version: str | None = None,
     ) -> list[SummaryRow]:
         """Per bucket and metric: scored count, mean, p10/p50/p90, skipped and failed counts.
 
-        Rows come ordered by bucket, then metric; buckets without any result are absent, and
-        so are metrics no longer in the catalog. A window starting mid-bucket makes its first
-        bucket partial.
+        Each metric is read at its current catalog version, or at ``version`` (which needs
+        ``metric``; see :func:`metric_versions`). Rows come ordered by bucket, then metric;
+        buckets without any result are absent, and so are metrics no longer in the catalog. A
+        window starting mid-bucket makes its first bucket partial.
         """
         if bucket not in BUCKETS:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
-        conditions = self._score_filters(since, until, app, metric)
+        versions = metric_versions(metric, version)
+        conditions = self._score_filters(since, until, app, versions)
         if self.is_postgres:
-            return self._summary_postgres(bucket, since, until, app, metric)
-        return self._summary_python(bucket, conditions)
+            return self._summary_postgres(bucket, since, until, app, versions)
+        return self._summary_python(bucket, conditions, versions)
 
     def _summary_postgres(
         self,
@@ -525,7 +561,7 @@ class History:
         since: datetime | None,
         until: datetime | None,
         app: str | None,
-        metric: str | None,
+        versions: Mapping[str, str],
     ) -> list[SummaryRow]:
         """Cached rows for complete buckets in the past, live aggregates for the rest.
 
@@ -534,7 +570,7 @@ class History:
         score of that bucket is written or deleted. The bucket still filling up and the
         partial buckets at the window's edges are always computed live.
         """
-        metrics = [metric] if metric is not None else list(CATALOG)
+        metrics = list(versions)
         window = self._score_filters(since, until, app, None)
         step = _BUCKET_STEP[bucket]
         app_key = app or ""
@@ -544,7 +580,7 @@ class History:
                 select(
                     func.min(Score.trace_started_at).label("first"),
                     func.max(Score.trace_started_at).label("last"),
-                ).where(Score.metric == key, *window)
+                ).where(Score.metric == key, Score.version == versions[key], *window)
                 for key in metrics
             ]
             bounds = union_all(*parts).subquery()
@@ -572,7 +608,9 @@ class History:
                     select(SummaryCache).where(
                         SummaryCache.bucket == bucket,
                         SummaryCache.app_name == app_key,
-                        SummaryCache.metric.in_(metrics),
+                        tuple_(SummaryCache.metric, SummaryCache.version).in_(
+                            list(versions.items())
+                        ),
                         SummaryCache.bucket_start.in_(sorted(complete)),
                     )
                 ):
@@ -580,6 +618,7 @@ class History:
                     cached[(start, r.metric)] = SummaryRow(
                         bucket_start=start,
                         metric=r.metric,
+                        version=r.version,
                         count=r.n_scored,
                         mean=r.mean,
                         p10=r.p10,
@@ -602,7 +641,7 @@ class History:
                 # in these buckets between computing them and storing the rows.
                 with self.engine.begin() as fill:
                     fill.execute(select(func.pg_advisory_xact_lock(SUMMARY_LOCK_KEY)))
-                    fresh = self._aggregate(fill, wanted, params, app)
+                    fresh = self._aggregate(fill, wanted, versions, params, app)
                     storable = [r for r in fresh if r.bucket_start in complete]
                     if storable:
                         stmt = pg_insert(SummaryCache).values(
@@ -611,6 +650,7 @@ class History:
                                     "bucket": bucket,
                                     "bucket_start": r.bucket_start,
                                     "metric": r.metric,
+                                    "version": r.version,
                                     "app_name": app_key,
                                     "n_scored": r.count,
                                     "mean": r.mean,
@@ -626,7 +666,13 @@ class History:
                         )
                         fill.execute(
                             stmt.on_conflict_do_update(
-                                index_elements=["bucket", "bucket_start", "metric", "app_name"],
+                                index_elements=[
+                                    "bucket",
+                                    "bucket_start",
+                                    "metric",
+                                    "version",
+                                    "app_name",
+                                ],
                                 set_={
                                     k: stmt.excluded[k]
                                     for k in (
@@ -643,7 +689,7 @@ class History:
                             )
                         )
             elif wanted:
-                fresh = self._aggregate(conn, wanted, params, app)
+                fresh = self._aggregate(conn, wanted, versions, params, app)
         rows = list(cached.values()) + fresh
         rows.sort(key=lambda r: (r.bucket_start, r.metric))
         return rows
@@ -652,21 +698,29 @@ class History:
     def _aggregate(
         conn: Connection,
         pairs: list[tuple[datetime, str]],
+        versions: Mapping[str, str],
         params: dict[str, Any],
         app: str | None,
     ) -> list[SummaryRow]:
-        """Live aggregates of (bucket, metric) pairs; pairs without any result are left out."""
+        """Live aggregates of (bucket, metric) pairs, each metric at the version ``versions``
+        gives; pairs without any result are left out."""
         # A plan this size crosses the default JIT threshold on big tables, and compiling
         # costs more than the query itself.
         conn.execute(text("SET LOCAL jit = off"))
         rows = conn.execute(
             _summary_sql(with_app=app is not None),
-            {**params, "starts": [b for b, _m in pairs], "metrics": [m for _b, m in pairs]},
+            {
+                **params,
+                "starts": [b for b, _m in pairs],
+                "metrics": [m for _b, m in pairs],
+                "versions": [versions[m] for _b, m in pairs],
+            },
         ).all()
         return [
             SummaryRow(
                 bucket_start=_utc(r.bucket_start),
                 metric=r.metric,
+                version=versions[r.metric],
                 count=int(r.n_scored),
                 mean=_float(r.mean),
                 p10=None if r.percentiles is None else _float(r.percentiles[0]),
@@ -680,10 +734,13 @@ class History:
         ]
 
     def _summary_python(
-        self, bucket: Bucket, conditions: list[ColumnElement[bool]]
+        self,
+        bucket: Bucket,
+        conditions: list[ColumnElement[bool]],
+        versions: Mapping[str, str],
     ) -> list[SummaryRow]:
         stmt = select(Score.trace_started_at, Score.metric, Score.status, Score.value).where(
-            *conditions, Score.metric.in_(list(CATALOG))
+            *conditions
         )
         groups: dict[tuple[datetime, str], tuple[list[float], list[int]]] = {}
         with self.engine.connect() as conn:
@@ -706,6 +763,7 @@ class History:
                 SummaryRow(
                     bucket_start=bucket_start,
                     metric=metric,
+                    version=versions[metric],
                     count=len(values),
                     mean=math.fsum(values) / len(values) if values else None,
                     p10=p10,
@@ -725,9 +783,12 @@ class History:
         since: datetime | None = None,
         until: datetime | None = None,
         app: str | None = None,
+        version: str | None = None,
     ) -> WindowStats:
-        """Count and mean of one metric's scored results over one window (plus skips, fails)."""
-        conditions = self._score_filters(since, until, app, metric)
+        """Count and mean of one metric's scored results over one window (plus skips, fails),
+        at the metric's current catalog version or at ``version``."""
+        versions = metric_versions(metric, version)
+        conditions = self._score_filters(since, until, app, versions)
         scored = Score.status == "scored"
         stmt = select(
             func.count().filter(scored),
@@ -739,6 +800,7 @@ class History:
             count, mean, skipped, failed = conn.execute(stmt).one()
         return WindowStats(
             metric=metric,
+            version=versions[metric],
             since=since,
             until=until,
             app=app,
@@ -757,15 +819,18 @@ class History:
         since: datetime | None = None,
         until: datetime | None = None,
         app: str | None = None,
+        version: str | None = None,
     ) -> list[WorstRow]:
         """The ``limit`` lowest scored results, lowest first, with their reasons.
 
-        With no ``metric`` the lowest of every catalog metric are merged; each metric's part
-        is read in value order from the partial index on (metric, value).
+        Each metric is read at its current catalog version, or at ``version`` (which needs
+        ``metric``). With no ``metric`` the lowest of every catalog metric are merged; each
+        metric's part is read in value order from the partial index on (metric, version,
+        value).
         """
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        metrics = [check_metric(metric)] if metric is not None else list(CATALOG)
+        versions = metric_versions(metric, version)
         columns = (
             Score.trace_id,
             Score.metric,
@@ -777,10 +842,13 @@ class History:
             Score.scored_at,
         )
         parts = []
-        for key in metrics:
+        for key, key_version in versions.items():
             parts.append(
                 select(*columns)
-                .where(Score.status == "scored", *self._score_filters(since, until, app, key))
+                .where(
+                    Score.status == "scored",
+                    *self._score_filters(since, until, app, {key: key_version}),
+                )
                 .order_by(Score.value, Score.trace_started_at.desc(), Score.trace_id)
                 .limit(limit)
             )

@@ -199,18 +199,26 @@ class Score(Base):
 
     __table_args__ = (
         UniqueConstraint("trace_id", "metric", "version", name="uq_scores_trace_metric_version"),
-        # The history queries read (metric, time range) and need only these columns, so on
-        # Postgres they are answered by index-only scans.
+        # The history queries read (metric, version, time range) and need only these columns,
+        # so on Postgres they are answered by index-only scans.
         Index(
-            "ix_scores_metric_started",
+            "ix_scores_metric_version_started",
             "metric",
+            "version",
             "trace_started_at",
             postgresql_include=["app_name", "status", "value"],
         ),
-        Index("ix_scores_app_metric_started", "app_name", "metric", "trace_started_at"),
         Index(
-            "ix_scores_metric_value",
+            "ix_scores_app_metric_version_started",
+            "app_name",
             "metric",
+            "version",
+            "trace_started_at",
+        ),
+        Index(
+            "ix_scores_metric_version_value",
+            "metric",
+            "version",
             "value",
             postgresql_where=text("status = 'scored'"),
             sqlite_where=text("status = 'scored'"),
@@ -221,8 +229,8 @@ class Score(Base):
 class SummaryCache(Base):
     """Summary rows of complete buckets, so long windows read a few rows, not every score.
 
-    A row is removed whenever a score of its bucket and metric is written or deleted; only
-    buckets wholly in the past are cached.
+    A row is removed whenever a score of its bucket and metric (any version) is written or
+    deleted; only buckets wholly in the past are cached.
     """
 
     __tablename__ = "summary_cache"
@@ -230,6 +238,7 @@ class SummaryCache(Base):
     bucket: Mapped[str] = mapped_column(String(8), primary_key=True)
     bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
     metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[str] = mapped_column(String(32), primary_key=True)
     app_name: Mapped[str] = mapped_column(String(200), primary_key=True)
     """The app filter the row was computed for; empty for every app."""
     n_scored: Mapped[int] = mapped_column(Integer)

@@ -107,6 +107,7 @@ def register_history_commands(sub: argparse._SubParsersAction[argparse.ArgumentP
     )
     _add_database_option(check)
     check.add_argument("--metric", required=True, metavar="METRIC", help="the metric to check")
+    _add_version(check)
     check.add_argument(
         "--min", dest="minimum", required=True, type=_unit_float, metavar="X", help="lowest mean"
     )
@@ -201,6 +202,19 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
         "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
     )
     parser.add_argument("--metric", default=None, metavar="METRIC", help=metric_help)
+    _add_version(parser)
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--version",
+        dest="metric_version",
+        type=_stored_text,
+        default=None,
+        metavar="V",
+        help="read version V of --metric (default: each metric's current version; the scores "
+        "of other versions, kept after a backfill, are never pooled with them)",
+    )
 
 
 def _add_job_filters(parser: argparse.ArgumentParser) -> None:
@@ -301,6 +315,18 @@ def _metric(value: str | None) -> str | None:
         raise CommandError(str(exc)) from None
 
 
+def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--metric`` and ``--version``, checked together: a version is one metric's."""
+    metric = _metric(args.metric)
+    version: str | None = args.metric_version
+    if version is not None:
+        if metric is None:
+            raise CommandError("--version needs --metric: versions are numbered per metric")
+        if not version.strip():
+            raise CommandError("--version must not be empty")
+    return metric, version
+
+
 def _window(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]:
     """``--since``/``--until`` as UTC times; one clear line for a bad value."""
     from storage.history import TimeSpecError, parse_time
@@ -367,6 +393,7 @@ def _print_csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None
 SUMMARY_FIELDS = (
     "bucket_start",
     "metric",
+    "version",
     "count",
     "mean",
     "p10",
@@ -378,10 +405,10 @@ SUMMARY_FIELDS = (
 
 
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
-    metric = _metric(args.metric)
+    metric, version = _metric_version(args)
     since, until = _window(args)
     rows = _history(engine).summary(
-        bucket=args.bucket, since=since, until=until, app=args.app, metric=metric
+        bucket=args.bucket, since=since, until=until, app=args.app, metric=metric, version=version
     )
     return rows, _window_text(since, until)
 
@@ -394,6 +421,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         _print_csv(SUMMARY_FIELDS, [r.as_dict() for r in rows])
     else:
+        from rich.markup import escape
         from rich.table import Table
 
         console = _console()
@@ -403,12 +431,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         table = Table(title=f"Scores by {args.bucket}, {window}", title_justify="left")
         table.add_column(args.bucket)
         table.add_column("metric")
+        table.add_column("v", justify="right")
         for name in ("count", "mean", "p10", "p50", "p90", "skipped", "failed"):
             table.add_column(name, justify="right")
         for r in rows:
             table.add_row(
                 _bucket_text(r.bucket_start, args.bucket),
                 r.metric,
+                escape(r.version),
                 str(r.count),
                 _num(r.mean),
                 _num(r.p10),
@@ -436,11 +466,11 @@ WORST_FIELDS = (
 
 
 def _cmd_worst(args: argparse.Namespace) -> int:
-    metric = _metric(args.metric)
+    metric, version = _metric_version(args)
     since, until = _window(args)
     with _database(args) as engine:
         rows = _history(engine).worst(
-            metric=metric, limit=args.limit, since=since, until=until, app=args.app
+            metric=metric, limit=args.limit, since=since, until=until, app=args.app, version=version
         )
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
@@ -926,12 +956,16 @@ th:nth-child(-n+2), td:nth-child(-n+2) {{ text-align: left; }}
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    metric = _metric(args.metric)
+    metric, version = _metric_version(args)
     assert metric is not None  # --metric is required
     since, until = _window(args)
     with _database(args) as engine:
-        stats = _history(engine).window(metric=metric, since=since, until=until, app=args.app)
+        stats = _history(engine).window(
+            metric=metric, since=since, until=until, app=args.app, version=version
+        )
     scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")
+    if version is not None:
+        scope += f", version {version}"
     if stats.count < args.min_count or stats.mean is None:
         print(
             f"FAIL {metric}: {stats.count} scored traces for {scope}, fewer than the "

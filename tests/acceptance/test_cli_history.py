@@ -488,6 +488,30 @@ def test_check_exit_codes(seeded: Seeded) -> None:
     assert "0 scored traces" in empty.stderr
 
 
+def test_version_reads_one_version_of_a_metric(seeded: Seeded) -> None:
+    summary = ("scores", "summary", "--since", "2d", "--format", "json")
+    metric = ("--metric", "llm_context_recall")
+    default, current, old, no_metric, check_old, worst_old = run_all(
+        (*summary, *metric),
+        (*summary, *metric, "--version", "1"),
+        (*summary, *metric, "--version", "0"),
+        (*summary, "--version", "1"),
+        ("check", *metric, "--version", "0", "--since", "2d", "--min", "0.1"),
+        ("scores", "worst", *metric, "--version", "0", "--format", "json"),
+        url=seeded.url,
+    )
+    rows = json.loads(ok(default))
+    assert rows and {r["version"] for r in rows} == {"1"}
+    assert json.loads(ok(current)) == rows
+    assert json.loads(ok(old)) == []
+    assert json.loads(ok(worst_old)) == []
+    assert no_metric.returncode == 2
+    assert "--version needs --metric" in one_line_error(no_metric)
+    assert check_old.returncode == 1
+    assert "0 scored traces" in check_old.stderr and "version 0" in check_old.stderr
+    assert ok(run("--version")).startswith("recalltrace ")  # the program's own, untouched
+
+
 # -- jobs ------------------------------------------------------------------------------------------
 
 

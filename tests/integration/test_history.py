@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, insert, literal, select
 
 from storage.db import create_engine_from_url
 from storage.history import History, SummaryRow, TraceNotFound, UnknownMetric
@@ -133,6 +133,7 @@ def test_a_bucket_with_only_skipped_results_has_no_statistics(
     assert row == SummaryRow(
         bucket_start=T0,
         metric="llm_context_recall",
+        version="1",
         count=0,
         mean=None,
         p10=None,
@@ -269,6 +270,70 @@ def test_worst_lists_lowest_scored_results_first(repo: Repository, history: Hist
     ]
     with pytest.raises(ValueError):
         history.worst(limit=0)
+
+
+def _store_old_version(engine: Engine, metric: str, version: str, value: float) -> None:
+    """Copy every stored score of ``metric`` as ``version`` with ``value``: the scores an
+    earlier version of the variant left behind before a backfill to the current one."""
+    columns = [c for c in Score.__table__.c if c.name != "id"]
+    source = select(
+        *(
+            literal(version).label("version")
+            if c.name == "version"
+            else literal(value).label("value")
+            if c.name == "value"
+            else c
+            for c in columns
+        )
+    ).where(Score.metric == metric)
+    with engine.begin() as conn:
+        conn.execute(insert(Score).from_select([c.name for c in columns], source))
+
+
+def test_history_reads_one_version_of_each_metric(
+    repo: Repository, history: History, engine: Engine
+) -> None:
+    """After a version change and a backfill, old and new scores of the same traces are never
+    pooled: every query reads the current catalog version unless asked for another."""
+    seed(
+        repo,
+        [(trace_at(T0 + timedelta(hours=h)), [scored("llm_context_recall", 0.6)]) for h in (1, 2)],
+    )
+    _store_old_version(engine, "llm_context_recall", "0", 0.1)
+    since, until = T0, T0 + timedelta(days=1)
+
+    for _ in range(2):  # on Postgres the second read of the complete day comes from the cache
+        (current,) = history.summary(since=since, until=until)
+        assert (current.metric, current.version, current.count, current.mean) == (
+            "llm_context_recall",
+            "1",
+            2,
+            pytest.approx(0.6),
+        )
+        (old,) = history.summary(since=since, until=until, metric="llm_context_recall", version="0")
+        assert (old.version, old.count, old.mean) == ("0", 2, pytest.approx(0.1))
+    assert history.summary(since=since, metric="llm_context_recall", version="7") == []
+
+    stats = history.window(metric="llm_context_recall", since=since, until=until)
+    assert (stats.version, stats.count, stats.mean) == ("1", 2, pytest.approx(0.6))
+    stats = history.window(metric="llm_context_recall", since=since, until=until, version="0")
+    assert (stats.version, stats.count, stats.mean) == ("0", 2, pytest.approx(0.1))
+
+    assert {(w.version, w.value) for w in history.worst()} == {("1", 0.6)}
+    assert {(w.version, w.value) for w in history.worst(metric="llm_context_recall")} == {
+        ("1", 0.6)
+    }
+    old_worst = history.worst(metric="llm_context_recall", version="0")
+    assert [(w.version, w.value) for w in old_worst] == [("0", 0.1), ("0", 0.1)]
+
+    with pytest.raises(ValueError, match="give the metric as well"):
+        history.summary(version="0")
+    with pytest.raises(ValueError, match="give the metric as well"):
+        history.worst(version="0")
+    with pytest.raises(ValueError, match="empty"):
+        history.window(metric="llm_context_recall", version=" ")
+    with pytest.raises(ValueError, match="NUL"):
+        history.summary(metric="llm_context_recall", version="1\x00")
 
 
 def test_trace_detail_has_everything_stored(repo: Repository, history: History) -> None:

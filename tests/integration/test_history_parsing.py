@@ -88,6 +88,7 @@ def test_chart_keeps_time_linear_and_breaks_lines_at_gaps() -> None:
         return SummaryRow(
             bucket_start=datetime(2026, 11, day, tzinfo=timezone.utc),
             metric="llm_context_recall",
+            version="1",
             count=count,
             mean=mean,
             p10=mean,
