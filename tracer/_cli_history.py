@@ -424,34 +424,49 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         from rich.markup import escape
         from rich.table import Table
 
+        from storage.history import group_by_metric
+
         console = _console()
         if not rows:
             console.print(f"No scores for {window}.")
             return EXIT_OK
-        table = Table(title=f"Scores by {args.bucket}, {window}", title_justify="left")
-        table.add_column(args.bucket)
-        table.add_column("metric")
-        table.add_column("v", justify="right")
-        for name in ("count", "mean", "p10", "p50", "p90", "skipped", "failed"):
-            table.add_column(name, justify="right")
+        stats = ("count", "mean", "p10", "p50", "p90", "skipped", "failed")
+
+        def cells(r: SummaryRow) -> list[str]:
+            values = (r.mean, r.p10, r.p50, r.p90)
+            return [str(r.count), *(_num(v) for v in values), str(r.skipped), str(r.failed)]
+
+        title = f"Scores by {args.bucket}, {window}"
+        table = Table(title=title, title_justify="left")
+        for name in (args.bucket, "metric", "v", *stats):
+            table.add_column(name, justify="left" if name in (args.bucket, "metric") else "right")
         for r in rows:
-            table.add_row(
-                _bucket_text(r.bucket_start, args.bucket),
-                r.metric,
-                escape(r.version),
-                str(r.count),
-                _num(r.mean),
-                _num(r.p10),
-                _num(r.p50),
-                _num(r.p90),
-                str(r.skipped),
-                str(r.failed),
+            when = _bucket_text(r.bucket_start, args.bucket)
+            table.add_row(when, r.metric, escape(r.version), *cells(r))
+        unbounded = console.options.update_width(10_000)
+        if console.measure(table, options=unbounded).maximum <= console.width:
+            console.print(table)
+            return EXIT_OK
+        # Too narrow for one table (an 80-column terminal): one table per metric, which needs
+        # neither the metric nor the version column.
+        console.print(title)
+        for metric, series in group_by_metric(rows).items():
+            part = Table(
+                title=f"{metric} (version {escape(series[0].version)})", title_justify="left"
             )
-        console.print(table)
+            for name in (args.bucket, *stats):
+                part.add_column(name, justify="left" if name == args.bucket else "right")
+            for r in series:
+                part.add_row(_bucket_text(r.bucket_start, args.bucket), *cells(r))
+            console.print(part)
     return EXIT_OK
 
 
 # -- scores worst --------------------------------------------------------------------------------
+
+#: ``scores worst`` shows each row as a block instead of a table when the reason column would
+#: be narrower than this.
+_MIN_REASON_WIDTH = 24
 
 WORST_FIELDS = (
     "value",
@@ -485,12 +500,35 @@ def _cmd_worst(args: argparse.Namespace) -> int:
         if not rows:
             console.print(f"No scored traces for {window}.")
             return EXIT_OK
-        table = Table(title=f"Lowest scores, {window}", title_justify="left", show_lines=True)
-        table.add_column("value", justify="right")
-        table.add_column("metric", overflow="fold")
-        table.add_column("trace id / app", min_width=32)
-        table.add_column("started (UTC)")
-        table.add_column("reason", ratio=1)
+        title = f"Lowest scores, {window}"
+        # Every column but the reason has a fixed width; the reason gets the rest (rich left to
+        # itself overshoots the console by a column or two and crops the right border).
+        metric_width = max(len(r.metric) for r in rows)
+        fixed = (5, metric_width, 32, 16)
+        reason_width = console.width - sum(fixed) - 2 * (len(fixed) + 1) - (len(fixed) + 2)
+        if reason_width < _MIN_REASON_WIDTH:
+            # Too narrow for the reason beside the other columns: each row as a short block.
+            console.print(title)
+            grid = Table.grid(padding=(0, 2, 0, 0))
+            grid.add_column(justify="right")
+            grid.add_column()
+            for index, r in enumerate(rows):
+                if index:
+                    grid.add_row("", "")  # a blank line between rows
+                grid.add_row(
+                    _num(r.value),
+                    f"[bold]{r.metric}[/bold] (version {escape(r.version)})\n"
+                    f"{r.trace_id}  [dim]{escape(r.app_name)}  "
+                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{escape(r.reason)}",
+                )
+            console.print(grid)
+            return EXIT_OK
+        table = Table(title=title, title_justify="left", show_lines=True)
+        table.add_column("value", justify="right", width=fixed[0])
+        table.add_column("metric", width=fixed[1])
+        table.add_column("trace id / app", width=fixed[2])
+        table.add_column("started (UTC)", width=fixed[3], no_wrap=True)
+        table.add_column("reason", width=min(reason_width, max(len(r.reason) for r in rows)))
         for r in rows:
             table.add_row(
                 _num(r.value),

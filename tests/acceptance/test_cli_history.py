@@ -223,10 +223,11 @@ def seeded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return Seeded(url=url, backend=request.param, now=now, plan=_seed(url, now))
 
 
-def run(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``recalltrace`` with ``args`` (plus ``--database-url url``)."""
+def run(*args: str, url: str | None = None, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    """Run ``recalltrace`` with ``args`` (plus ``--database-url url``) as if in a terminal
+    ``columns`` wide."""
     env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
-    env["COLUMNS"] = "200"
+    env["COLUMNS"] = str(columns)
     command = [*COMMAND, *args] + (["--database-url", url] if url else [])
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
@@ -315,6 +316,47 @@ def test_summary_json_csv_and_table_agree_with_the_stored_scores(seeded: Seeded)
         assert heading in table
     assert "context_entity_recall" in table
     assert seeded.now.strftime("%Y-%m-%d") in table
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_tables_fit_the_terminal_without_cropping(seeded: Seeded, columns: int) -> None:
+    """On any common terminal width, nothing is cut off: no line is wider than the terminal,
+    every metric name and reason is there in full, and no table loses its right border."""
+    summary = ok(run("scores", "summary", url=seeded.url, columns=columns))
+    worst = ok(run("scores", "worst", "--limit", "50", url=seeded.url, columns=columns))
+    for output in (summary, worst):
+        lines = output.splitlines()
+        assert max(len(line) for line in lines) <= columns
+        for line in lines:
+            if line.startswith(("┏", "┃", "┡", "│", "├", "└")):
+                assert line.rstrip()[-1] in "┓┃┩│┤┘", line
+    for metric in ("llm_context_recall", "context_entity_recall", "id_based_context_recall"):
+        assert metric in summary
+    listed = ("scores", "worst", "--limit", "50", "--format", "json")
+    rows = json.loads(ok(run(*listed, url=seeded.url)))
+    assert len(rows) > 3
+    assert _reasons_shown(worst) == [" ".join(r["reason"].split()) for r in rows]
+
+
+def _reasons_shown(output: str) -> list[str]:
+    """The reasons as ``scores worst`` printed them, each joined back into one line: from the
+    last column of a table, or from the lines under each row's header in the narrow layout."""
+    lines = output.splitlines()[1:]  # after the title
+    groups: list[list[str]] = [[]]
+    if lines[0].startswith("┏"):
+        for line in lines[3:]:
+            if line.startswith(("├", "└")):
+                groups.append([])
+            else:
+                groups[-1].append(line.split("│")[-2].strip())
+    else:
+        for line in lines:
+            if line.strip():
+                groups[-1].append(line.strip())
+            else:
+                groups.append([])
+        groups = [group[2:] for group in groups]  # below the metric and the trace lines
+    return [" ".join(" ".join(group).split()) for group in groups if group]
 
 
 def test_summary_filters_by_metric_app_and_hour(seeded: Seeded) -> None:
