@@ -554,7 +554,10 @@ class Worker:
         failures = 0
         while True:
             try:
-                await self._db_call(self.repo.finish_jobs, outcomes)
+                written = await self._db_call(self.repo.finish_jobs, outcomes)
+                # Counted are the scores stored now: not those of traces deleted while they
+                # were scored, nor a second finish of a job another worker already stored.
+                batch = [entry for entry, new in zip(batch, written, strict=True) if new]
                 break
             except Exception as exc:
                 failures += 1
@@ -597,13 +600,13 @@ class Worker:
         self, batch: list[tuple[Any, ScoreResult, str, float]]
     ) -> list[tuple[Any, ScoreResult, str, float]]:
         """Store a refused batch score by score; a score storage refuses fails its job with
-        the reason. Returns what was finished; if the database goes away meanwhile, the rest
+        the reason. Returns the scores stored; if the database goes away meanwhile, the rest
         goes back to the pending scores."""
         finished = []
         for index, (job, result, app, duration) in enumerate(batch):
             try:
-                await self._db_call(self.repo.finish_jobs, [(job, result)])
-                finished.append((job, result, app, duration))
+                if (await self._db_call(self.repo.finish_jobs, [(job, result)]))[0]:
+                    finished.append((job, result, app, duration))
                 continue
             except Exception as exc:
                 if is_database_unavailable(exc):
@@ -613,8 +616,8 @@ class Worker:
             logger.error("job %s (%s): %s", job.id, job.metric, reason)
             failed = _failed_result(job, reason)
             try:
-                await self._db_call(self.repo.finish_jobs, [(job, failed)])
-                finished.append((job, failed, app, duration))
+                if (await self._db_call(self.repo.finish_jobs, [(job, failed)]))[0]:
+                    finished.append((job, failed, app, duration))
             except Exception:
                 try:
                     await self._db_call(self.repo.fail_job, job, reason)

@@ -340,12 +340,23 @@ class Repository:
         return (pg_dialect.insert if self.is_postgres else sqlite_dialect.insert)(table)
 
     def _build_score_upsert(self) -> Any:
-        """INSERT of a score that replaces only a ``skipped`` one; returns the rows written."""
+        """INSERT of a score; returns the rows written.
+
+        An existing ``scored`` result is final. A ``skipped`` or ``failed`` one is replaced by a
+        result of another status: a late reference made the trace scoreable, or the job ran
+        again after :meth:`retry_jobs`. The same status again changes nothing, so a job
+        finished twice (its lease ran out while it ran) is stored once.
+        """
         insert = self._insert(Score.__table__)
+        stored = Score.__table__.c.status
         return insert.on_conflict_do_update(
             index_elements=["trace_id", "metric", "version"],
             set_={k: insert.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS},
-            where=and_(Score.__table__.c.status == "skipped", insert.excluded.status != "skipped"),
+            # Plain comparisons: an IN list would be an expanding parameter, which the
+            # executemany this statement runs as cannot take.
+            where=and_(
+                or_(stored == "skipped", stored == "failed"), insert.excluded.status != stored
+            ),
         ).returning(Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version)
 
     # -- writing traces -----------------------------------------------------------------
@@ -909,7 +920,9 @@ class Repository:
         """Write ``score`` and close ``job`` in one transaction; returns True if it was new.
 
         Unique on (trace, metric, version): writing the same score twice changes nothing. A
-        ``skipped`` score (e.g. a reference that came too late) may be replaced by a real one.
+        ``scored`` result is final; a ``skipped`` one (e.g. a reference that came too late) or a
+        ``failed`` one (the job ran again after :meth:`retry_jobs`) is replaced by a result of
+        another status.
         """
         return self.finish_jobs([(job, score)])[0]
 
@@ -1062,7 +1075,12 @@ class Repository:
             )
 
     def retry_jobs(self, *, job_ids: Sequence[int] | None = None, metric: str | None = None) -> int:
-        """Queue failed jobs again with fresh attempts; returns how many."""
+        """Queue failed jobs again with fresh attempts; returns how many.
+
+        The failed result each of them stored stays until the job finishes again, and is then
+        replaced by the new result (unless that fails again: the job's ``last_error`` then
+        holds the latest reason).
+        """
         now = self._db_now()
         stmt = update(ScoringJob).where(ScoringJob.status == JobStatus.FAILED)
         if job_ids is not None:

@@ -122,6 +122,42 @@ def test_one_batch_mixes_new_duplicate_and_replaced_skipped_scores(repo: Reposit
     assert values == {first.trace_id: 0.75, second.trace_id: 0.2, third.trace_id: 0.3}
 
 
+def test_a_retried_failed_job_replaces_its_failed_result(repo: Repository) -> None:
+    """`jobs retry` must lead somewhere: the job's next result replaces the failure it stored,
+    while a scored result stays final and a second identical failure changes nothing."""
+    repo.write_traces([make_trace() for _ in range(2)])
+    lease = timedelta(minutes=5)
+    retried, scored = sorted(
+        repo.claim_jobs("w", limit=100, lease=lease, metrics=["llm_context_recall"]),
+        key=lambda j: j.id,
+    )
+    broken = ScoreValue(retried.metric, None, "failed", reason="The judge answered nonsense.")
+    assert repo.finish_jobs([(retried, broken), (scored, ScoreValue(scored.metric))]) == [
+        True,
+        True,
+    ]
+    assert repo.finish_job(retried, broken) is False  # the same failure twice: stored once
+
+    assert repo.retry_jobs() == 1
+    (again,) = repo.claim_jobs("w", limit=100, lease=lease, metrics=["llm_context_recall"])
+    assert again.id == retried.id
+    assert repo.finish_job(again, ScoreValue(again.metric, 0.4, reason="Now it answered.")) is True
+    # A scored result is final, whatever comes later for the same (trace, metric, version).
+    assert repo.finish_job(scored, broken) is False
+    with repo.engine.connect() as conn:
+        rows = dict(
+            (trace_id, (status, value, reason))
+            for trace_id, status, value, reason in conn.execute(
+                select(Score.trace_id, Score.status, Score.value, Score.reason)
+            )
+        )
+    assert rows == {
+        retried.trace_id: ("scored", 0.4, "Now it answered."),
+        scored.trace_id: ("scored", 0.75, "Three of four claims are supported."),
+    }
+    assert job_statuses(repo, retried.trace_id)[retried.metric] == JobStatus.DONE
+
+
 def test_expired_lease_comes_back_to_another_worker(repo: Repository) -> None:
     repo.write_traces([make_trace() for _ in range(3)])
     crashed = repo.claim_jobs("crashed", limit=5, lease=timedelta(milliseconds=200))

@@ -83,6 +83,9 @@ def test_traces_deleted_while_scored_do_not_block_the_others(
         wait_until(lambda: unfinished(pg_engine) == 0, 30, "the surviving jobs to finish")
         assert job_statuses(pg_engine) == {JobStatus.DONE: 5}
         assert thread.is_alive()
+        # Only what was stored counts: the five deleted traces' scores are not in the figures.
+        wait_until(lambda: worker.stats.finished == 5, 10, "the stored scores to be counted")
+        assert (worker.stats.scored, worker.stats.failed) == (5, 0)
     finally:
         worker.request_stop()
         thread.join(30)
