@@ -528,7 +528,8 @@ def _cmd_worst(args: argparse.Namespace) -> int:
         table.add_column("metric", width=fixed[1])
         table.add_column("trace id / app", width=fixed[2])
         table.add_column("started (UTC)", width=fixed[3], no_wrap=True)
-        table.add_column("reason", width=min(reason_width, max(len(r.reason) for r in rows)))
+        longest = max(len("reason"), *(len(r.reason) for r in rows))
+        table.add_column("reason", width=min(reason_width, longest))
         for r in rows:
             table.add_row(
                 _num(r.value),
