@@ -571,7 +571,6 @@ class History:
         partial buckets at the window's edges are always computed live.
         """
         metrics = list(versions)
-        window = self._score_filters(since, until, app, None)
         step = _BUCKET_STEP[bucket]
         app_key = app or ""
         with self.engine.connect() as conn:
@@ -580,8 +579,8 @@ class History:
                 select(
                     func.min(Score.trace_started_at).label("first"),
                     func.max(Score.trace_started_at).label("last"),
-                ).where(Score.metric == key, Score.version == versions[key], *window)
-                for key in metrics
+                ).where(*self._score_filters(since, until, app, {key: version}))
+                for key, version in versions.items()
             ]
             bounds = union_all(*parts).subquery()
             first, last = conn.execute(

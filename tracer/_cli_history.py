@@ -316,14 +316,17 @@ def _metric(value: str | None) -> str | None:
 
 
 def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """``--metric`` and ``--version``, checked together: a version is one metric's."""
+    """``--metric`` and ``--version``, checked by History's own rule, in the flags' words."""
+    from storage.history import metric_versions
+
     metric = _metric(args.metric)
     version: str | None = args.metric_version
-    if version is not None:
-        if metric is None:
-            raise CommandError("--version needs --metric: versions are numbered per metric")
-        if not version.strip():
-            raise CommandError("--version must not be empty")
+    if version is not None and metric is None:
+        raise CommandError("--version needs --metric: versions are numbered per metric")
+    try:
+        metric_versions(metric, version)
+    except ValueError as exc:
+        raise CommandError(f"--version: {exc}") from None
     return metric, version
 
 
