@@ -8,7 +8,9 @@ Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--
    that reach a local server) against Ragas' legacy and collections prompts, captured the same
    way by running Ragas' own metrics against that server. Also the reference-claims cache.
 3. Throughput of the LLM variants through LiteLLM against the scripted judge server run as a
-   separate process with a fixed latency, at concurrency 64.
+   separate process with a fixed latency, at concurrency 64, set up as ``recalltrace worker``
+   sets up its process (``load_judge_backend(freeze_gc=True, litellm_http=True)``); bare
+   LiteLLM calls on both of its routes to an OpenAI-compatible server for comparison.
 
 Ragas is optional (the ``bench`` extra: ragas==0.4.3 with langchain-community<0.4); without it
 the Ragas columns say so and our own figures are still printed.
@@ -39,6 +41,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import scorers  # noqa: E402
 from benchmarks._cpu import process_cpu_s  # noqa: E402
+from scorers._judge import LITELLM_HTTP_FLAG  # noqa: E402
 from tests.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
 
 LATENCY_S = 0.2
@@ -526,9 +529,12 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
     return time.perf_counter() - started
 
 
-def child(key: str, base_url: str, traces: int, concurrency: int, freeze_gc: bool) -> None:
+def child(
+    key: str, base_url: str, traces: int, concurrency: int, freeze_gc: bool, litellm_http: bool
+) -> None:
     """One of several client processes: warm up, say READY, wait for GO, report."""
-    scorers.load_judge_backend(freeze_gc=freeze_gc)  # before timing, as a scoring service
+    # before timing, as a scoring service
+    scorers.load_judge_backend(freeze_gc=freeze_gc, litellm_http=litellm_http)
     print("READY", flush=True)
     sys.stdin.readline()
     elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, concurrency))
@@ -536,8 +542,9 @@ def child(key: str, base_url: str, traces: int, concurrency: int, freeze_gc: boo
 
 
 def multi_process(
-    key: str, base_url: str, traces: int, processes: int, freeze_gc: bool
+    key: str, base_url: str, traces: int, processes: int, freeze_gc: bool, litellm_http: bool
 ) -> tuple[float, int, float]:
+    """Split ``traces`` and the concurrency over ``processes`` client processes."""
     children = [
         subprocess.Popen(
             [
@@ -548,17 +555,18 @@ def multi_process(
                 "--base-url",
                 base_url,
                 "--traces",
-                str(traces // processes),
+                str(traces // processes + (i < traces % processes)),
                 "--concurrency",
-                str(CONCURRENCY // processes),
+                str(CONCURRENCY // processes + (i < CONCURRENCY % processes)),
                 *([] if freeze_gc else ["--no-freeze-gc"]),
+                *([] if litellm_http else ["--openai-sdk"]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
         )
-        for _ in range(processes)
+        for i in range(processes)
     ]
     try:
         for proc in children:
@@ -584,32 +592,41 @@ def multi_process(
     )
 
 
-def bench_throughput(traces: int, processes: int, freeze_gc: bool) -> dict[str, Any]:
+def bench_throughput(
+    traces: int, processes: int, freeze_gc: bool, litellm_http: bool
+) -> dict[str, Any]:
     process, base_url = start_server_process(LATENCY_S)
     bound = CONCURRENCY / LATENCY_S
     out: dict[str, Any] = {"bound": bound}
-    scorers.load_judge_backend(freeze_gc=freeze_gc)  # before timing, as a scoring service
+    # before timing, as a scoring service
+    scorers.load_judge_backend(freeze_gc=freeze_gc, litellm_http=litellm_http)
+    setup = [f"freeze_gc={freeze_gc}", f"litellm_http={litellm_http}"]
     print(
         f"\nthroughput through LiteLLM, server latency {LATENCY_S * 1000:.0f} ms, concurrency "
         f"{CONCURRENCY}: bound {bound:.0f} traces/s (judge server in its own process); "
-        f"{traces} traces per run; client processes "
-        + (
-            "load LiteLLM with load_judge_backend(freeze_gc=True)"
-            if freeze_gc
-            else "do not freeze the GC"
-        )
+        f"{traces} traces per run; client processes call "
+        f"load_judge_backend({', '.join(setup)})"
     )
+    chosen = os.environ.get(LITELLM_HTTP_FLAG)
     try:
-        server_cpu = process_cpu_s(process.pid)
-        cpu = time.process_time()
-        elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
-        cpu, server_cpu = time.process_time() - cpu, process_cpu_s(process.pid) - server_cpu
-        out["litellm_alone"] = traces / elapsed
-        print(
-            f"  {'bare litellm.acompletion':<22} {traces / elapsed:6.1f} calls/s "
-            f"{traces / elapsed / bound:.2f}  (client {cpu / traces * 1000:.2f} ms CPU/call, "
-            f"server {server_cpu / traces * 1000:.2f})"
-        )
+        # LiteLLM reads its route switch on every call: measure both routes, then put it back.
+        for label, value in (("OpenAI SDK", "false"), ("own HTTP handler", "true")):
+            os.environ[LITELLM_HTTP_FLAG] = value
+            server_cpu = process_cpu_s(process.pid)
+            cpu = time.process_time()
+            elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
+            cpu = time.process_time() - cpu
+            server_cpu = process_cpu_s(process.pid) - server_cpu
+            out[f"litellm_alone_{'http' if value == 'true' else 'sdk'}"] = traces / elapsed
+            print(
+                f"  {'bare acompletion, ' + label:<34} {traces / elapsed:6.1f} calls/s "
+                f"{traces / elapsed / bound:.2f}  (client {cpu / traces * 1000:.2f} ms CPU/call, "
+                f"server {server_cpu / traces * 1000:.2f})"
+            )
+        if chosen is None:
+            os.environ.pop(LITELLM_HTTP_FLAG)
+        else:
+            os.environ[LITELLM_HTTP_FLAG] = chosen
         print(
             f"  {'variant':<22} {'one process':>21}   {processes} processes "
             "(client CPU ms per judge call, server CPU ms per call)"
@@ -624,7 +641,9 @@ def bench_throughput(traces: int, processes: int, freeze_gc: bool) -> dict[str, 
             runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
             if processes > 1:
                 server_cpu = process_cpu_s(process.pid)
-                elapsed, scored, cpu = multi_process(key, base_url, traces, processes, freeze_gc)
+                elapsed, scored, cpu = multi_process(
+                    key, base_url, traces, processes, freeze_gc, litellm_http
+                )
                 runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
             row: dict[str, Any] = {"calls_per_trace": calls}
             line = f"  {key:<22}"
@@ -662,12 +681,25 @@ def main() -> None:
         action="store_false",
         help="measure throughput without scorers.load_judge_backend(freeze_gc=True)",
     )
+    parser.add_argument(
+        "--openai-sdk",
+        dest="litellm_http",
+        action="store_false",
+        help="score through the OpenAI SDK: without load_judge_backend(litellm_http=True)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.base_url, args.traces, args.concurrency, args.freeze_gc)
+        child(
+            args.child,
+            args.base_url,
+            args.traces,
+            args.concurrency,
+            args.freeze_gc,
+            args.litellm_http,
+        )
         return
     problem = ragas_available()
     if problem:
@@ -677,7 +709,7 @@ def main() -> None:
     if "tokens" not in args.skip:
         bench_tokens(problem)
     if "throughput" not in args.skip:
-        bench_throughput(args.traces, args.processes, args.freeze_gc)
+        bench_throughput(args.traces, args.processes, args.freeze_gc, args.litellm_http)
 
 
 if __name__ == "__main__":

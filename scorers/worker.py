@@ -93,6 +93,11 @@ class WorkerOptions:
     collector's generations (see :func:`scorers.load_judge_backend`). Turn off when the worker
     runs inside a process that must keep collecting reference cycles among objects it
     created before the worker started."""
+    litellm_http: bool = True
+    """With a judge: send OpenAI and OpenAI-compatible chat requests through LiteLLM's own
+    HTTP handler instead of the OpenAI SDK, for about a third less CPU per judge call (see
+    :func:`scorers.load_judge_backend`). Process-wide; a value of
+    ``EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER`` already in the environment wins."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -193,10 +198,11 @@ class Worker:
             self._judge = JudgeClient(opts.judge, on_call=self._on_judge_call)
             # Import LiteLLM now (seconds): on the event loop it would stall every job,
             # the lease extensions and the signal handlers. The worker owns its process, so it
-            # also freezes LiteLLM's long-lived heap out of the collector's way.
+            # also freezes LiteLLM's long-lived heap out of the collector's way and skips the
+            # OpenAI SDK's per-request work.
             from scorers._judge import load_judge_backend
 
-            load_judge_backend(freeze_gc=opts.freeze_gc)
+            load_judge_backend(freeze_gc=opts.freeze_gc, litellm_http=opts.litellm_http)
         if opts.metrics is not None:
             keys = list(opts.metrics)
         else:

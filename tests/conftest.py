@@ -17,12 +17,29 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from scorers._judge import LITELLM_HTTP_FLAG
 from storage.db import create_engine_from_url
 from storage.migrate import upgrade
 from storage.repository import Repository
 
 DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLES = ("summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")
+
+
+@pytest.fixture(autouse=True)
+def _litellm_route_restored() -> Iterator[None]:
+    """Put LiteLLM's HTTP route switch back after every test.
+
+    A worker started in the test process sets it for the whole process (see
+    ``scorers.load_judge_backend``); without this the route later tests take would depend on
+    which tests ran before them.
+    """
+    before = os.environ.get(LITELLM_HTTP_FLAG)
+    yield
+    if before is None:
+        os.environ.pop(LITELLM_HTTP_FLAG, None)
+    else:
+        os.environ[LITELLM_HTTP_FLAG] = before
 
 
 def _base_url() -> str:

@@ -241,6 +241,7 @@ class JudgeServer:
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``, for LiteLLM's ``api_base``.
         requests: every chat request body received, in arrival order.
+        request_headers: the HTTP headers of those requests (names in lower case), same order.
         handler: answers when the script is empty; ``auto_answer`` by default.
         latency: seconds added before every answer (on top of a reply's own ``delay``).
     """
@@ -260,6 +261,7 @@ class JudgeServer:
         self.rate_429 = rate_429
         self.rate_500 = rate_500
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []
         self._script: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._random = random.Random(seed)
@@ -284,6 +286,7 @@ class JudgeServer:
         with self._lock:
             self._script.clear()
             self.requests.clear()
+            self.request_headers.clear()
             self.handler = auto_answer
             self.max_in_flight = 0
 
@@ -371,9 +374,10 @@ class JudgeServer:
             }
         )
 
-    def _next_reply(self, body: dict[str, Any]) -> Reply:
+    def _next_reply(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self._lock:
             self.requests.append(body)
+            self.request_headers.append(headers)
             if self._script:
                 return self._script.popleft()
             handler = self.handler
@@ -389,7 +393,7 @@ class JudgeServer:
             body = await request.json()
         except json.JSONDecodeError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
-        reply = self._next_reply(body)
+        reply = self._next_reply(body, {k.lower(): v for k, v in request.headers.items()})
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

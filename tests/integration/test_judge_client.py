@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scorers import JudgeCallRecord, JudgeClient, TerminalJudgeError, TransientJudgeError
+from scorers._judge import LITELLM_HTTP_FLAG
 from scorers._prompts import SCHEMAS
 from tests.judge_server import JudgeServer, Reply
 
@@ -35,6 +36,18 @@ def server() -> Iterator[JudgeServer]:
 @pytest.fixture(autouse=True)
 def _fresh(server: JudgeServer) -> None:
     server.reset()
+
+
+# LiteLLM reaches an OpenAI-compatible server through the OpenAI SDK, or through its own HTTP
+# handler when its switch is on (what `recalltrace worker` does): every behaviour the client
+# relies on is checked on both.
+ROUTES = {"openai-sdk": "false", "litellm-http": "true"}
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(LITELLM_HTTP_FLAG, ROUTES[request.param])
+    return str(request.param)
 
 
 def client(
@@ -60,6 +73,7 @@ def chat(judge: JudgeClient):
     )
 
 
+@pytest.mark.usefixtures("route")
 def test_a_good_answer_is_returned_with_its_accounting(server: JudgeServer) -> None:
     records: list[JudgeCallRecord] = []
     server.script(
@@ -77,6 +91,34 @@ def test_a_good_answer_is_returned_with_its_accounting(server: JudgeServer) -> N
     assert (record.prompt_tokens, record.completion_tokens) == (120, 15)
 
 
+def test_both_routes_send_the_same_request_and_read_the_same_reply(
+    server: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = {}
+    for name, value in ROUTES.items():
+        monkeypatch.setenv(LITELLM_HTTP_FLAG, value)
+        server.reset()
+        server.script(
+            Reply.json(
+                GOOD, usage={"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
+            )
+        )
+        reply = chat(client(server, model="openai/gpt-4o-mini"))
+        assert server.call_count == 1
+        seen[name] = (server.requests[0], server.request_headers[0], reply)
+    (sdk_body, sdk_headers, sdk_reply), (http_body, http_headers, http_reply) = seen.values()
+    assert http_body == sdk_body
+    assert http_body["response_format"]["type"] == "json_schema"
+    assert sdk_headers["authorization"] == http_headers["authorization"] == "Bearer test"
+    # the OpenAI SDK marks its requests; LiteLLM's own handler does not use the SDK at all
+    assert "x-stainless-lang" in sdk_headers
+    assert "x-stainless-lang" not in http_headers
+    assert http_reply.content == sdk_reply.content
+    assert (http_reply.prompt_tokens, http_reply.completion_tokens) == (1000, 100)
+    assert http_reply.cost_usd == sdk_reply.cost_usd and sdk_reply.cost_usd is not None
+
+
+@pytest.mark.usefixtures("route")
 def test_request_carries_temperature_seed_and_json_mode_for_unknown_models(
     server: JudgeServer,
 ) -> None:
@@ -88,6 +130,7 @@ def test_request_carries_temperature_seed_and_json_mode_for_unknown_models(
     assert body["messages"] == MESSAGES
 
 
+@pytest.mark.usefixtures("route")
 def test_schema_mode_sends_the_json_schema(server: JudgeServer) -> None:
     server.script(Reply.json(GOOD))
     chat(client(server, output_mode="json_schema"))
@@ -97,6 +140,7 @@ def test_schema_mode_sends_the_json_schema(server: JudgeServer) -> None:
     assert fmt["json_schema"]["schema"] == SCHEMAS["judge_recall"]
 
 
+@pytest.mark.usefixtures("route")
 def test_known_model_gets_structured_output_and_a_cost(server: JudgeServer) -> None:
     server.script(
         Reply.json(
@@ -108,6 +152,7 @@ def test_known_model_gets_structured_output_and_a_cost(server: JudgeServer) -> N
     assert reply.cost_usd is not None and reply.cost_usd > 0
 
 
+@pytest.mark.usefixtures("route")
 def test_429_with_retry_after_is_honoured(server: JudgeServer) -> None:
     records: list[JudgeCallRecord] = []
     server.script(Reply.error(429, retry_after=0.4), Reply.json(GOOD))
@@ -119,12 +164,14 @@ def test_429_with_retry_after_is_honoured(server: JudgeServer) -> None:
     assert records[0].status_code == 429
 
 
+@pytest.mark.usefixtures("route")
 def test_429_without_retry_after_backs_off_and_retries(server: JudgeServer) -> None:
     server.script(Reply.error(429), Reply.error(429), Reply.json(GOOD))
     reply = chat(client(server))
     assert reply.attempts == 3 and server.call_count == 3
 
 
+@pytest.mark.usefixtures("route")
 def test_500_is_retried_until_the_budget_is_spent(server: JudgeServer) -> None:
     server.script(*(Reply.error(500) for _ in range(5)))
     with pytest.raises(TransientJudgeError) as info:
@@ -133,6 +180,7 @@ def test_500_is_retried_until_the_budget_is_spent(server: JudgeServer) -> None:
     assert info.value.status_code == 500 and info.value.attempts == 3
 
 
+@pytest.mark.usefixtures("route")
 def test_retry_after_beyond_the_wait_budget_gives_up_at_once(server: JudgeServer) -> None:
     server.script(Reply.error(429, retry_after=30))
     with pytest.raises(TransientJudgeError) as info:
@@ -141,6 +189,7 @@ def test_retry_after_beyond_the_wait_budget_gives_up_at_once(server: JudgeServer
     assert info.value.retry_after_s == 30
 
 
+@pytest.mark.usefixtures("route")
 @pytest.mark.parametrize(
     ("status", "error_type"),
     [(401, "AuthenticationError"), (403, "PermissionDeniedError"), (404, "NotFoundError")],
@@ -159,6 +208,7 @@ def test_auth_permission_and_unknown_model_are_terminal(
     assert records[0].status_code == status
 
 
+@pytest.mark.usefixtures("route")
 def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> None:
     records: list[JudgeCallRecord] = []
     server.script(Reply.json(GOOD, delay=3), Reply.json(GOOD, delay=3))
@@ -170,6 +220,7 @@ def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> N
     assert all(r.error_type is not None for r in records) and len(records) == 2
 
 
+@pytest.mark.usefixtures("route")
 def test_a_slow_body_counts_against_the_timeout(server: JudgeServer) -> None:
     server.script(
         Reply(content='{"context_recall_score": 0.8, "reason": "x"}', slow_body=3), Reply.json(GOOD)
@@ -280,6 +331,29 @@ def test_load_judge_backend_imports_litellm_and_freezes_only_when_asked() -> Non
     )
     # LiteLLM's module state is in the hundreds of thousands of objects: all of it frozen.
     assert out.stdout.split() == ["True", "True", "True", "True"]
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "true"), ("false", "false")])
+def test_load_judge_backend_switches_litellm_to_its_own_http_handler_unless_told(
+    preset: str | None, expected: str
+) -> None:
+    code = (
+        "import os, scorers\n"
+        f"print(os.environ.get({LITELLM_HTTP_FLAG!r}, '-'))\n"
+        "scorers.load_judge_backend()\n"
+        f"print(os.environ.get({LITELLM_HTTP_FLAG!r}, '-'))\n"
+        "scorers.load_judge_backend(litellm_http=True)\n"
+        f"print(os.environ.get({LITELLM_HTTP_FLAG!r}, '-'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != LITELLM_HTTP_FLAG}
+    if preset is not None:
+        env[LITELLM_HTTP_FLAG] = preset
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before = preset or "-"
+    assert out.stdout.split() == [before, before, expected]
 
 
 def test_the_server_runs_as_a_separate_process() -> None:

@@ -16,6 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from sqlalchemy import func, select
 
 from scorers import JudgeConfig
+from scorers._judge import LITELLM_HTTP_FLAG
 from scorers.telemetry import SCORE_BUCKETS, WorkerTelemetry
 from scorers.worker import Worker, WorkerOptions
 from storage.db import create_engine_from_url
@@ -140,6 +141,27 @@ def test_once_scores_every_variant_with_a_judge(database_url: str, judge: JudgeS
     # entities and once for the reference's, which the process-wide reference cache may serve
     # (the traces share one reference text; concurrent first uses can each miss it).
     assert 20 <= judge.call_count <= 25
+    repo.dispose()
+
+
+@pytest.mark.parametrize("litellm_http", [True, False])
+def test_the_worker_skips_the_openai_sdk_unless_told_not_to(
+    sqlite_url: str, judge: JudgeServer, monkeypatch: pytest.MonkeyPatch, litellm_http: bool
+) -> None:
+    monkeypatch.delenv(LITELLM_HTTP_FLAG, raising=False)
+    repo = Repository(create_engine_from_url(sqlite_url))
+    repo.write_traces([full_trace()])
+    worker = worker_for(
+        sqlite_url,
+        judge=judge_config(judge),
+        metrics=["judge_context_recall"],
+        litellm_http=litellm_http,
+    )
+    stats = asyncio.run(worker.run(once=True))
+    worker.close()
+    assert stats.scored == 1 and judge.call_count == 1
+    # the OpenAI SDK marks each request it sends; LiteLLM's own HTTP handler does not
+    assert ("x-stainless-lang" in judge.request_headers[0]) is not litellm_http
     repo.dispose()
 
 
