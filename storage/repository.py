@@ -586,7 +586,9 @@ class Repository:
         """Create missing jobs for stored traces (a backfill); returns how many were created.
 
         Jobs are keyed by (trace, metric, version), so after a variant's version changes this
-        creates the new version's jobs and leaves the old scores in place.
+        creates the new version's jobs and leaves the old scores in place. A trace that already
+        has a result of the variant's current version gets no job: a job queued before the
+        version changed is scored by the new version, so its result is there already.
         """
         infos = [metric_info(k) for k in metrics] if metrics is not None else self.metrics
         created = 0
@@ -602,7 +604,19 @@ class Repository:
                 status_expr = case((waiting, JobStatus.WAITING), else_=JobStatus.QUEUED)
                 expires_expr = case((waiting, self._db_now_sql(self.reference_ttl)), else_=None)
                 # SQLite needs a WHERE before ON CONFLICT in INSERT ... SELECT to parse it.
-                conditions: list[ColumnElement[bool] | TextClause] = [text("1 = 1")]
+                scored_already = (
+                    select(Score.id)
+                    .where(
+                        Score.trace_id == Trace.trace_id,
+                        Score.metric == info.key,
+                        Score.version == info.version,
+                    )
+                    .exists()
+                )
+                conditions: list[ColumnElement[bool] | TextClause] = [
+                    text("1 = 1"),
+                    ~scored_already,
+                ]
                 if since is not None:
                     conditions.append(Trace.started_at >= since)
                 if until is not None:

@@ -3,6 +3,7 @@ Postgres for concurrency."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -287,6 +288,27 @@ def test_backfill_creates_missing_jobs_once(repo: Repository) -> None:
     # The factory's traces carry a reference text but no reference ids.
     assert statuses["llm_context_recall"] == JobStatus.QUEUED
     assert statuses["id_based_context_recall"] == JobStatus.WAITING
+
+
+def test_backfill_after_a_version_change_skips_traces_that_have_the_new_version(
+    repo: Repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "chunk_context_recall"
+    narrow = Repository(repo.engine, metrics=[key])
+    traces = [make_trace() for _ in range(3)]
+    narrow.write_traces(traces)  # jobs of version 1
+    monkeypatch.setitem(CATALOG, key, dataclasses.replace(CATALOG[key], version="2"))
+    # A worker already on version 2 scores one of the version-1 jobs: the score is version 2.
+    (job,) = narrow.claim_jobs("w", limit=1, lease=timedelta(minutes=1))
+    assert narrow.finish_job(job, ScoreValue(metric=key, value=0.5, version="2")) is True
+
+    assert repo.create_jobs(metrics=[key]) == 2
+    with repo.engine.connect() as conn:
+        new_jobs = conn.execute(
+            select(ScoringJob.trace_id).where(ScoringJob.version == "2")
+        ).scalars()
+        assert sorted(new_jobs) == sorted(t.trace_id for t in traces if t.trace_id != job.trace_id)
+    assert repo.create_jobs(metrics=[key]) == 0
 
 
 def test_nan_score_is_refused(repo: Repository) -> None:
