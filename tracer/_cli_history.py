@@ -914,12 +914,13 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
             f'<text x="{x_of[b]:.1f}" y="{bar_y + bar_h + 18}" text-anchor="middle" '
             f'font-size="11">{e(_bucket_text(b, bucket))}</text>'
         )
-    # Legend.
+    # Legend: each series is one metric read at one version.
+    versions = {r.metric: r.version for r in rows}
     for i, metric in enumerate(series):
         y = top_y + 10 + i * 20
         x = left + plot_w + 20
         out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{colours[metric]}"/>')
-        out.append(f'<text x="{x + 18}" y="{y + 1}">{e(metric)}</text>')
+        out.append(f'<text x="{x + 18}" y="{y + 1}">{e(metric)} v{e(versions[metric])}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -952,6 +953,7 @@ def render_html(
             for cell in (
                 _bucket_text(r.bucket_start, bucket),
                 r.metric,
+                r.version,
                 str(r.count),
                 _num(r.mean),
                 _num(r.p10),
@@ -966,7 +968,18 @@ def render_html(
     )
     header = "".join(
         f"<th>{name}</th>"
-        for name in (bucket, "metric", "count", "mean", "p10", "p50", "p90", "skipped", "failed")
+        for name in (
+            bucket,
+            "metric",
+            "version",
+            "count",
+            "mean",
+            "p10",
+            "p50",
+            "p90",
+            "skipped",
+            "failed",
+        )
     )
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -977,7 +990,7 @@ def render_html(
 body {{ font-family: sans-serif; margin: 24px; color: #222222; }}
 table {{ border-collapse: collapse; margin-top: 24px; }}
 th, td {{ border: 1px solid #cccccc; padding: 3px 8px; text-align: right; }}
-th:nth-child(-n+2), td:nth-child(-n+2) {{ text-align: left; }}
+th:nth-child(-n+3), td:nth-child(-n+3) {{ text-align: left; }}
 </style>
 </head>
 <body>

@@ -100,6 +100,11 @@ class Seeded:
     def trace(self, index: int) -> TraceRecord:
         return self.plan[index][0]
 
+    @property
+    def last_day(self) -> str:
+        """The UTC day of the newest trace (not of ``now``: just after midnight they differ)."""
+        return max(t.started_at for t, _ in self.plan).strftime("%Y-%m-%d")
+
     def values(self, metric: str, *, since: datetime, app: str | None = None) -> list[float]:
         return [
             r.value
@@ -315,7 +320,7 @@ def test_summary_json_csv_and_table_agree_with_the_stored_scores(seeded: Seeded)
     for heading in ("count", "mean", "p10", "p50", "p90", "skipped", "failed"):
         assert heading in table
     assert "context_entity_recall" in table
-    assert seeded.now.strftime("%Y-%m-%d") in table
+    assert seeded.last_day in table
 
 
 @pytest.mark.parametrize("columns", [80, 100, 120])
@@ -480,9 +485,14 @@ def test_plot_writes_a_self_contained_html_page_with_the_data(
     data = json.loads(embedded.group(1))
     assert data["rows"] == json.loads(ok(summary_result))
     # The number of scored results per bucket is drawn (and listed in the table).
-    day = seeded.now.strftime("%Y-%m-%d")
+    day = seeded.last_day
     today = sum(r["count"] for r in data["rows"] if r["bucket_start"].startswith(day))
+    assert today > 0
     assert f">{today}</text>" in page
+    # Each series is named with the version it was read at, in the legend and in the table.
+    for metric in {r["metric"] for r in data["rows"]}:
+        assert f">{metric} v1</text>" in page
+        assert f"<td>{metric}</td><td>1</td>" in page
 
 
 def test_plot_svg_is_valid_and_png_is_refused(seeded: Seeded, tmp_path: Path) -> None:
