@@ -343,9 +343,10 @@ class Repository:
         """INSERT of a score; returns the rows written.
 
         An existing ``scored`` result is final. A ``skipped`` or ``failed`` one is replaced by a
-        result of another status: a late reference made the trace scoreable, or the job ran
-        again after :meth:`retry_jobs`. The same status again changes nothing, so a job
-        finished twice (its lease ran out while it ran) is stored once.
+        result of another status: a late reference made the trace scoreable, or another run of
+        the same job (its lease ran out while it ran) got further. The same status again changes
+        nothing, so a job finished twice is stored once. (:meth:`retry_jobs` deletes the failed
+        results of the jobs it queues again, so their next result is stored whatever it is.)
         """
         insert = self._insert(Score.__table__)
         stored = Score.__table__.c.status
@@ -935,8 +936,7 @@ class Repository:
 
         Unique on (trace, metric, version): writing the same score twice changes nothing. A
         ``scored`` result is final; a ``skipped`` one (e.g. a reference that came too late) or a
-        ``failed`` one (the job ran again after :meth:`retry_jobs`) is replaced by a result of
-        another status.
+        ``failed`` one (another run of the same job) is replaced by a result of another status.
         """
         return self.finish_jobs([(job, score)])[0]
 
@@ -1091,9 +1091,9 @@ class Repository:
     def retry_jobs(self, *, job_ids: Sequence[int] | None = None, metric: str | None = None) -> int:
         """Queue failed jobs again with fresh attempts; returns how many.
 
-        The failed result each of them stored stays until the job finishes again, and is then
-        replaced by the new result (unless that fails again: the job's ``last_error`` then
-        holds the latest reason).
+        The failed results those jobs stored are deleted in the same transaction, so the next
+        run's result is stored whatever it is: a score, or a new failure with its own reason.
+        Until then the trace has no result of that variant, and the job is queued.
         """
         now = self._db_now()
         stmt = update(ScoringJob).where(ScoringJob.status == JobStatus.FAILED)
@@ -1101,22 +1101,30 @@ class Repository:
             stmt = stmt.where(ScoringJob.id.in_(list(job_ids)))
         if metric is not None:
             stmt = stmt.where(ScoringJob.metric == metric)
+        stmt = stmt.values(
+            status=JobStatus.QUEUED,
+            attempts=0,
+            first_transient_at=None,
+            run_at=now,
+            updated_at=now,
+        ).returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
         with self.engine.begin() as conn:
-            count = (
-                conn.execute(
-                    stmt.values(
-                        status=JobStatus.QUEUED,
-                        attempts=0,
-                        first_transient_at=None,
-                        run_at=now,
-                        updated_at=now,
+            requeued = [tuple(row) for row in conn.execute(stmt)]
+            for start in range(0, len(requeued), 500):
+                chunk = requeued[start : start + 500]
+                self._lock_for_score_writes(conn)
+                dropped = conn.execute(
+                    delete(Score)
+                    .where(
+                        tuple_(Score.trace_id, Score.metric, Score.version).in_(chunk),
+                        Score.status == "failed",
                     )
-                ).rowcount
-                or 0
-            )
-            if count:
+                    .returning(Score.metric, Score.trace_started_at)
+                ).all()
+                self._invalidate_summaries(conn, [(m, t) for m, t in dropped])
+            if requeued:
                 self._notify(conn)
-            return count
+            return len(requeued)
 
     # -- reading --------------------------------------------------------------------------
     def load_inputs(self, trace_ids: Iterable[str]) -> dict[str, TraceInputs]:

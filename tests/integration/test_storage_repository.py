@@ -159,6 +159,33 @@ def test_a_retried_failed_job_replaces_its_failed_result(repo: Repository) -> No
     assert job_statuses(repo, retried.trace_id)[retried.metric] == JobStatus.DONE
 
 
+def test_a_retried_job_that_fails_again_stores_its_new_reason(repo: Repository) -> None:
+    repo.write_traces([make_trace() for _ in range(2)])
+    lease = timedelta(minutes=5)
+    jobs = repo.claim_jobs("w", limit=100, lease=lease, metrics=["llm_context_recall"])
+    first = ScoreValue("llm_context_recall", None, "failed", reason="The judge refused the key.")
+    assert repo.finish_jobs([(job, first) for job in jobs]) == [True, True]
+    kept, retried = sorted(jobs, key=lambda j: j.id)
+
+    assert repo.retry_jobs(job_ids=[retried.id]) == 1
+    with repo.engine.connect() as conn:
+        # the retried job's failure is gone until it runs again; the other one stays
+        assert conn.execute(select(Score.trace_id)).scalars().all() == [kept.trace_id]
+    (again,) = repo.claim_jobs("w", limit=100, lease=lease, metrics=["llm_context_recall"])
+    second = ScoreValue("llm_context_recall", None, "failed", reason="The judge timed out.")
+    assert repo.finish_job(again, second) is True
+    assert repo.finish_job(again, second) is False  # finished twice: stored once
+    with repo.engine.connect() as conn:
+        reasons = dict(conn.execute(select(Score.trace_id, Score.reason)).all())
+    assert reasons == {
+        kept.trace_id: "The judge refused the key.",
+        retried.trace_id: "The judge timed out.",
+    }
+    assert repo.retry_jobs() == 2  # both failed jobs; their results are cleared
+    with repo.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Score)) == 0
+
+
 def test_expired_lease_comes_back_to_another_worker(repo: Repository) -> None:
     repo.write_traces([make_trace() for _ in range(3)])
     crashed = repo.claim_jobs("crashed", limit=5, lease=timedelta(milliseconds=200))
