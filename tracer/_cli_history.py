@@ -968,18 +968,7 @@ def render_html(
     )
     header = "".join(
         f"<th>{name}</th>"
-        for name in (
-            bucket,
-            "metric",
-            "version",
-            "count",
-            "mean",
-            "p10",
-            "p50",
-            "p90",
-            "skipped",
-            "failed",
-        )
+        for name in (bucket, *SUMMARY_FIELDS[1:])  # the time column is named after the bucket
     )
     return f"""<!DOCTYPE html>
 <html lang="en">
