@@ -1110,9 +1110,10 @@ class Repository:
         ).returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
         with self.engine.begin() as conn:
             requeued = [tuple(row) for row in conn.execute(stmt)]
+            if requeued:
+                self._lock_for_score_writes(conn)
             for start in range(0, len(requeued), 500):
                 chunk = requeued[start : start + 500]
-                self._lock_for_score_writes(conn)
                 dropped = conn.execute(
                     delete(Score)
                     .where(

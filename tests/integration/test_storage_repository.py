@@ -186,6 +186,20 @@ def test_a_retried_job_that_fails_again_stores_its_new_reason(repo: Repository) 
         assert conn.scalar(select(func.count()).select_from(Score)) == 0
 
 
+def test_retrying_more_failed_jobs_than_one_delete_takes_clears_every_failure(
+    repo: Repository,
+) -> None:
+    narrow = Repository(repo.engine, metrics=["llm_context_recall"])
+    narrow.write_traces([make_trace(contexts=1, context_chars=20) for _ in range(1203)])
+    jobs = narrow.claim_jobs("w", limit=2000, lease=timedelta(minutes=5))
+    failure = ScoreValue("llm_context_recall", None, "failed", reason="No judge.")
+    assert sum(narrow.finish_jobs([(job, failure) for job in jobs])) == 1203
+    assert narrow.retry_jobs() == 1203
+    with repo.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Score)) == 0
+    assert len(narrow.claim_jobs("w", limit=2000, lease=timedelta(minutes=5))) == 1203
+
+
 def test_expired_lease_comes_back_to_another_worker(repo: Repository) -> None:
     repo.write_traces([make_trace() for _ in range(3)])
     crashed = repo.claim_jobs("crashed", limit=5, lease=timedelta(milliseconds=200))
