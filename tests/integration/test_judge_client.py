@@ -119,6 +119,19 @@ def test_both_routes_send_the_same_request_and_read_the_same_reply(
 
 
 @pytest.mark.usefixtures("route")
+def test_base_url_and_key_come_from_the_usual_environment_variables(
+    server: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "from-the-environment")
+    server.script(Reply.json(GOOD))
+    judge = JudgeClient(model="openai/test-judge", timeout_s=2.0, max_retries=0)
+    assert chat(judge).content
+    assert server.call_count == 1
+    assert server.request_headers[0]["authorization"] == "Bearer from-the-environment"
+
+
+@pytest.mark.usefixtures("route")
 def test_request_carries_temperature_seed_and_json_mode_for_unknown_models(
     server: JudgeServer,
 ) -> None:
