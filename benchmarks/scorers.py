@@ -610,14 +610,15 @@ def bench_throughput(
     chosen = os.environ.get(LITELLM_HTTP_FLAG)
     try:
         # LiteLLM reads its route switch on every call: measure both routes, then put it back.
-        for label, value in (("OpenAI SDK", "false"), ("own HTTP handler", "true")):
+        routes = (("sdk", "OpenAI SDK", "false"), ("http", "own HTTP handler", "true"))
+        for route, label, value in routes:
             os.environ[LITELLM_HTTP_FLAG] = value
             server_cpu = process_cpu_s(process.pid)
             cpu = time.process_time()
             elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
             cpu = time.process_time() - cpu
             server_cpu = process_cpu_s(process.pid) - server_cpu
-            out[f"litellm_alone_{'http' if value == 'true' else 'sdk'}"] = traces / elapsed
+            out[f"litellm_alone_{route}"] = traces / elapsed
             print(
                 f"  {'bare acompletion, ' + label:<34} {traces / elapsed:6.1f} calls/s "
                 f"{traces / elapsed / bound:.2f}  (client {cpu / traces * 1000:.2f} ms CPU/call, "

@@ -516,11 +516,14 @@ class History:
             )
         conditions: list[ColumnElement[bool]] = []
         if versions is not None:
-            pairs = [
-                and_(Score.metric == key, Score.version == version)
-                for key, version in versions.items()
-            ]
-            conditions.append(pairs[0] if len(pairs) == 1 else or_(*pairs))
+            conditions.append(
+                or_(
+                    *(
+                        and_(Score.metric == key, Score.version == version)
+                        for key, version in versions.items()
+                    )
+                )
+            )
         if app is not None:
             conditions.append(Score.app_name == check_filter_text("app", app))
         if since is not None:

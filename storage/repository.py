@@ -1110,21 +1110,22 @@ class Repository:
         ).returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
         with self.engine.begin() as conn:
             requeued = [tuple(row) for row in conn.execute(stmt)]
-            if requeued:
-                self._lock_for_score_writes(conn)
+            if not requeued:
+                return 0
+            self._lock_for_score_writes(conn)
             for start in range(0, len(requeued), 500):
-                chunk = requeued[start : start + 500]
                 dropped = conn.execute(
                     delete(Score)
                     .where(
-                        tuple_(Score.trace_id, Score.metric, Score.version).in_(chunk),
+                        tuple_(Score.trace_id, Score.metric, Score.version).in_(
+                            requeued[start : start + 500]
+                        ),
                         Score.status == "failed",
                     )
                     .returning(Score.metric, Score.trace_started_at)
-                ).all()
-                self._invalidate_summaries(conn, [(m, t) for m, t in dropped])
-            if requeued:
-                self._notify(conn)
+                ).tuples().all()
+                self._invalidate_summaries(conn, dropped)
+            self._notify(conn)
             return len(requeued)
 
     # -- reading --------------------------------------------------------------------------

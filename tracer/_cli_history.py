@@ -407,6 +407,12 @@ SUMMARY_FIELDS = (
 )
 
 
+def _summary_stat_cells(r: SummaryRow) -> list[str]:
+    """A summary row's statistics as text, in the order of ``SUMMARY_FIELDS[3:]``."""
+    values = (r.mean, r.p10, r.p50, r.p90)
+    return [str(r.count), *(_num(v) for v in values), str(r.skipped), str(r.failed)]
+
+
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
     metric, version = _metric_version(args)
     since, until = _window(args)
@@ -433,19 +439,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         if not rows:
             console.print(f"No scores for {window}.")
             return EXIT_OK
-        stats = ("count", "mean", "p10", "p50", "p90", "skipped", "failed")
-
-        def cells(r: SummaryRow) -> list[str]:
-            values = (r.mean, r.p10, r.p50, r.p90)
-            return [str(r.count), *(_num(v) for v in values), str(r.skipped), str(r.failed)]
-
+        stats = SUMMARY_FIELDS[3:]
         title = f"Scores by {args.bucket}, {window}"
         table = Table(title=title, title_justify="left")
         for name in (args.bucket, "metric", "v", *stats):
             table.add_column(name, justify="left" if name in (args.bucket, "metric") else "right")
         for r in rows:
             when = _bucket_text(r.bucket_start, args.bucket)
-            table.add_row(when, r.metric, escape(r.version), *cells(r))
+            table.add_row(when, r.metric, escape(r.version), *_summary_stat_cells(r))
         unbounded = console.options.update_width(10_000)
         if console.measure(table, options=unbounded).maximum <= console.width:
             console.print(table)
@@ -460,7 +461,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
             for name in (args.bucket, *stats):
                 part.add_column(name, justify="left" if name == args.bucket else "right")
             for r in series:
-                part.add_row(_bucket_text(r.bucket_start, args.bucket), *cells(r))
+                part.add_row(_bucket_text(r.bucket_start, args.bucket), *_summary_stat_cells(r))
             console.print(part)
     return EXIT_OK
 
@@ -954,13 +955,7 @@ def render_html(
                 _bucket_text(r.bucket_start, bucket),
                 r.metric,
                 r.version,
-                str(r.count),
-                _num(r.mean),
-                _num(r.p10),
-                _num(r.p50),
-                _num(r.p90),
-                str(r.skipped),
-                str(r.failed),
+                *_summary_stat_cells(r),
             )
         )
         + "</tr>"
