@@ -43,31 +43,38 @@ def _summary_cache(*, with_version: bool) -> None:
     )
 
 
-def upgrade() -> None:
-    op.drop_index("ix_scores_metric_started", table_name="scores")
-    op.drop_index("ix_scores_app_metric_started", table_name="scores")
-    op.drop_index("ix_scores_metric_value", table_name="scores")
+def _score_indexes(*, with_version: bool) -> None:
+    """The three history indexes on scores, keyed by (metric, version) or by metric alone."""
+    version = ["version"] if with_version else []
+    infix = "_version" if with_version else ""
     op.create_index(
-        "ix_scores_metric_version_started",
+        f"ix_scores_metric{infix}_started",
         "scores",
-        ["metric", "version", "trace_started_at"],
+        ["metric", *version, "trace_started_at"],
         unique=False,
         postgresql_include=["app_name", "status", "value"],
     )
     op.create_index(
-        "ix_scores_app_metric_version_started",
+        f"ix_scores_app_metric{infix}_started",
         "scores",
-        ["app_name", "metric", "version", "trace_started_at"],
+        ["app_name", "metric", *version, "trace_started_at"],
         unique=False,
     )
     op.create_index(
-        "ix_scores_metric_version_value",
+        f"ix_scores_metric{infix}_value",
         "scores",
-        ["metric", "version", "value"],
+        ["metric", *version, "value"],
         unique=False,
         postgresql_where=sa.text("status = 'scored'"),
         sqlite_where=sa.text("status = 'scored'"),
     )
+
+
+def upgrade() -> None:
+    op.drop_index("ix_scores_metric_started", table_name="scores")
+    op.drop_index("ix_scores_app_metric_started", table_name="scores")
+    op.drop_index("ix_scores_metric_value", table_name="scores")
+    _score_indexes(with_version=True)
     op.drop_table("summary_cache")
     _summary_cache(with_version=True)
 
@@ -78,24 +85,4 @@ def downgrade() -> None:
     op.drop_index("ix_scores_metric_version_value", table_name="scores")
     op.drop_index("ix_scores_app_metric_version_started", table_name="scores")
     op.drop_index("ix_scores_metric_version_started", table_name="scores")
-    op.create_index(
-        "ix_scores_metric_started",
-        "scores",
-        ["metric", "trace_started_at"],
-        unique=False,
-        postgresql_include=["app_name", "status", "value"],
-    )
-    op.create_index(
-        "ix_scores_app_metric_started",
-        "scores",
-        ["app_name", "metric", "trace_started_at"],
-        unique=False,
-    )
-    op.create_index(
-        "ix_scores_metric_value",
-        "scores",
-        ["metric", "value"],
-        unique=False,
-        postgresql_where=sa.text("status = 'scored'"),
-        sqlite_where=sa.text("status = 'scored'"),
-    )
+    _score_indexes(with_version=False)
