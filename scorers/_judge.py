@@ -16,13 +16,17 @@ import os
 import random
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from scorers._errors import JudgeError, TerminalJudgeError, TransientJudgeError
 
 logger = logging.getLogger("scorers.judge")
+
+T = TypeVar("T")
+# ``asyncio.timeout`` exists from Python 3.11 on; 3.10 falls back to ``asyncio.wait_for``.
+_TIMEOUT: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 
 # LiteLLM fetches its price list from the internet at import unless told to use its bundled
 # copy. Set the flag now (unless the user chose), so it holds whoever imports LiteLLM first.
@@ -503,9 +507,7 @@ class JudgeClient:
             attempt_started = time.perf_counter()
             used: float | None = None
             try:
-                response = await asyncio.wait_for(
-                    litellm.acompletion(**params), timeout=self.config.timeout_s
-                )
+                response = await _within(litellm.acompletion(**params), self.config.timeout_s)
             except asyncio.CancelledError:
                 limits.release(estimated, 0.0)  # a cancelled call gives its slot back
                 raise
@@ -598,6 +600,20 @@ class JudgeClient:
                 latency_s=time.perf_counter() - started,
                 attempts=failures + 1,
             )
+
+
+async def _within(call: Awaitable[T], seconds: float) -> T:
+    """Await ``call`` with a deadline, in the caller's own task where the loop allows it.
+
+    ``asyncio.wait_for`` runs the call as a task of its own on Python 3.10 and 3.11, which adds
+    three trips through the event loop's queue per call; under load each trip waits behind
+    everything else that is ready (benchmarks/README.md has the figures). ``asyncio.timeout``
+    (3.11+) cancels the caller's task instead.
+    """
+    if _TIMEOUT is None:
+        return await asyncio.wait_for(call, timeout=seconds)
+    async with _TIMEOUT(seconds):
+        return await call
 
 
 def _timeout_status(exc: BaseException) -> int | None:

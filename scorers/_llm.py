@@ -154,7 +154,13 @@ def _majority(votes: Sequence[bool]) -> tuple[bool, float]:
 
 
 async def gather_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
-    """Run judge calls concurrently; if one raises, cancel the rest and raise it."""
+    """Run judge calls concurrently; if one raises, cancel the rest and raise it.
+
+    A single call is awaited in the caller's task: a task of its own and a gather would add
+    trips through the event loop's queue, which under load wait for everything else ready.
+    """
+    if len(calls) == 1:
+        return [await calls[0]]
     tasks = [asyncio.ensure_future(call) for call in calls]
     try:
         return list(await asyncio.gather(*tasks))

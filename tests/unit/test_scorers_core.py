@@ -15,8 +15,8 @@ import pytest
 import scorers
 from scorers import ScoreResult
 from scorers._cache import ReferenceCache, cache_key
-from scorers._judge import JudgeConfig, classify_error, retry_after_seconds
-from scorers._llm import InvalidAnswer, normalise_entity, parse_json_object
+from scorers._judge import JudgeConfig, _within, classify_error, retry_after_seconds
+from scorers._llm import InvalidAnswer, gather_all, normalise_entity, parse_json_object
 from scorers.catalog import CATALOG
 
 
@@ -289,3 +289,23 @@ def test_every_result_carries_its_latency() -> None:
         scorers.get("llm_context_recall", model="openai/x").ascore(user_input="q", reference="r")
     )
     assert judge_skip.status == "skipped" and judge_skip.latency_ms is not None
+
+
+def test_a_single_judge_call_stays_in_the_callers_task() -> None:
+    # Each extra task costs trips through the event loop's queue, which under load wait for
+    # everything else that is ready: one call with its deadline runs in the caller's task.
+    async def main() -> None:
+        outer = asyncio.current_task()
+
+        async def where() -> asyncio.Task[object] | None:
+            return asyncio.current_task()
+
+        assert await gather_all([where()]) == [outer]
+        two = await gather_all([where(), where()])
+        assert outer not in two  # several calls still run concurrently, as tasks
+        if sys.version_info >= (3, 11):
+            assert await _within(where(), 5.0) is outer
+        with pytest.raises(asyncio.TimeoutError):
+            await _within(asyncio.sleep(5), 0.01)
+
+    asyncio.run(main())
