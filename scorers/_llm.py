@@ -458,23 +458,42 @@ class LLMContextRecall(LLMScorer):
 # 4. context_entity_recall
 
 
-def _parse_entities(data: dict[str, Any]) -> list[str]:
+def _parse_entities(data: dict[str, Any], name: str = "entities") -> list[str]:
     entities: dict[str, str] = {}
-    for index, item in enumerate(_list_field(data, "entities")):
-        text = _text(item, f"entities[{index}]")
+    for index, item in enumerate(_list_field(data, name)):
+        text = _text(item, f"{name}[{index}]")
         if text:
             entities.setdefault(normalise_entity(text), text)
     return list(entities.values())
 
 
+def _parse_both_entities(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    return _parse_entities(data, "reference_entities"), _parse_entities(data, "context_entities")
+
+
 class ContextEntityRecall(LLMScorer):
     """Share of the reference's distinct entities that the retrieved contexts also mention.
 
-    Entities are compared case-folded with whitespace collapsed. The reference's entities are
-    cached per reference text.
+    Entities are compared case-folded with whitespace collapsed. By default one call lists the
+    entities of the reference and of the contexts together, so the judge names an entity the
+    same way in both lists. With ``split_reference=True`` (always when ``samples > 1``) the
+    reference's entities come from a call of their own, cached per reference text, and the
+    contexts' from another.
     """
 
     key = "context_entity_recall"
+
+    def __init__(
+        self,
+        judge: JudgeClient,
+        *,
+        samples: int = 1,
+        split_reference: bool = False,
+        cache: ReferenceCache | None = DEFAULT_CACHE,
+    ) -> None:
+        """See :class:`LLMScorer`; ``split_reference`` caches the reference's entities."""
+        super().__init__(judge, samples=samples, cache=cache)
+        self.split_reference = bool(split_reference) or samples > 1
 
     async def _judge(
         self, clean: dict[str, Any], accounting: _Accounting, started: float
@@ -483,37 +502,59 @@ class ContextEntityRecall(LLMScorer):
         if is_blank(reference):
             return self.skipped("The trace's reference is empty, so it names no entities.")
         contexts = _contexts(clean)
-
-        async def reference_entities() -> tuple[list[str], bool]:
-            return await self.ask_reference(
-                "entities",
-                prompts.ENTITIES,
-                prompts.tagged(text=reference),
-                reference,
-                _parse_entities,
+        context_text = prompts.joined(contexts)
+        cached: bool | None = None
+        runs: list[list[str]] = []
+        if contexts and not self.split_reference:
+            ref_entities, context_entities = await self.ask(
+                "reference_and_context_entities",
+                prompts.REFERENCE_AND_CONTEXT_ENTITIES,
+                prompts.tagged(reference=reference, context=context_text),
+                _parse_both_entities,
                 accounting,
             )
-
-        context_user = prompts.tagged(text="\n\n".join(contexts))
-
-        async def context_entities() -> list[str]:
-            return await self.ask(
-                "entities", prompts.ENTITIES, context_user, _parse_entities, accounting
-            )
-
-        runs: list[list[str]] = []
-        if contexts:
-            gathered = await gather_all(
-                [reference_entities(), *(context_entities() for _ in range(self.samples))]
-            )
-            ref_entities, cached = gathered[0]
-            runs = gathered[1:]
+            runs = [context_entities]
+            details: dict[str, Any] = {"mode": "one_call"}
         else:
-            ref_entities, cached = await reference_entities()
+
+            async def reference_entities() -> tuple[list[str], bool]:
+                return await self.ask_reference(
+                    "entities",
+                    prompts.ENTITIES,
+                    prompts.tagged(text=reference),
+                    reference,
+                    _parse_entities,
+                    accounting,
+                )
+
+            async def context_entities_call() -> list[str]:
+                return await self.ask(
+                    "entities",
+                    prompts.ENTITIES,
+                    prompts.tagged(text=context_text),
+                    _parse_entities,
+                    accounting,
+                )
+
+            if contexts:
+                gathered = await gather_all(
+                    [
+                        reference_entities(),
+                        *(context_entities_call() for _ in range(self.samples)),
+                    ]
+                )
+                ref_entities, cached = gathered[0]
+                runs = gathered[1:]
+            else:
+                # Only the reference is asked about: a reference without entities is skipped.
+                ref_entities, cached = await reference_entities()
+            details = {"mode": "split_reference"}
+        if cached is not None:
+            details["reference_cache"] = cached
         if not ref_entities:
             return self.skipped(
                 "The reference names no entities, so there is nothing to recall.",
-                details={"reference_entities": [], "reference_cache": cached},
+                details={**details, "reference_entities": []},
                 latency_ms=elapsed_ms(started),
                 **accounting.fields(),
             )
@@ -527,13 +568,14 @@ class ContextEntityRecall(LLMScorer):
             verdict, share = _majority([normalise_entity(entity) in s for s in found_sets])
             (found if verdict else missing).append(entity)
             shares.append(share)
-        details: dict[str, Any] = {
-            "reference_entities": ref_entities,
-            "context_entities": runs[0] if len(runs) == 1 else runs,
-            "found_entities": found,
-            "missing_entities": missing,
-            "reference_cache": cached,
-        }
+        details.update(
+            {
+                "reference_entities": ref_entities,
+                "context_entities": runs[0] if len(runs) == 1 else runs,
+                "found_entities": found,
+                "missing_entities": missing,
+            }
+        )
         if self.samples > 1:
             details["agreement"] = round(statistics.fmean(shares), 4)
         total = len(ref_entities)

@@ -38,6 +38,14 @@ ENTITIES = (
     'JSON only: {"entities":["..."]}'
 )
 
+REFERENCE_AND_CONTEXT_ENTITIES = (
+    "List the distinct named entities (people, places, organisations, dates, quantities, works, "
+    "products, events) of the reference and, separately, of the context, each once by its full "
+    "name. Take each list from its own text only; name an entity both texts mention the same "
+    "way in both lists.\n"
+    'JSON only: {"reference_entities":["..."],"context_entities":["..."]}'
+)
+
 CHUNK_RECALL = (
     "For every chunk id: is_relevant: it helps answer the question; is_included: its key "
     "information is in the answer (meaning, not wording); missing_info: if relevant but not "
@@ -118,6 +126,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         }
     ),
     "entities": _object({"entities": {"type": "array", "items": {"type": "string"}}}),
+    "reference_and_context_entities": _object(
+        {
+            "reference_entities": {"type": "array", "items": {"type": "string"}},
+            "context_entities": {"type": "array", "items": {"type": "string"}},
+        }
+    ),
     "chunk_recall": _object(
         {
             "evaluated_chunks": {

@@ -50,7 +50,9 @@ def get(
         model: instead of ``judge``, a LiteLLM model name; a client is built from it and the
             :class:`JudgeConfig` fields among ``options`` (``api_base``, ``timeout_s``...).
         options: the variant's own options, e.g. ``threshold``/``measure`` for
-            ``non_llm_context_recall``, ``samples``/``split_claims``/``cache`` for LLM variants.
+            ``non_llm_context_recall``; ``samples`` and ``cache`` for the LLM variants, with
+            ``split_claims`` (``llm_context_recall``) and ``split_reference``
+            (``context_entity_recall``).
 
     Raises:
         KeyError: an unknown key.

@@ -57,7 +57,7 @@ CATALOG: dict[str, MetricInfo] = {
         ),
         MetricInfo(
             key="context_entity_recall",
-            version="1",
+            version="2",
             needs=("reference", "retrieved_contexts"),
             uses_llm=True,
             summary="Share of the reference's entities that appear in the retrieved contexts.",

@@ -151,7 +151,8 @@ def _entities(text: str) -> list[str]:
 def detect_task(request: dict[str, Any]) -> str:
     """Which judge task a request is: the ``response_format`` schema name, else the system
     prompt's output shape. One of ``claims_with_verdicts``, ``reference_claims``,
-    ``claim_verdicts``, ``entities``, ``chunk_recall``, ``judge_recall`` or ``unknown``."""
+    ``claim_verdicts``, ``entities``, ``reference_and_context_entities``, ``chunk_recall``,
+    ``judge_recall`` or ``unknown``."""
     response_format = request.get("response_format") or {}
     name = (response_format.get("json_schema") or {}).get("name")
     if name:
@@ -163,6 +164,7 @@ def detect_task(request: dict[str, Any]) -> str:
         ('"context_recall_score"', "judge_recall"),
         ('"evaluated_chunks"', "chunk_recall"),
         ('"verdicts"', "claim_verdicts"),
+        ('"reference_entities"', "reference_and_context_entities"),
         ('"entities"', "entities"),
         ('"attributed"', "claims_with_verdicts"),
         ('"claims"', "reference_claims"),
@@ -203,6 +205,13 @@ def auto_answer(request: dict[str, Any]) -> Reply:
         )
     if task == "entities":
         return Reply.json({"entities": _entities(tags.get("text", ""))})
+    if task == "reference_and_context_entities":
+        return Reply.json(
+            {
+                "reference_entities": _entities(tags.get("reference", "")),
+                "context_entities": _entities(tags.get("context", "")),
+            }
+        )
     if task == "chunk_recall":
         return Reply.json(
             {

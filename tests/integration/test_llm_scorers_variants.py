@@ -304,35 +304,53 @@ ENTITY_INPUTS = {
 }
 
 
+def _tag(user: str, name: str) -> str:
+    return re.search(rf"<{name}>\n(.*?)\n</{name}>", user, re.S).group(1)  # type: ignore[union-attr]
+
+
 def entity_handler(mapping: dict[str, list[str]]):
+    """Answers both entity tasks from ``mapping`` (text -> its entities)."""
+
     def handle(request: dict[str, Any]) -> Reply:
         user = request["messages"][1]["content"]
-        text = re.search(r"<text>\n(.*)\n</text>", user, re.S).group(1)  # type: ignore[union-attr]
-        return Reply.json({"entities": mapping[text]})
+        if detect_task(request) == "reference_and_context_entities":
+            return Reply.json(
+                {
+                    "reference_entities": mapping[_tag(user, "reference")],
+                    "context_entities": mapping[_tag(user, "context")],
+                }
+            )
+        return Reply.json({"entities": mapping[_tag(user, "text")]})
 
     return handle
 
 
-def test_entities_are_compared_case_folded(server: JudgeServer) -> None:
-    server.handler = entity_handler(
-        {
-            ENTITY_INPUTS["reference"]: ["Eiffel Tower", "Paris", "1889", "paris"],
-            "\n\n".join(ENTITY_INPUTS["retrieved_contexts"]): [
-                "paris",
-                "France",
-                "Gustave  Eiffel",
-            ],
-        }
-    )
+ENTITY_MAPPING = {
+    ENTITY_INPUTS["reference"]: ["Eiffel Tower", "Paris", "1889", "paris"],
+    "\n\n".join(ENTITY_INPUTS["retrieved_contexts"]): ["paris", "France", "Gustave  Eiffel"],
+}
+
+
+def test_entities_come_from_one_call_and_are_compared_case_folded(server: JudgeServer) -> None:
+    server.handler = entity_handler(ENTITY_MAPPING)
     result = run(scorer(server, "context_entity_recall"), **ENTITY_INPUTS)
     assert (result.status, result.value) == ("scored", pytest.approx(1 / 3))
+    assert result.reason == "1 of 3 reference entities appear in the retrieved contexts."
+    assert result.details["mode"] == "one_call"
     assert result.details["reference_entities"] == ["Eiffel Tower", "Paris", "1889"]
+    assert result.details["context_entities"] == ["paris", "France", "Gustave  Eiffel"]
     assert result.details["found_entities"] == ["Paris"]
     assert result.details["missing_entities"] == ["Eiffel Tower", "1889"]
-    assert server.call_count == 2
+    assert "reference_cache" not in result.details
+    assert server.call_count == 1
+    (request,) = server.requests
+    assert detect_task(request) == "reference_and_context_entities"
+    user = request["messages"][1]["content"]
+    assert _tag(user, "reference") == ENTITY_INPUTS["reference"]
+    assert _tag(user, "context") == "\n\n".join(ENTITY_INPUTS["retrieved_contexts"])
 
 
-def test_perfect_entity_match_is_exactly_one_and_the_reference_is_cached(
+def test_split_reference_asks_twice_then_serves_the_reference_from_the_cache(
     server: JudgeServer,
 ) -> None:
     server.handler = entity_handler(
@@ -342,20 +360,61 @@ def test_perfect_entity_match_is_exactly_one_and_the_reference_is_cached(
             "Paris again.": ["Paris"],
         }
     )
-    s = scorer(server, "context_entity_recall")
-    assert run(s, **ENTITY_INPUTS).value == 1.0
+    s = scorer(server, "context_entity_recall", split_reference=True)
+    first = run(s, **ENTITY_INPUTS)
+    assert first.value == 1.0  # exactly 1.0, no epsilon in the denominator
+    assert first.details["mode"] == "split_reference"
+    assert first.details["reference_cache"] is False
+    assert server.call_count == 2
     again = run(s, **{**ENTITY_INPUTS, "retrieved_contexts": ["Paris again."]})
     assert again.value == 1.0 and again.details["reference_cache"] is True
     assert server.call_count == 3
+    assert {detect_task(r) for r in server.requests} == {"entities"}
 
 
-def test_reference_without_entities_is_skipped(server: JudgeServer) -> None:
+def test_entity_samples_split_the_reference_and_take_the_majority(server: JudgeServer) -> None:
+    contexts = "\n\n".join(ENTITY_INPUTS["retrieved_contexts"])
+    answers = iter([["Paris"], ["Paris", "1889"], ["1889"]])
+
+    def handle(request: dict[str, Any]) -> Reply:
+        text = _tag(request["messages"][1]["content"], "text")
+        if text == contexts:
+            return Reply.json({"entities": next(answers)})
+        return Reply.json({"entities": ["Paris", "1889"]})
+
+    server.handler = handle
+    result = run(scorer(server, "context_entity_recall", samples=3), **ENTITY_INPUTS)
+    # Paris: 2 of 3 samples, 1889: 2 of 3 samples -> both found.
+    assert (result.status, result.value) == ("scored", 1.0)
+    assert result.details["mode"] == "split_reference"
+    assert result.details["samples"] == 3
+    assert result.details["agreement"] == pytest.approx(2 / 3, abs=1e-4)
+    assert server.call_count == 4
+
+
+def test_an_entity_answer_missing_a_list_is_asked_again_then_fails(server: JudgeServer) -> None:
+    server.script(
+        Reply.json({"reference_entities": ["Paris"]}),
+        Reply.json({"reference_entities": ["Paris"], "context_entities": "Paris"}),
+    )
+    result = run(scorer(server, "context_entity_recall"), **ENTITY_INPUTS)
+    assert result.status == "failed"
+    assert 'no "context_entities" list' in result.reason
+    assert server.call_count == 2
+    assert 'no "context_entities" list' in server.requests[1]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("split_reference", [False, True])
+def test_reference_without_entities_is_skipped(server: JudgeServer, split_reference: bool) -> None:
     server.handler = entity_handler({"it is nice.": [], "x": ["X"]})
     result = run(
-        scorer(server, "context_entity_recall"), reference="it is nice.", retrieved_contexts=["x"]
+        scorer(server, "context_entity_recall", split_reference=split_reference),
+        reference="it is nice.",
+        retrieved_contexts=["x"],
     )
     assert result.status == "skipped" and "no entities" in result.reason
-    assert server.call_count == 2
+    assert result.details["reference_entities"] == []
+    assert server.call_count == (2 if split_reference else 1)
 
 
 def test_entities_with_nothing_retrieved_score_zero(server: JudgeServer) -> None:
@@ -366,7 +425,8 @@ def test_entities_with_nothing_retrieved_score_zero(server: JudgeServer) -> None
         retrieved_contexts=[],
     )
     assert (result.status, result.value) == ("scored", 0.0)
-    assert server.call_count == 1
+    # The reference alone is asked about: a reference without entities would be skipped.
+    assert [detect_task(r) for r in server.requests] == ["entities"]
 
 
 # --- chunk_context_recall ---------------------------------------------------------------------
@@ -586,8 +646,13 @@ def test_auto_answer_serves_every_variant_in_both_output_modes(
         **inputs
     )
     assert split.value == 1.0
+    entities = scorers.get(
+        "context_entity_recall", judge=judge, split_reference=True, cache=None
+    ).score(**inputs)
+    assert entities.value == 1.0
     assert {detect_task(r) for r in server.requests} == {
         "claims_with_verdicts",
+        "reference_and_context_entities",
         "entities",
         "chunk_recall",
         "judge_recall",
