@@ -50,7 +50,9 @@ BASE_VALUE = {
 
 
 def _metrics_values() -> str:
-    return ", ".join(f"('{key}', {BASE_VALUE[key]})" for key in CATALOG)
+    return ", ".join(
+        f"('{key}', '{info.version}', {BASE_VALUE[key]})" for key, info in CATALOG.items()
+    )
 
 
 # Evidence shaped like each variant's ``details``, so rows are as wide as real ones.
@@ -139,7 +141,7 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
                 INSERT INTO scores (trace_id, metric, version, app_name, trace_started_at,
                     status, value, reason, details, model, prompt_tokens, completion_tokens,
                     cost_usd, latency_ms, scored_at)
-                SELECT s.trace_id, m.metric, '1', s.app_name, s.started_at,
+                SELECT s.trace_id, m.metric, m.version, s.app_name, s.started_at,
                     CASE WHEN s.r < 0.03 THEN 'failed' WHEN s.r < 0.10 THEN 'skipped'
                          ELSE 'scored' END,
                     CASE WHEN s.r >= 0.10 THEN round(greatest(0, least(1,
@@ -156,7 +158,7 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
                         row_number() OVER () AS g
                     FROM traces t
                 ) AS s
-                CROSS JOIN (VALUES {_metrics_values()}) AS m(metric, base)
+                CROSS JOIN (VALUES {_metrics_values()}) AS m(metric, version, base)
                 """
             )
         )

@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from scorers.catalog import CATALOG
 from storage.db import create_engine_from_url
 from storage.migrate import upgrade
 from storage.records import TraceRecord
@@ -85,7 +86,11 @@ class Result:
     completion_tokens: int | None = 80
     cost_usd: float | None = 0.0003
     latency_ms: float | None = 900.0
-    version: str = "1"
+    version: str = ""  # the metric's current version
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            object.__setattr__(self, "version", CATALOG[self.metric].version)
 
 
 @dataclass
@@ -491,8 +496,9 @@ def test_plot_writes_a_self_contained_html_page_with_the_data(
     assert f">{today}</text>" in page
     # Each series is named with the version it was read at, in the legend and in the table.
     for metric in {r["metric"] for r in data["rows"]}:
-        assert f">{metric} v1</text>" in page
-        assert f"<td>{metric}</td><td>1</td>" in page
+        version = CATALOG[metric].version
+        assert f">{metric} v{version}</text>" in page
+        assert f"<td>{metric}</td><td>{version}</td>" in page
 
 
 def test_plot_svg_is_valid_and_png_is_refused(seeded: Seeded, tmp_path: Path) -> None:
