@@ -503,7 +503,6 @@ class ContextEntityRecall(LLMScorer):
             return self.skipped("The trace's reference is empty, so it names no entities.")
         contexts = _contexts(clean)
         context_text = prompts.joined(contexts)
-        cached: bool | None = None
         runs: list[list[str]] = []
         if contexts and not self.split_reference:
             ref_entities, context_entities = await self.ask(
@@ -516,41 +515,37 @@ class ContextEntityRecall(LLMScorer):
             runs = [context_entities]
             details: dict[str, Any] = {"mode": "one_call"}
         else:
-
-            async def reference_entities() -> tuple[list[str], bool]:
-                return await self.ask_reference(
-                    "entities",
-                    prompts.ENTITIES,
-                    prompts.tagged(text=reference),
-                    reference,
-                    _parse_entities,
-                    accounting,
-                )
-
-            async def context_entities_call() -> list[str]:
-                return await self.ask(
-                    "entities",
-                    prompts.ENTITIES,
-                    prompts.tagged(text=context_text),
-                    _parse_entities,
-                    accounting,
-                )
-
+            reference_call = self.ask_reference(
+                "entities",
+                prompts.ENTITIES,
+                prompts.tagged(text=reference),
+                reference,
+                _parse_entities,
+                accounting,
+            )
             if contexts:
+                context_user = prompts.tagged(text=context_text)
                 gathered = await gather_all(
                     [
-                        reference_entities(),
-                        *(context_entities_call() for _ in range(self.samples)),
+                        reference_call,
+                        *(
+                            self.ask(
+                                "entities",
+                                prompts.ENTITIES,
+                                context_user,
+                                _parse_entities,
+                                accounting,
+                            )
+                            for _ in range(self.samples)
+                        ),
                     ]
                 )
                 ref_entities, cached = gathered[0]
                 runs = gathered[1:]
             else:
                 # Only the reference is asked about: a reference without entities is skipped.
-                ref_entities, cached = await reference_entities()
-            details = {"mode": "split_reference"}
-        if cached is not None:
-            details["reference_cache"] = cached
+                ref_entities, cached = await reference_call
+            details = {"mode": "split_reference", "reference_cache": cached}
         if not ref_entities:
             return self.skipped(
                 "The reference names no entities, so there is nothing to recall.",
