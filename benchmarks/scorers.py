@@ -1,6 +1,6 @@
 """Benchmark the scorers against Ragas and against the throughput bound.
 
-Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--traces 640]
+Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--traces 4000]
 
 1. non_llm_context_recall on samples of 10 retrieved x 5 reference contexts of 300 characters,
    against Ragas' NonLLMContextRecall on the same samples (scores must be identical).
@@ -9,8 +9,10 @@ Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--
    way by running Ragas' own metrics against that server. Also the reference-claims cache.
 3. Throughput of the LLM variants through LiteLLM against the scripted judge server run as a
    separate process with a fixed latency, at concurrency 64, set up as ``recalltrace worker``
-   sets up its process (``load_judge_backend(freeze_gc=True, litellm_http=True)``); bare
-   LiteLLM calls on both of its routes to an OpenAI-compatible server for comparison.
+   sets up its process (``load_judge_backend(freeze_gc=True, litellm_http=True)``), in one
+   process and split over several (``--processes``, 4 by default); bare LiteLLM calls on both
+   of its routes to an OpenAI-compatible server for comparison. The rate is the steady one,
+   between the 10% and the 90% mark of a run, with the whole run's beside it.
 
 Ragas is optional (the ``bench`` extra: ragas==0.4.3 with langchain-community<0.4); without it
 the Ragas columns say so and our own figures are still printed.
@@ -481,8 +483,15 @@ CALLS_PER_TRACE = {
 }
 
 
-async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple[float, int, float]:
-    """Score ``traces`` traces with ``concurrency`` in flight; (seconds, scored, CPU seconds)."""
+async def drive(
+    key: str, base_url: str, traces: int, concurrency: int
+) -> tuple[float, int, float, list[float], float]:
+    """Score ``traces`` traces with ``concurrency`` in flight.
+
+    Returns (seconds, scored, CPU seconds, the ``time.monotonic()`` of every scored trace's end,
+    the seconds one ``ascore`` took, summed over the scored traces). The clock of the marks is
+    system-wide, so the marks of several processes can be merged.
+    """
     judge = scorers.JudgeClient(
         model=JUDGE_MODEL,
         api_base=base_url,
@@ -492,24 +501,46 @@ async def drive(key: str, base_url: str, traces: int, concurrency: int) -> tuple
     )
     scorer = scorers.get(key, judge=judge, cache=scorers.ReferenceCache())
     limit = asyncio.Semaphore(concurrency)
+    marks: list[float] = []
+    scoring = 0.0
 
-    async def one(index: int) -> bool:
+    async def one(index: int) -> None:
+        nonlocal scoring
         async with limit:
+            begun = time.monotonic()
             try:
                 result = await scorer.ascore(**throughput_inputs(index))
             except scorers.JudgeError:  # counted as not scored; the run goes on
-                return False
-            return result.status == "scored"
+                return
+            if result.status == "scored" and index >= 0:
+                marks.append(time.monotonic())
+                scoring += marks[-1] - begun
 
     await asyncio.gather(*(one(-i - 1) for i in range(concurrency)))  # warm-up
     cpu = time.process_time()
     started = time.perf_counter()
-    done = await asyncio.gather(*(one(i) for i in range(traces)))
-    return time.perf_counter() - started, sum(done), time.process_time() - cpu
+    await asyncio.gather(*(one(i) for i in range(traces)))
+    return time.perf_counter() - started, len(marks), time.process_time() - cpu, marks, scoring
 
 
-async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
-    """Bare ``litellm.acompletion`` calls of the same size: what LiteLLM alone can do here."""
+def steady_rate(marks: list[float]) -> float:
+    """Completions per second between the 10% and the 90% mark of a run.
+
+    The start (every slot's first request prepared at once) and the drain at the end (fewer and
+    fewer calls in flight) are properties of a finite run, not of a scorer that runs for hours;
+    the window leaves both out, as ``benchmarks/worker.py`` does.
+    """
+    ordered = sorted(marks)
+    low, high = len(ordered) // 10, len(ordered) - 1 - len(ordered) // 10
+    if high <= low or ordered[high] <= ordered[low]:
+        return 0.0
+    return (high - low) / (ordered[high] - ordered[low])
+
+
+async def drive_litellm(base_url: str, calls: int, concurrency: int) -> tuple[float, list[float]]:
+    """Bare ``litellm.acompletion`` calls of the same size: what LiteLLM alone can do here.
+
+    Returns (seconds, the ``time.monotonic()`` of every call's end)."""
     import litellm
 
     body = json.loads(json.dumps(throughput_inputs(0)))
@@ -518,8 +549,9 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
         {"role": "user", "content": json.dumps(body)},
     ]
     limit = asyncio.Semaphore(concurrency)
+    marks: list[float] = []
 
-    async def one() -> None:
+    async def one(timed: bool = True) -> None:
         async with limit:
             await litellm.acompletion(
                 model=JUDGE_MODEL,
@@ -529,11 +561,13 @@ async def drive_litellm(base_url: str, calls: int, concurrency: int) -> float:
                 response_format={"type": "json_object"},
                 max_retries=0,
             )
+        if timed:
+            marks.append(time.monotonic())
 
-    await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
+    await asyncio.gather(*(one(timed=False) for _ in range(concurrency)))  # warm-up
     started = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(calls)))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, marks
 
 
 def child(
@@ -544,14 +578,16 @@ def child(
     scorers.load_judge_backend(freeze_gc=freeze_gc, litellm_http=litellm_http)
     print("READY", flush=True)
     sys.stdin.readline()
-    elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, concurrency))
-    print(json.dumps({"elapsed": elapsed, "scored": scored, "cpu": cpu}), flush=True)
+    elapsed, scored, cpu, marks, scoring = asyncio.run(drive(key, base_url, traces, concurrency))
+    report = {"elapsed": elapsed, "scored": scored, "cpu": cpu, "marks": marks, "scoring": scoring}
+    print(json.dumps(report), flush=True)
 
 
 def multi_process(
     key: str, base_url: str, traces: int, processes: int, freeze_gc: bool, litellm_http: bool
-) -> tuple[float, int, float]:
-    """Split ``traces`` and the concurrency over ``processes`` client processes."""
+) -> tuple[float, int, float, list[float], float]:
+    """Split ``traces`` and the concurrency over ``processes`` client processes; the result as
+    :func:`drive`'s, over all of them."""
     children = [
         subprocess.Popen(
             [
@@ -596,6 +632,8 @@ def multi_process(
         max(r["elapsed"] for r in reports),
         sum(r["scored"] for r in reports),
         sum(r["cpu"] for r in reports),
+        [mark for r in reports for mark in r["marks"]],
+        sum(r["scoring"] for r in reports),
     )
 
 
@@ -612,7 +650,10 @@ def bench_throughput(
         f"\nthroughput through LiteLLM, server latency {LATENCY_S * 1000:.0f} ms, concurrency "
         f"{CONCURRENCY}: bound {bound:.0f} traces/s (judge server in its own process); "
         f"{traces} traces per run; client processes call "
-        f"load_judge_backend({', '.join(setup)})"
+        f"load_judge_backend({', '.join(setup)})\n"
+        "  rate: steady (between the 10% and the 90% mark of the run), then [whole run], then\n"
+        "  the mean time of one ascore() (the server holds each call for "
+        f"{LATENCY_S * 1000:.0f} ms)"
     )
     chosen = os.environ.get(LITELLM_HTTP_FLAG)
     try:
@@ -622,45 +663,54 @@ def bench_throughput(
             os.environ[LITELLM_HTTP_FLAG] = value
             server_cpu = process_cpu_s(process.pid)
             cpu = time.process_time()
-            elapsed = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
+            elapsed, marks = asyncio.run(drive_litellm(base_url, traces, CONCURRENCY))
             cpu = time.process_time() - cpu
             server_cpu = process_cpu_s(process.pid) - server_cpu
-            out[f"litellm_alone_{route}"] = traces / elapsed
+            steady = steady_rate(marks)
+            out[f"litellm_alone_{route}"] = {"rate": steady, "whole": traces / elapsed}
             print(
-                f"  {'bare acompletion, ' + label:<34} {traces / elapsed:6.1f} calls/s "
-                f"{traces / elapsed / bound:.2f}  (client {cpu / traces * 1000:.2f} ms CPU/call, "
-                f"server {server_cpu / traces * 1000:.2f})"
+                f"  {'bare acompletion, ' + label:<34} {steady:6.1f} calls/s "
+                f"{steady / bound:.2f} [{traces / elapsed / bound:.2f}]  (client "
+                f"{cpu / traces * 1000:.2f} ms CPU/call, server {server_cpu / traces * 1000:.2f})"
             )
         if chosen is None:
             os.environ.pop(LITELLM_HTTP_FLAG)
         else:
             os.environ[LITELLM_HTTP_FLAG] = chosen
         print(
-            f"  {'variant':<22} {'one process':>21}   {processes} processes "
+            f"  {'variant':<22} {'one process':>27}        {processes} processes "
             "(client CPU ms per judge call, server CPU ms per call)"
         )
         for key, calls in CALLS_PER_TRACE.items():
             if process.poll() is not None:  # the server died (killed from outside): restart it
                 print(f"  (the judge server exited with {process.returncode}; restarted)")
                 process, base_url = start_server_process(LATENCY_S)
-            runs: list[tuple[float, int, float, float]] = []
+            runs: list[tuple[tuple[float, int, float, list[float], float], float]] = []
             server_cpu = process_cpu_s(process.pid)
-            elapsed, scored, cpu = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
-            runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
+            run = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
+            runs.append((run, process_cpu_s(process.pid) - server_cpu))
             if processes > 1:
                 server_cpu = process_cpu_s(process.pid)
-                elapsed, scored, cpu = multi_process(
-                    key, base_url, traces, processes, freeze_gc, litellm_http
-                )
-                runs.append((elapsed, scored, cpu, process_cpu_s(process.pid) - server_cpu))
+                run = multi_process(key, base_url, traces, processes, freeze_gc, litellm_http)
+                runs.append((run, process_cpu_s(process.pid) - server_cpu))
             row: dict[str, Any] = {"calls_per_trace": calls}
             line = f"  {key:<22}"
-            for label, (elapsed, scored, cpu, server) in zip(("one", "multi"), runs, strict=False):
-                rate = scored / elapsed
+            for label, ((elapsed, scored, cpu, marks, scoring), server) in zip(
+                ("one", "multi"), runs, strict=False
+            ):
+                rate = steady_rate(marks)
+                per_trace = scoring / max(scored, 1) * 1000
                 judge_calls = traces * calls
-                row[label] = {"rate": rate, "share": rate / bound, "scored": scored}
+                row[label] = {
+                    "rate": rate,
+                    "share": rate / bound,
+                    "whole_share": scored / elapsed / bound,
+                    "scored": scored,
+                    "ms_per_trace": per_trace,
+                }
                 line += (
-                    f" {rate:6.1f} traces/s {rate / bound:.2f} "
+                    f" {rate:6.1f} traces/s {rate / bound:.2f} [{scored / elapsed / bound:.2f}] "
+                    f"{per_trace:3.0f} ms "
                     f"({cpu / judge_calls * 1000:.2f}, {server / judge_calls * 1000:.2f})"
                     + ("" if scored == traces else f" {scored}/{traces} scored")
                     + " "
@@ -677,8 +727,13 @@ def bench_throughput(
 def main() -> None:
     parser = argparse.ArgumentParser(description="scorer benchmarks")
     parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--traces", type=int, default=2000, help="traces per throughput run")
-    parser.add_argument("--processes", type=int, default=2, help="client processes, 1 for one")
+    parser.add_argument("--traces", type=int, default=4000, help="traces per throughput run")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=4,
+        help="client processes sharing the 64 in flight (1 for one process only)",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=["speed", "tokens", "throughput"])
     parser.add_argument(
         "--no-freeze-gc",
