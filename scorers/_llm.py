@@ -523,28 +523,14 @@ class ContextEntityRecall(LLMScorer):
                 _parse_entities,
                 accounting,
             )
-            if contexts:
-                context_user = prompts.tagged(text=context_text)
-                gathered = await gather_all(
-                    [
-                        reference_call,
-                        *(
-                            self.ask(
-                                "entities",
-                                prompts.ENTITIES,
-                                context_user,
-                                _parse_entities,
-                                accounting,
-                            )
-                            for _ in range(self.samples)
-                        ),
-                    ]
-                )
-                ref_entities, cached = gathered[0]
-                runs = gathered[1:]
-            else:
-                # Only the reference is asked about: a reference without entities is skipped.
-                ref_entities, cached = await reference_call
+            # With nothing retrieved only the reference is asked about: a reference without
+            # entities is skipped rather than scored against nothing.
+            context_user = prompts.tagged(text=context_text)
+            context_calls = [
+                self.ask("entities", prompts.ENTITIES, context_user, _parse_entities, accounting)
+                for _ in range(self.samples if contexts else 0)
+            ]
+            (ref_entities, cached), *runs = await gather_all([reference_call, *context_calls])
             details = {"mode": "split_reference", "reference_cache": cached}
         if not ref_entities:
             return self.skipped(
