@@ -1,6 +1,8 @@
 """Benchmark the scorers against Ragas and against the throughput bound.
 
-Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--traces 4000]
+Run from the repository root:
+
+    python benchmarks/scorers.py [--samples 1000] [--traces 4000] [--processes 4] [--repeats 3]
 
 1. non_llm_context_recall on samples of 10 retrieved x 5 reference contexts of 300 characters,
    against Ragas' NonLLMContextRecall on the same samples (scores must be identical).
@@ -12,7 +14,9 @@ Run from the repository root:  python benchmarks/scorers.py [--samples 1000] [--
    sets up its process (``load_judge_backend(freeze_gc=True, litellm_http=True)``), in one
    process and split over several (``--processes``, 4 by default); bare LiteLLM calls on both
    of its routes to an OpenAI-compatible server for comparison. The rate is the steady one,
-   between the 10% and the 90% mark of a run, with the whole run's beside it.
+   between the 10% and the 90% mark of a run, with the whole run's beside it. The split runs
+   are repeated in rounds (``--repeats``, 3 by default) and each variant's figure is the median
+   of its rounds, since the machine's speed drifts between minutes.
 
 Ragas is optional (the ``bench`` extra: ragas==0.4.3 with langchain-community<0.4); without it
 the Ragas columns say so and our own figures are still printed.
@@ -637,8 +641,56 @@ def multi_process(
     )
 
 
+def calibrate() -> float:
+    """Milliseconds a fixed piece of pure-Python work takes now, best of five.
+
+    The machine's speed drifts between minutes, and with it every figure of a run; printed
+    beside each round, this tells a slow round from a slow change.
+    """
+    payload = {"claims": [{"claim": f"claim {i}", "attributed": i % 2 == 0} for i in range(40)]}
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(300):
+            decoded = json.loads(json.dumps(payload))
+            sum(1 for claim in decoded["claims"] if claim["attributed"])
+            sorted(f"{key}:{value}" for key, value in enumerate(decoded["claims"]))
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+Run = tuple[float, int, float, list[float], float]
+
+
+def describe(run: Run, server_s: float, traces: int, calls: int, bound: float) -> dict[str, Any]:
+    """The figures of one run of a variant: steady rate, share of the bound, CPU per call."""
+    elapsed, scored, cpu, marks, scoring = run
+    rate = steady_rate(marks)
+    return {
+        "rate": rate,
+        "share": rate / bound,
+        "whole_share": scored / elapsed / bound,
+        "scored": scored,
+        "ms_per_trace": scoring / max(scored, 1) * 1000,
+        "client_ms_per_call": cpu / (traces * calls) * 1000,
+        "server_ms_per_call": server_s / (traces * calls) * 1000,
+    }
+
+
+def run_line(key: str, figures: dict[str, Any], traces: int) -> str:
+    return (
+        f"    {key:<22} {figures['rate']:6.1f} traces/s {figures['share']:.2f} "
+        f"[{figures['whole_share']:.2f}] {figures['ms_per_trace']:3.0f} ms "
+        f"({figures['client_ms_per_call']:.2f}, {figures['server_ms_per_call']:.2f})"
+        + ("" if figures["scored"] == traces else f" {figures['scored']}/{traces} scored")
+    )
+
+
+TARGET_SHARE = 0.8
+
+
 def bench_throughput(
-    traces: int, processes: int, freeze_gc: bool, litellm_http: bool
+    traces: int, processes: int, repeats: int, freeze_gc: bool, litellm_http: bool
 ) -> dict[str, Any]:
     process, base_url = start_server_process(LATENCY_S)
     bound = CONCURRENCY / LATENCY_S
@@ -651,10 +703,28 @@ def bench_throughput(
         f"{CONCURRENCY}: bound {bound:.0f} traces/s (judge server in its own process); "
         f"{traces} traces per run; client processes call "
         f"load_judge_backend({', '.join(setup)})\n"
-        "  rate: steady (between the 10% and the 90% mark of the run), then [whole run], then\n"
-        "  the mean time of one ascore() (the server holds each call for "
-        f"{LATENCY_S * 1000:.0f} ms)"
+        "  each run: steady rate (between the 10% and the 90% mark of the run), its share of the\n"
+        "  bound, [the whole run's share], the mean time of one ascore() (the server holds each\n"
+        f"  call for {LATENCY_S * 1000:.0f} ms), (client CPU ms per judge call, server CPU ms per "
+        "call)"
     )
+
+    def server_alive() -> None:
+        nonlocal process, base_url
+        if process.poll() is not None:  # the server died (killed from outside): restart it
+            print(f"  (the judge server exited with {process.returncode}; restarted)")
+            process, base_url = start_server_process(LATENCY_S)
+
+    def measured(key: str, in_processes: int) -> dict[str, Any]:
+        server_alive()
+        server_cpu = process_cpu_s(process.pid)
+        if in_processes == 1:
+            run = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
+        else:
+            run = multi_process(key, base_url, traces, in_processes, freeze_gc, litellm_http)
+        server_s = process_cpu_s(process.pid) - server_cpu
+        return describe(run, server_s, traces, CALLS_PER_TRACE[key], bound)
+
     chosen = os.environ.get(LITELLM_HTTP_FLAG)
     try:
         # LiteLLM reads its route switch on every call: measure both routes, then put it back.
@@ -677,46 +747,33 @@ def bench_throughput(
             os.environ.pop(LITELLM_HTTP_FLAG)
         else:
             os.environ[LITELLM_HTTP_FLAG] = chosen
+
+        if processes > 1:
+            print(f"  one process, {CONCURRENCY} in flight, for comparison:")
+            for key in CALLS_PER_TRACE:
+                out.setdefault(key, {})["one"] = figures = measured(key, 1)
+                print(run_line(key, figures, traces))
+        # The machine's speed drifts between minutes: every round runs each variant once, so a
+        # slow minute falls on one round of every variant, not on every round of one.
+        layout = f"{processes} processes" if processes > 1 else "one process"
+        for round_no in range(1, repeats + 1):
+            print(f"  {layout}, round {round_no} of {repeats} (calibration {calibrate():.1f} ms):")
+            for key in CALLS_PER_TRACE:
+                figures = measured(key, processes)
+                out.setdefault(key, {}).setdefault("rounds", []).append(figures)
+                print(run_line(key, figures, traces))
         print(
-            f"  {'variant':<22} {'one process':>27}        {processes} processes "
-            "(client CPU ms per judge call, server CPU ms per call)"
+            f"  {layout}: median share of the bound over {repeats} round(s) "
+            f"(lowest to highest); target {TARGET_SHARE}"
         )
-        for key, calls in CALLS_PER_TRACE.items():
-            if process.poll() is not None:  # the server died (killed from outside): restart it
-                print(f"  (the judge server exited with {process.returncode}; restarted)")
-                process, base_url = start_server_process(LATENCY_S)
-            runs: list[tuple[tuple[float, int, float, list[float], float], float]] = []
-            server_cpu = process_cpu_s(process.pid)
-            run = asyncio.run(drive(key, base_url, traces, CONCURRENCY))
-            runs.append((run, process_cpu_s(process.pid) - server_cpu))
-            if processes > 1:
-                server_cpu = process_cpu_s(process.pid)
-                run = multi_process(key, base_url, traces, processes, freeze_gc, litellm_http)
-                runs.append((run, process_cpu_s(process.pid) - server_cpu))
-            row: dict[str, Any] = {"calls_per_trace": calls}
-            line = f"  {key:<22}"
-            for label, ((elapsed, scored, cpu, marks, scoring), server) in zip(
-                ("one", "multi"), runs, strict=False
-            ):
-                rate = steady_rate(marks)
-                per_trace = scoring / max(scored, 1) * 1000
-                judge_calls = traces * calls
-                row[label] = {
-                    "rate": rate,
-                    "share": rate / bound,
-                    "whole_share": scored / elapsed / bound,
-                    "scored": scored,
-                    "ms_per_trace": per_trace,
-                }
-                line += (
-                    f" {rate:6.1f} traces/s {rate / bound:.2f} [{scored / elapsed / bound:.2f}] "
-                    f"{per_trace:3.0f} ms "
-                    f"({cpu / judge_calls * 1000:.2f}, {server / judge_calls * 1000:.2f})"
-                    + ("" if scored == traces else f" {scored}/{traces} scored")
-                    + " "
-                )
-            out[key] = row
-            print(line.rstrip())
+        for key in CALLS_PER_TRACE:
+            shares = [figures["share"] for figures in out[key]["rounds"]]
+            median = statistics.median(shares)
+            out[key]["median_share"] = median
+            print(
+                f"    {key:<22} {median:.2f} ({min(shares):.2f} to {max(shares):.2f})  "
+                + ("met" if median >= TARGET_SHARE else "MISSED")
+            )
         print(f"  bound: concurrency / latency = {bound:.0f} traces/s; one judge call per trace")
     finally:
         process.terminate()
@@ -733,6 +790,12 @@ def main() -> None:
         type=int,
         default=4,
         help="client processes sharing the 64 in flight (1 for one process only)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of the throughput runs; each variant's figure is the median of its rounds",
     )
     parser.add_argument("--skip", nargs="*", default=[], choices=["speed", "tokens", "throughput"])
     parser.add_argument(
@@ -769,7 +832,9 @@ def main() -> None:
     if "tokens" not in args.skip:
         bench_tokens(problem)
     if "throughput" not in args.skip:
-        bench_throughput(args.traces, args.processes, args.freeze_gc, args.litellm_http)
+        bench_throughput(
+            args.traces, args.processes, args.repeats, args.freeze_gc, args.litellm_http
+        )
 
 
 if __name__ == "__main__":
