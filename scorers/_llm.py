@@ -256,6 +256,8 @@ class LLMScorer(BaseScorer):
         skipped = self.missing_input(clean)
         if skipped is not None:
             return skipped
+        if "user_input" in self.needs and is_blank(clean["user_input"]):
+            return self.skipped("The trace's question (user_input) is empty.")
         accounting = _Accounting(model=self.judge.model)
         try:
             result = await self._judge(clean, accounting, started)
@@ -294,12 +296,17 @@ class LLMScorer(BaseScorer):
             value, reason, details=details, latency_ms=elapsed_ms(started), **accounting.fields()
         )
 
-    def nothing_retrieved(self, accounting: _Accounting, started: float) -> ScoreResult:
-        """0.0 without asking the judge: the spec's rule for an empty retrieval."""
+    def nothing_retrieved(
+        self, accounting: _Accounting, started: float, details: dict[str, Any] | None = None
+    ) -> ScoreResult:
+        """0.0 without asking the judge about contexts: the spec's rule for an empty retrieval.
+
+        ``details`` keeps what was learnt before (a reference's entities, say).
+        """
         return self.scored(
             0.0,
             "Nothing was retrieved, so nothing could be recalled.",
-            details={"retrieved_contexts": 0},
+            details={**(details or {}), "retrieved_contexts": 0},
             latency_ms=elapsed_ms(started),
             **accounting.fields(),
         )
@@ -540,7 +547,9 @@ class ContextEntityRecall(LLMScorer):
                 **accounting.fields(),
             )
         if not runs:
-            return self.nothing_retrieved(accounting, started)
+            return self.nothing_retrieved(
+                accounting, started, {**details, "reference_entities": ref_entities}
+            )
         found_sets = [{normalise_entity(e) for e in run} for run in runs]
         found: list[str] = []
         missing: list[str] = []
@@ -615,7 +624,7 @@ class ChunkContextRecall(LLMScorer):
         if is_blank(clean["response"]):
             return self.skipped("The trace's response is empty, so there is no answer to check.")
         contexts = clean["retrieved_contexts"]
-        if not contexts:
+        if not _contexts(clean):  # none, or only blank ones: no chunk has information to miss
             return self.skipped("Nothing was retrieved, so no chunk's information can be missed.")
         user = prompts.tagged(
             question=clean["user_input"],

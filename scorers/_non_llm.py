@@ -175,7 +175,19 @@ class NonLLMContextRecall(BaseScorer):
                 0.0,
                 f"Nothing was retrieved, so none of the {len(references)} reference contexts "
                 "were found.",
-                details={"measure": self.measure, "threshold": self.threshold, "matches": []},
+                details={
+                    "measure": self.measure,
+                    "threshold": self.threshold,
+                    "matches": [
+                        {
+                            "reference_index": ref_index,
+                            "found": False,
+                            "retrieved_index": None,
+                            "similarity": None,
+                        }
+                        for ref_index in range(len(references))
+                    ],
+                },
                 latency_ms=elapsed_ms(started),
             )
         best = self._best_matches(references, retrieved)

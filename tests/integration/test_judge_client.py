@@ -185,6 +185,22 @@ def test_429_without_retry_after_backs_off_and_retries(server: JudgeServer) -> N
 
 
 @pytest.mark.usefixtures("route")
+def test_425_too_early_is_retried(server: JudgeServer) -> None:
+    server.script(Reply.error(425), Reply.json(GOOD))
+    reply = chat(client(server))
+    assert reply.attempts == 2 and server.call_count == 2
+
+
+def test_a_spent_litellm_budget_is_terminal() -> None:
+    import litellm
+
+    from scorers._judge import classify_error
+
+    error = litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0)
+    assert classify_error(error) == "terminal"
+
+
+@pytest.mark.usefixtures("route")
 def test_500_is_retried_until_the_budget_is_spent(server: JudgeServer) -> None:
     server.script(*(Reply.error(500) for _ in range(5)))
     with pytest.raises(TransientJudgeError) as info:

@@ -203,6 +203,29 @@ def test_split_claims_pays_for_a_reference_once(server: JudgeServer) -> None:
     assert second.prompt_tokens is not None and second.prompt_tokens < first.prompt_tokens
 
 
+def test_split_claims_with_no_claims_twice_fails(server: JudgeServer) -> None:
+    server.script(Reply.json({"claims": []}), Reply.json({"claims": []}))
+    result = run(scorer(server, "llm_context_recall", split_claims=True), **RECALL_INPUTS)
+    assert result.status == "failed" and "no claims" in result.reason
+    assert [detect_task(r) for r in server.requests] == ["reference_claims"] * 2
+
+
+@pytest.mark.parametrize(
+    "key", ["llm_context_recall", "chunk_context_recall", "judge_context_recall"]
+)
+@pytest.mark.parametrize("question", [None, "", "  \n"])
+def test_a_missing_or_empty_question_is_skipped_without_a_call(
+    server: JudgeServer, key: str, question: str | None
+) -> None:
+    inputs = {**JUDGE_INPUTS, "user_input": question}
+    if question is None:
+        del inputs["user_input"]
+    result = run(scorer(server, key), **inputs)
+    assert result.status == "skipped" and result.value is None
+    assert "user_input" in result.reason
+    assert server.call_count == 0
+
+
 def test_split_claims_rejects_wrong_claim_ids(server: JudgeServer) -> None:
     server.script(
         Reply.json({"claims": ["France is in Western Europe.", "Its capital is Paris."]}),
@@ -427,6 +450,23 @@ def test_entities_with_nothing_retrieved_score_zero(server: JudgeServer) -> None
     assert (result.status, result.value) == ("scored", 0.0)
     # The reference alone is asked about: a reference without entities would be skipped.
     assert [detect_task(r) for r in server.requests] == ["entities"]
+    assert result.details == {
+        "mode": "split_reference",
+        "reference_cache": False,
+        "reference_entities": ["Paris"],
+        "retrieved_contexts": 0,
+    }
+
+
+def test_an_empty_reference_names_no_entities_and_is_skipped_without_a_call(
+    server: JudgeServer,
+) -> None:
+    s = scorer(server, "context_entity_recall")
+    for reference in ("", "  "):
+        result = run(s, **{**ENTITY_INPUTS, "reference": reference})
+        assert result.status == "skipped" and "reference is empty" in result.reason
+    assert run(s, retrieved_contexts=["x"]).status == "skipped"
+    assert server.call_count == 0
 
 
 # --- chunk_context_recall ---------------------------------------------------------------------
@@ -525,6 +565,8 @@ def test_chunks_need_a_response_and_retrieved_chunks(server: JudgeServer) -> Non
     assert run(s, **{**CHUNK_INPUTS, "response": ""}).status == "skipped"
     assert run(s, **{**CHUNK_INPUTS, "retrieved_contexts": []}).status == "skipped"
     assert run(s, user_input="q", retrieved_contexts=["c"]).status == "skipped"
+    blank = run(s, **{**CHUNK_INPUTS, "retrieved_contexts": ["", "  "]})
+    assert blank.status == "skipped" and "Nothing was retrieved" in blank.reason
     assert server.call_count == 0
 
 
@@ -576,11 +618,14 @@ def test_judge_score_and_reason(server: JudgeServer) -> None:
     assert server.call_count == 1
 
 
-@pytest.mark.parametrize("bad", [1.5, -0.1, "high", None, True])
+@pytest.mark.parametrize("bad", [1.5, -0.1, "high", None, True, "NaN", "Infinity"])
 def test_out_of_range_or_missing_scores_fail_after_a_retry(
     server: JudgeServer, bad: object
 ) -> None:
-    reply = Reply.json({"context_recall_score": bad, "reason": "r"})
+    if bad in ("NaN", "Infinity"):  # bare JSON tokens, which Python's json module reads as floats
+        reply = Reply.raw(f'{{"context_recall_score": {bad}, "reason": "r"}}')
+    else:
+        reply = Reply.json({"context_recall_score": bad, "reason": "r"})
     server.script(reply, reply)
     result = run(scorer(server, "judge_context_recall"), **JUDGE_INPUTS)
     assert result.status == "failed" and result.value is None

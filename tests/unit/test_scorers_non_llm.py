@@ -98,6 +98,9 @@ def test_empty_retrieved_contexts_score_zero() -> None:
         else:
             assert result.status == "scored" and result.value == 0.0
             assert "Nothing was retrieved" in result.reason
+            assert result.details["matches"] == [
+                {"reference_index": 0, "found": False, "retrieved_index": None, "similarity": None}
+            ]
 
 
 def test_empty_strings_compare_as_identical() -> None:
@@ -203,6 +206,9 @@ def test_empty_reference_ids_are_skipped_and_empty_retrieved_ids_score_zero() ->
     zero = id_based().score(retrieved_context_ids=[], reference_context_ids=["a"])
     assert zero.status == "scored" and zero.value == 0.0
     assert zero.details["missing_ids"] == ["a"]
+    # A retriever that gave no ids is stored as None: nothing to compare, not a miss.
+    unknown = id_based().score(retrieved_context_ids=None, reference_context_ids=["a"])
+    assert unknown.status == "skipped" and "retrieved_context_ids" in unknown.reason
 
 
 @pytest.mark.parametrize("bad", [[None], [1.5], [True], "doc_1"])
