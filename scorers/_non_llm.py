@@ -170,27 +170,10 @@ class NonLLMContextRecall(BaseScorer):
             return missing or self.skipped("The trace has no reference contexts to recall.")
         references: list[str] = clean["reference_contexts"]
         retrieved: list[str] = clean["retrieved_contexts"] or []
-        if not retrieved:
-            return self.scored(
-                0.0,
-                f"Nothing was retrieved, so none of the {len(references)} reference contexts "
-                "were found.",
-                details={
-                    "measure": self.measure,
-                    "threshold": self.threshold,
-                    "matches": [
-                        {
-                            "reference_index": ref_index,
-                            "found": False,
-                            "retrieved_index": None,
-                            "similarity": None,
-                        }
-                        for ref_index in range(len(references))
-                    ],
-                },
-                latency_ms=elapsed_ms(started),
-            )
-        best = self._best_matches(references, retrieved)
+        total = len(references)
+        best: list[tuple[int | None, float | None]] = (
+            self._best_matches(references, retrieved) if retrieved else [(None, None)] * total
+        )
         matches = [
             {
                 "reference_index": ref_index,
@@ -201,11 +184,16 @@ class NonLLMContextRecall(BaseScorer):
             for ref_index, (match_index, similarity) in enumerate(best)
         ]
         found = sum(match_index is not None for match_index, _ in best)
-        total = len(references)
+        if retrieved:
+            reason = (
+                f"{found} of {total} reference contexts matched a retrieved context with "
+                f"{self.measure} similarity above {self.threshold:g}."
+            )
+        else:
+            reason = f"Nothing was retrieved, so none of the {total} reference contexts were found."
         return self.scored(
             found / total,
-            f"{found} of {total} reference contexts matched a retrieved context with "
-            f"{self.measure} similarity above {self.threshold:g}.",
+            reason,
             details={"measure": self.measure, "threshold": self.threshold, "matches": matches},
             latency_ms=elapsed_ms(started),
         )
