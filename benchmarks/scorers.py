@@ -644,8 +644,9 @@ def multi_process(
 def calibrate() -> float:
     """Milliseconds a fixed piece of pure-Python work takes now, best of five.
 
-    The machine's speed drifts between minutes, and with it every figure of a run; printed
-    beside each round, this tells a slow round from a slow change.
+    The machine's speed drifts between minutes, and with it every figure of a run. Printed
+    beside each round, this shows when pure-Python work ran slow; not every slowdown shows in
+    it (the client CPU per judge call, printed per run, is the direct measure).
     """
     payload = {"claims": [{"claim": f"claim {i}", "attributed": i % 2 == 0} for i in range(40)]}
     best = float("inf")
