@@ -487,9 +487,11 @@ CALLS_PER_TRACE = {
 }
 
 
-async def drive(
-    key: str, base_url: str, traces: int, concurrency: int
-) -> tuple[float, int, float, list[float], float]:
+# (seconds, scored traces, CPU seconds, every scored trace's end, seconds inside ascore summed)
+Run = tuple[float, int, float, list[float], float]
+
+
+async def drive(key: str, base_url: str, traces: int, concurrency: int) -> Run:
     """Score ``traces`` traces with ``concurrency`` in flight.
 
     Returns (seconds, scored, CPU seconds, the ``time.monotonic()`` of every scored trace's end,
@@ -589,7 +591,7 @@ def child(
 
 def multi_process(
     key: str, base_url: str, traces: int, processes: int, freeze_gc: bool, litellm_http: bool
-) -> tuple[float, int, float, list[float], float]:
+) -> Run:
     """Split ``traces`` and the concurrency over ``processes`` client processes; the result as
     :func:`drive`'s, over all of them."""
     children = [
@@ -658,9 +660,6 @@ def calibrate() -> float:
             sorted(f"{key}:{value}" for key, value in enumerate(decoded["claims"]))
         best = min(best, time.perf_counter() - started)
     return best * 1000
-
-
-Run = tuple[float, int, float, list[float], float]
 
 
 def describe(run: Run, server_s: float, traces: int, calls: int, bound: float) -> dict[str, Any]:

@@ -151,10 +151,17 @@ class BaseScorer(ABC):
         return self._result("scored", value, reason, **fields)
 
     def missing_input(self, clean: Mapping[str, Any]) -> ScoreResult | None:
-        """A ``skipped`` result naming the first needed input that is absent or ``None``."""
+        """A ``skipped`` result naming the first needed input that is absent or ``None``, or a
+        text input (question, response, reference) that is empty or whitespace only.
+
+        Empty lists are left to each variant: the specification scores some of them 0.0.
+        """
         for name in self.needs:
-            if clean.get(name) is None:
+            value = clean.get(name)
+            if value is None:
                 return self.skipped(f"The trace has no {name}, which this metric needs.")
+            if isinstance(value, str) and not value.strip():
+                return self.skipped(f"The trace's {name} is empty, and this metric needs it.")
         return None
 
     def score(self, **inputs: Any) -> ScoreResult:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from scorers import _prompts as prompts
-from scorers._base import BaseScorer, elapsed_ms, is_blank
+from scorers._base import BaseScorer, elapsed_ms
 from scorers._cache import DEFAULT_CACHE, ReferenceCache, cache_key
 from scorers._judge import JudgeClient, JudgeInputRejected, JudgeReply
 from scorers._result import ScoreResult
@@ -256,8 +256,6 @@ class LLMScorer(BaseScorer):
         skipped = self.missing_input(clean)
         if skipped is not None:
             return skipped
-        if "user_input" in self.needs and is_blank(clean["user_input"]):
-            return self.skipped("The trace's question (user_input) is empty.")
         accounting = _Accounting(model=self.judge.model)
         try:
             result = await self._judge(clean, accounting, started)
@@ -399,8 +397,6 @@ class LLMContextRecall(LLMScorer):
     ) -> ScoreResult:
         reference: str = clean["reference"]
         question: str = clean["user_input"]
-        if is_blank(reference):
-            return self.skipped("The trace's reference is empty, so there are no claims to recall.")
         contexts = _contexts(clean)
         if not contexts:
             return self.nothing_retrieved(accounting, started)
@@ -506,8 +502,6 @@ class ContextEntityRecall(LLMScorer):
         self, clean: dict[str, Any], accounting: _Accounting, started: float
     ) -> ScoreResult:
         reference: str = clean["reference"]
-        if is_blank(reference):
-            return self.skipped("The trace's reference is empty, so it names no entities.")
         contexts = _contexts(clean)
         context_text = prompts.joined(contexts)
         runs: list[list[str]] = []
@@ -621,8 +615,6 @@ class ChunkContextRecall(LLMScorer):
     async def _judge(
         self, clean: dict[str, Any], accounting: _Accounting, started: float
     ) -> ScoreResult:
-        if is_blank(clean["response"]):
-            return self.skipped("The trace's response is empty, so there is no answer to check.")
         contexts = clean["retrieved_contexts"]
         if not _contexts(clean):  # none, or only blank ones: no chunk has information to miss
             return self.skipped("Nothing was retrieved, so no chunk's information can be missed.")
@@ -715,10 +707,6 @@ class JudgeContextRecall(LLMScorer):
     async def _judge(
         self, clean: dict[str, Any], accounting: _Accounting, started: float
     ) -> ScoreResult:
-        if is_blank(clean["reference"]):
-            return self.skipped("The trace's expected answer (reference) is empty.")
-        if is_blank(clean["response"]):
-            return self.skipped("The trace's response is empty, so there is no answer to rate.")
         contexts = _contexts(clean)
         if not contexts:
             return self.nothing_retrieved(accounting, started)
