@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from storage.db import create_engine_from_url
-from storage.migrate import upgrade
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
 
 BASE_URL = os.environ.get(
     "RECALLTRACE_BENCH_DATABASE_URL",

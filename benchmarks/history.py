@@ -30,9 +30,9 @@ from sqlalchemy import Engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._pg import scratch_database
-from scorers.catalog import CATALOG
-from storage.db import create_engine_from_url
-from storage.history import History
+from recalltrace.scorers.catalog import CATALOG
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.history import History
 
 DATABASE = "rt_bench_history"
 TARGET_MS = 100.0

@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import scorers  # noqa: E402
 from benchmarks._cpu import process_cpu_s  # noqa: E402
-from scorers._judge import LITELLM_HTTP_FLAG  # noqa: E402
-from tests.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
+from recalltrace import scorers  # noqa: E402
+from recalltrace.scorers._judge import LITELLM_HTTP_FLAG  # noqa: E402
+from tests.support.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
 
 LATENCY_S = 0.2
 # A model in LiteLLM's price list, served by the local judge: a real deployment's cost path.
@@ -454,7 +454,15 @@ def bench_tokens(ragas_problem: str | None) -> dict[str, Any]:
 
 def start_server_process(latency: float) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.judge_server", "--port", "0", "--latency", str(latency)],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.judge_server",
+            "--port",
+            "0",
+            "--latency",
+            str(latency),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -24,10 +24,10 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
 from benchmarks._pg import scratch_database
-from storage.db import create_engine_from_url
-from storage.records import ContextRecord, TraceRecord
-from storage.repository import Repository
-from tests.factories import new_trace_id
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.records import ContextRecord, TraceRecord
+from recalltrace.storage.repository import Repository
+from tests.support.factories import new_trace_id
 
 CONTEXT = ("Retrieval-augmented generation grounds answers in retrieved passages. " * 5)[:300]
 
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from scorers.catalog import CATALOG
+    from recalltrace.scorers.catalog import CATALOG
 
     metrics = [(k, v.version) for k, v in CATALOG.items()]
     ours: list[float] = []

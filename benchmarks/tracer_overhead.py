@@ -7,8 +7,8 @@ interleaved blocks so that drift of the machine affects all of them alike:
 - ``plain``: no tracing;
 - ``otel``: the same functions decorated with OpenTelemetry's ``start_as_current_span`` and
   setting the same attributes by hand (span kinds, input/output, every document field);
-- ``recalltrace@0``: ``@tracer.rag`` / ``@tracer.retrieval`` / ``@tracer.generation`` at sample
-  rate 0 (spans only);
+- ``recalltrace@0``: ``@recalltrace.rag`` / ``@recalltrace.retrieval`` /
+  ``@recalltrace.generation`` at sample rate 0 (spans only);
 - ``recalltrace@1``: the same at sample rate 1 (every trace captured, queued, assembled,
   scrubbed and handed to a sink on the writer thread).
 
@@ -36,7 +36,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-import tracer
+import recalltrace
 
 DOCUMENT_COUNT = 10
 DOCUMENT_CHARS = 300
@@ -181,17 +181,17 @@ def otel_answer(question: str) -> str:
 # -- recalltrace ---------------------------------------------------------------------------------
 
 
-@tracer.retrieval("search")
+@recalltrace.retrieval("search")
 def rt_search(query: str) -> list[dict[str, Any]]:
     return _search(query)
 
 
-@tracer.generation("generate")
+@recalltrace.generation("generate")
 def rt_generate(prompt: str) -> str:
     return _generate(prompt)
 
 
-@tracer.rag("answer")
+@recalltrace.rag("answer")
 def rt_answer(question: str) -> str:
     rt_search(question)
     return rt_generate(question)
@@ -235,13 +235,13 @@ def main() -> None:
     trace.set_tracer_provider(provider)
     sink: Any = DiscardingSink()
     if args.database_url:
-        from storage import open_repository
+        from recalltrace.storage import open_repository
 
         sink = CountingSink(open_repository(args.database_url))
 
     def at_rate(rate: float) -> Callable[[], None]:
         def setup() -> None:
-            tracer.configure(
+            recalltrace.configure(
                 tracer_provider=provider, sink=sink, sample_rate=rate, service_name="bench"
             )
 
@@ -261,7 +261,7 @@ def main() -> None:
     for _, fn, setup in variants:
         setup()
         _run_block(fn, args.warmup, [])
-        tracer.flush(30)
+        recalltrace.flush(30)
     per_block = max(1, args.calls // args.blocks)
     for round_index in range(args.blocks):
         # Rotate the order so that no variant always runs right after another.
@@ -274,10 +274,10 @@ def main() -> None:
             samples[name].extend(block)
             round_medians[name].append(statistics.median(block))
             # Let the writer finish this block's records outside the measured time.
-            tracer.flush(30)
-    tracer.shutdown(30)
+            recalltrace.flush(30)
+    recalltrace.shutdown(30)
 
-    from tracer._runtime import stats
+    from recalltrace.tracer._runtime import stats
 
     dropped = stats().dropped_total()
     medians = {name: statistics.median(values) / 1000 for name, values in samples.items()}

@@ -30,11 +30,11 @@ from sqlalchemy import func, select, text  # noqa: E402
 
 from benchmarks._cpu import machine_busy_s, process_cpu_s  # noqa: E402
 from benchmarks._pg import scratch_database  # noqa: E402
-from storage.db import create_engine_from_url  # noqa: E402
-from storage.models import Score  # noqa: E402
-from storage.repository import Repository  # noqa: E402
-from tests.factories import make_trace  # noqa: E402
-from tests.judge_server import start_process  # noqa: E402
+from recalltrace.storage.db import create_engine_from_url  # noqa: E402
+from recalltrace.storage.models import Score  # noqa: E402
+from recalltrace.storage.repository import Repository  # noqa: E402
+from tests.support.factories import make_trace  # noqa: E402
+from tests.support.judge_server import start_process  # noqa: E402
 
 
 def write_traces(url: str, metrics: list[str], count: int) -> None:
@@ -81,7 +81,7 @@ def run(
     """Start the workers; return (scores/s between 10% and 90%, db ms per job per worker,
     cores used in that window by the machine, the workers, Postgres and the judge)."""
     cmd = [
-        sys.executable, "-m", "tracer.cli", "worker", "--database-url", url, "--once",
+        sys.executable, "-m", "recalltrace", "worker", "--database-url", url, "--once",
         "--no-progress", "--concurrency", str(concurrency), "--batch-size", str(concurrency),
     ]  # fmt: skip
     for metric in metrics:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from storage.db import create_engine_from_url
-from storage.models import Base
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -2,7 +2,7 @@
 
 Cheap to import: LiteLLM is loaded on the first judge call, not here.
 
-    import scorers
+    from recalltrace import scorers
 
     scorer = scorers.get("non_llm_context_recall", threshold=0.5)
     result = scorer.score(retrieved_contexts=[...], reference_contexts=[...])
@@ -14,12 +14,17 @@ Cheap to import: LiteLLM is loaded on the first judge call, not here.
 
 from __future__ import annotations
 
-from scorers._base import Scorer
-from scorers._cache import ReferenceCache
-from scorers._errors import JudgeError, ScorerInputError, TerminalJudgeError, TransientJudgeError
-from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig, load_judge_backend
-from scorers._registry import available, get
-from scorers._result import ScoreResult
+from recalltrace.scorers._base import Scorer
+from recalltrace.scorers._cache import ReferenceCache
+from recalltrace.scorers._errors import (
+    JudgeError,
+    ScorerInputError,
+    TerminalJudgeError,
+    TransientJudgeError,
+)
+from recalltrace.scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig, load_judge_backend
+from recalltrace.scorers._registry import available, get
+from recalltrace.scorers._result import ScoreResult
 
 __all__ = [
     "JudgeCallRecord",

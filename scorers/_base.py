@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from scorers._errors import ScorerInputError
-from scorers._result import ScoreResult
-from scorers.catalog import metric_info
+from recalltrace.scorers._errors import ScorerInputError
+from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers.catalog import metric_info
 
 #: Every input name a scorer accepts, as the specification spells them.
 INPUT_NAMES: tuple[str, ...] = (

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar
 
-from scorers._errors import JudgeError, TerminalJudgeError, TransientJudgeError
+from recalltrace.scorers._errors import JudgeError, TerminalJudgeError, TransientJudgeError
 
 logger = logging.getLogger("scorers.judge")
 

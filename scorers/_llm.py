@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from scorers import _prompts as prompts
-from scorers._base import BaseScorer, elapsed_ms
-from scorers._cache import DEFAULT_CACHE, ReferenceCache, cache_key
-from scorers._judge import JudgeClient, JudgeInputRejected, JudgeReply
-from scorers._result import ScoreResult
+from recalltrace.scorers import _prompts as prompts
+from recalltrace.scorers._base import BaseScorer, elapsed_ms
+from recalltrace.scorers._cache import DEFAULT_CACHE, ReferenceCache, cache_key
+from recalltrace.scorers._judge import JudgeClient, JudgeInputRejected, JudgeReply
+from recalltrace.scorers._result import ScoreResult
 
 T = TypeVar("T")
 

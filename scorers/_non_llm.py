@@ -9,8 +9,8 @@ from typing import Any, Literal
 from rapidfuzz import process
 from rapidfuzz.distance import Hamming, Jaro, JaroWinkler, LCSseq, Levenshtein
 
-from scorers._base import BaseScorer, elapsed_ms, is_blank, validate_inputs
-from scorers._result import ScoreResult
+from recalltrace.scorers._base import BaseScorer, elapsed_ms, is_blank, validate_inputs
+from recalltrace.scorers._result import ScoreResult
 
 Measure = Literal["levenshtein", "hamming", "jaro", "jaro_winkler"]
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from scorers._base import BaseScorer
-from scorers._judge import CONFIG_FIELDS, JudgeClient, JudgeConfig
-from scorers.catalog import CATALOG, metric_info
+from recalltrace.scorers._base import BaseScorer
+from recalltrace.scorers._judge import CONFIG_FIELDS, JudgeClient, JudgeConfig
+from recalltrace.scorers.catalog import CATALOG, metric_info
 
 
 def _classes() -> dict[str, type[BaseScorer]]:
     # Imported here so that importing the package stays cheap.
-    from scorers._llm import (
+    from recalltrace.scorers._llm import (
         ChunkContextRecall,
         ContextEntityRecall,
         JudgeContextRecall,
         LLMContextRecall,
     )
-    from scorers._non_llm import IDBasedContextRecall, NonLLMContextRecall
+    from recalltrace.scorers._non_llm import IDBasedContextRecall, NonLLMContextRecall
 
     classes: tuple[type[BaseScorer], ...] = (
         LLMContextRecall,

@@ -18,11 +18,11 @@ from opentelemetry import _logs, metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
-from scorers._judge import JudgeCallRecord
-from scorers._result import ScoreResult
+from recalltrace.scorers._judge import JudgeCallRecord
+from recalltrace.scorers._result import ScoreResult
 
 if TYPE_CHECKING:
-    from storage.repository import QueueStats
+    from recalltrace.storage.repository import QueueStats
 
 logger = logging.getLogger("recalltrace.worker")
 

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
-from scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
-from scorers._result import ScoreResult
-from scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
-from scorers.telemetry import WorkerTelemetry
-from storage.errors import is_database_unavailable
+from recalltrace.scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
+from recalltrace.scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
+from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
+from recalltrace.scorers.telemetry import WorkerTelemetry
+from recalltrace.storage.errors import is_database_unavailable
 
 logger = logging.getLogger("recalltrace.worker")
 
@@ -157,7 +157,7 @@ class Worker:
     ) -> None:
         self.options = options or WorkerOptions()
         if repository is None:
-            from storage.repository import open_repository
+            from recalltrace.storage.repository import open_repository
 
             repository = open_repository(self.options.database_url)
         self.repo = repository
@@ -191,7 +191,7 @@ class Worker:
 
     # -- set-up -------------------------------------------------------------------------
     def _build_scorers(self) -> None:
-        import scorers
+        from recalltrace import scorers
 
         opts = self.options
         if opts.judge is not None:
@@ -200,13 +200,13 @@ class Worker:
             # the lease extensions and the signal handlers. The worker owns its process, so it
             # also freezes LiteLLM's long-lived heap out of the collector's way and skips the
             # OpenAI SDK's per-request work.
-            from scorers._judge import load_judge_backend
+            from recalltrace.scorers._judge import load_judge_backend
 
             load_judge_backend(freeze_gc=opts.freeze_gc, litellm_http=opts.litellm_http)
         if opts.metrics is not None:
             keys = list(opts.metrics)
         else:
-            from storage.repository import metrics_from_env
+            from recalltrace.storage.repository import metrics_from_env
 
             keys = metrics_from_env() or list(CATALOG)
         for key in keys:
@@ -718,7 +718,7 @@ class Worker:
         """Wake the claim loop on NOTIFY; reconnect after errors; polling covers the gaps."""
         import psycopg
 
-        from storage.repository import NOTIFY_CHANNEL
+        from recalltrace.storage.repository import NOTIFY_CHANNEL
 
         url = self.repo.engine.url.set(drivername="postgresql")
         dsn = url.render_as_string(hide_password=False)

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from storage.records import ContextRecord, ReferenceUpdate, TraceRecord
+from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
 
 if TYPE_CHECKING:
-    from storage.db import DEFAULT_DATABASE_URL, create_engine_from_url, resolve_database_url
-    from storage.migrate import current_revision, upgrade
-    from storage.repository import ClaimedJob, Repository, TraceNotFound, open_repository
+    from recalltrace.storage.db import (
+        DEFAULT_DATABASE_URL,
+        create_engine_from_url,
+        resolve_database_url,
+    )
+    from recalltrace.storage.migrate import current_revision, upgrade
+    from recalltrace.storage.repository import (
+        ClaimedJob,
+        Repository,
+        TraceNotFound,
+        open_repository,
+    )
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
@@ -31,15 +40,15 @@ __all__ = [
 ]
 
 _LAZY = {
-    "DEFAULT_DATABASE_URL": "storage.db",
-    "create_engine_from_url": "storage.db",
-    "resolve_database_url": "storage.db",
-    "current_revision": "storage.migrate",
-    "upgrade": "storage.migrate",
-    "ClaimedJob": "storage.repository",
-    "Repository": "storage.repository",
-    "TraceNotFound": "storage.repository",
-    "open_repository": "storage.repository",
+    "DEFAULT_DATABASE_URL": "recalltrace.storage.db",
+    "create_engine_from_url": "recalltrace.storage.db",
+    "resolve_database_url": "recalltrace.storage.db",
+    "current_revision": "recalltrace.storage.migrate",
+    "upgrade": "recalltrace.storage.migrate",
+    "ClaimedJob": "recalltrace.storage.repository",
+    "Repository": "recalltrace.storage.repository",
+    "TraceNotFound": "recalltrace.storage.repository",
+    "open_repository": "recalltrace.storage.repository",
 }
 
 

@@ -30,10 +30,17 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from scorers.catalog import CATALOG
-from storage.db import is_postgres
-from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, SummaryCache, Trace
-from storage.repository import SUMMARY_LOCK_KEY, UNSTORABLE_TEXT, TraceNotFound
+from recalltrace.scorers.catalog import CATALOG
+from recalltrace.storage.db import is_postgres
+from recalltrace.storage.models import (
+    JobStatus,
+    RetrievedContext,
+    Score,
+    ScoringJob,
+    SummaryCache,
+    Trace,
+)
+from recalltrace.storage.repository import SUMMARY_LOCK_KEY, UNSTORABLE_TEXT, TraceNotFound
 
 __all__ = [
     "BUCKETS",

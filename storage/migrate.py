@@ -10,14 +10,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from storage.db import create_engine_from_url
+from recalltrace.storage.db import create_engine_from_url
 
 VERSION_TABLE = "recalltrace_alembic_version"
 
 
 def alembic_config(engine: Engine | None = None) -> Config:
     """An Alembic config pointing at the migrations package installed beside this one."""
-    import migrations
+    from recalltrace import migrations
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))

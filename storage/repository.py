@@ -40,9 +40,9 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from scorers.catalog import CATALOG, REFERENCE_INPUTS, MetricInfo, metric_info
-from storage.db import create_engine_from_url, is_postgres
-from storage.models import (
+from recalltrace.scorers.catalog import CATALOG, REFERENCE_INPUTS, MetricInfo, metric_info
+from recalltrace.storage.db import create_engine_from_url, is_postgres
+from recalltrace.storage.models import (
     JobStatus,
     RetrievedContext,
     Score,
@@ -51,7 +51,7 @@ from storage.models import (
     Trace,
     UTCDateTime,
 )
-from storage.records import ContextRecord, ReferenceUpdate, TraceRecord
+from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
 
 logger = logging.getLogger("recalltrace.storage")
 
@@ -1114,16 +1114,20 @@ class Repository:
                 return 0
             self._lock_for_score_writes(conn)
             for start in range(0, len(requeued), 500):
-                dropped = conn.execute(
-                    delete(Score)
-                    .where(
-                        tuple_(Score.trace_id, Score.metric, Score.version).in_(
-                            requeued[start : start + 500]
-                        ),
-                        Score.status == "failed",
+                dropped = (
+                    conn.execute(
+                        delete(Score)
+                        .where(
+                            tuple_(Score.trace_id, Score.metric, Score.version).in_(
+                                requeued[start : start + 500]
+                            ),
+                            Score.status == "failed",
+                        )
+                        .returning(Score.metric, Score.trace_started_at)
                     )
-                    .returning(Score.metric, Score.trace_started_at)
-                ).tuples().all()
+                    .tuples()
+                    .all()
+                )
                 self._invalidate_summaries(conn, dropped)
             self._notify(conn)
             return len(requeued)
@@ -1316,7 +1320,7 @@ def open_repository(
     if create_schema is None:
         create_schema = not is_postgres(engine)
     if create_schema:
-        from storage.migrate import upgrade_engine
+        from recalltrace.storage.migrate import upgrade_engine
 
         upgrade_engine(engine)
     return Repository(

@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from scorers._judge import LITELLM_HTTP_FLAG
-from storage.db import create_engine_from_url
-from storage.migrate import upgrade
-from storage.repository import Repository
+from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
+from recalltrace.storage.repository import Repository
 
 DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLES = ("summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")

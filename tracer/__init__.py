@@ -1,24 +1,12 @@
-"""recalltrace's tracer: three decorators that turn a RAG request into OpenTelemetry spans and a
-stored, scrubbed trace record for context-recall scoring.
-
-    import tracer
-
-    tracer.configure(database_url="postgresql+psycopg://...", sample_rate=0.1)
-
-    @tracer.rag
-    def answer(question: str) -> str: ...
-
-    @tracer.retrieval
-    def search(query: str) -> list[dict]: ...
-
-    @tracer.generation(model="gpt-4o-mini")
-    def generate(prompt: str) -> str: ...
+"""The tracer: three decorators that turn a RAG request into OpenTelemetry spans and a stored,
+scrubbed trace record for context-recall scoring. Applications use it as ``import recalltrace``
+(``recalltrace.rag``, ``recalltrace.configure``, ...), which re-exports the names below.
 
 Importing this package is cheap: OpenTelemetry is loaded on the first decorated call or on
 ``configure``; storage (SQLAlchemy) only on the background writer thread.
 """
 
-from tracer._api import (
+from recalltrace.tracer._api import (
     configure,
     current_trace_id,
     flush,
@@ -28,7 +16,7 @@ from tracer._api import (
     set_reference,
     shutdown,
 )
-from tracer._config import ScrubbingOptions, ScrubMatch, TracerConfig, TraceSink
+from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch, TracerConfig, TraceSink
 
 __all__ = [
     "ScrubMatch",

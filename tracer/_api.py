@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
-from tracer._config import ScrubbingOptions, TracerConfig, TracerProviderChoice, TraceSink
-from tracer._decorators import (
+from recalltrace.tracer._config import (
+    ScrubbingOptions,
+    TracerConfig,
+    TracerProviderChoice,
+    TraceSink,
+)
+from recalltrace.tracer._decorators import (
     GEN_AI_OPERATION,
     GEN_AI_REQUEST_MODEL,
     GENERATION,
@@ -52,7 +57,7 @@ def configure(
     Calling ``configure`` again drains the previous writer and replaces it. Without a call,
     the first decorated call configures from the environment.
     """
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     overrides = {
         "database_url": database_url,
@@ -253,7 +258,7 @@ def set_reference(
     retries for ``reference_wait`` seconds if the trace is still on its way to storage.
     Never raises for storage problems; raises ``ValueError`` for a malformed id.
     """
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     _runtime.set_reference(
         trace_id,
@@ -265,7 +270,7 @@ def set_reference(
 
 def current_trace_id() -> str | None:
     """The trace id of the current context as 32 lowercase hex digits, or ``None``."""
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     return _runtime.current_trace_id()
 
@@ -273,7 +278,7 @@ def current_trace_id() -> str | None:
 def flush(timeout: float | None = None) -> bool:
     """Block until every record queued so far is stored or dropped. Returns ``False`` when
     ``timeout`` seconds passed first (e.g. storage is down)."""
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     return _runtime.flush(timeout)
 
@@ -281,6 +286,6 @@ def flush(timeout: float | None = None) -> bool:
 def shutdown(timeout: float | None = None) -> bool:
     """Drain the queue (up to ``timeout``, default ``shutdown_timeout``) and stop the writer.
     Records still unstored are dropped and counted. Called automatically at exit."""
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     return _runtime.shutdown(timeout)

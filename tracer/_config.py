@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from storage.records import ReferenceUpdate, TraceRecord
+    from recalltrace.storage.records import ReferenceUpdate, TraceRecord
 
 logger = logging.getLogger("recalltrace.tracer")
 

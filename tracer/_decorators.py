@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from tracer._extract import (
+from recalltrace.tracer._extract import (
     Doc,
     Usage,
     metadata_json,
@@ -32,7 +32,7 @@ from tracer._extract import (
     read_usage,
     to_text,
 )
-from tracer._internal import internal_error, user_code_error
+from recalltrace.tracer._internal import internal_error, user_code_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -186,8 +186,8 @@ class _Otel:
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
-        from tracer import _runtime
-        from tracer._state import TraceState
+        from recalltrace.tracer import _runtime
+        from recalltrace.tracer._state import TraceState
 
         self.runtime_module = _runtime
         self.get_current = otel_context.get_current

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from storage.records import ContextRecord
+from recalltrace.storage.records import ContextRecord
 
 
 class Doc(NamedTuple):

@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
-from storage.records import ReferenceUpdate
-from tracer._config import TracerConfig
-from tracer._extract import to_id_list, to_text, to_text_list
-from tracer._metrics import TracerStats, register_instruments
-from tracer._sampling import TraceSampler
-from tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
-from tracer._state import TraceState, assemble_record
-from tracer._writer import BatchWriter
+from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.tracer._config import TracerConfig
+from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
+from recalltrace.tracer._metrics import TracerStats, register_instruments
+from recalltrace.tracer._sampling import TraceSampler
+from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
+from recalltrace.tracer._state import TraceState, assemble_record
+from recalltrace.tracer._writer import BatchWriter
 
 if TYPE_CHECKING:
-    from storage.records import TraceRecord
-    from tracer._config import TraceSink
+    from recalltrace.storage.records import TraceRecord
+    from recalltrace.tracer._config import TraceSink
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -91,7 +91,7 @@ class Runtime:
         if self.config.sink is not None:
             return self.config.sink
         # Imported here, on the writer thread: this pulls in SQLAlchemy.
-        from storage import open_repository
+        from recalltrace.storage import open_repository
 
         sink: TraceSink = open_repository(self.config.database_url)
         return sink

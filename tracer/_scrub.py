@@ -13,10 +13,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tracer._config import ScrubbingOptions, ScrubMatch
+from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
 
 if TYPE_CHECKING:
-    from storage.records import TraceRecord
+    from recalltrace.storage.records import TraceRecord
 
 logger = logging.getLogger("recalltrace.tracer")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from storage.records import ContextRecord, ReferenceUpdate, TraceRecord
-from tracer._extract import Doc, Usage, to_id_list, to_text, to_text_list
+from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
+from recalltrace.tracer._extract import Doc, Usage, to_id_list, to_text, to_text_list
 
 if TYPE_CHECKING:
-    from tracer._scrub import Scrubber
+    from recalltrace.tracer._scrub import Scrubber
 
 
 class TraceState:

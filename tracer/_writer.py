@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import is_database_unavailable
-from tracer._metrics import TracerStats
-from tracer._state import TraceState, merge_reference_into_record
+from recalltrace.storage.errors import is_database_unavailable
+from recalltrace.tracer._metrics import TracerStats
+from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
 if TYPE_CHECKING:
-    from storage.records import ReferenceUpdate, TraceRecord
-    from tracer._config import TraceSink
+    from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+    from recalltrace.tracer._config import TraceSink
 
 logger = logging.getLogger("recalltrace.tracer")
 

@@ -17,7 +17,7 @@ def run_cli(
     full_env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "tracer.cli", *args],
+        [sys.executable, "-m", "recalltrace", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -73,8 +73,8 @@ def test_console_script_is_installed() -> None:
 def test_db_prune_reports_then_deletes_old_traces(tmp_path: Path) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from storage.repository import open_repository
-    from tests.factories import make_trace
+    from recalltrace.storage.repository import open_repository
+    from tests.support.factories import make_trace
 
     url = f"sqlite:///{tmp_path / 'prune.db'}"
     repo = open_repository(url)
@@ -102,18 +102,18 @@ def test_recalltrace_metrics_limits_the_jobs_a_trace_gets(
 ) -> None:
     from sqlalchemy import select
 
-    from storage.models import ScoringJob
-    from storage.repository import open_repository
-    from tests.factories import make_trace
+    from recalltrace.storage.models import ScoringJob
+    from recalltrace.storage.repository import open_repository
+    from tests.support.factories import make_trace
 
     url = f"sqlite:///{tmp_path / 'metrics.db'}"
     script = (
-        "import tracer\n"
-        "@tracer.rag\n"
+        "import recalltrace\n"
+        "@recalltrace.rag\n"
         "def answer(question: str) -> str:\n"
         "    return 'fine'\n"
         "answer('hello')\n"
-        "tracer.flush()\n"
+        "recalltrace.flush()\n"
     )
     env = {"RECALLTRACE_DATABASE_URL": url, "RECALLTRACE_METRICS": "id_based_context_recall"}
     result = subprocess.run(

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from storage.db import create_engine_from_url
-from storage.models import Score, Trace
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import Score, Trace
 from tests.conftest import truncate_all
-from tests.judge_server import JudgeServer
+from tests.support.judge_server import JudgeServer
 
 
 def run_demo(*args: str, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env.update(extra_env or {})
     result = subprocess.run(
-        [sys.executable, "-m", "tracer.cli", "demo", *args],
+        [sys.executable, "-m", "recalltrace", "demo", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -60,7 +60,7 @@ def test_demo_on_the_embedded_default_without_a_judge(tmp_path: Path) -> None:
     trace_id = re.search(r"recalltrace trace show ([0-9a-f]{32})", out)
     assert trace_id
     shown = subprocess.run(
-        [sys.executable, "-m", "tracer.cli", "trace", "show", trace_id.group(1)],
+        [sys.executable, "-m", "recalltrace", "trace", "show", trace_id.group(1)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -25,13 +25,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from scorers.catalog import CATALOG
-from storage.db import create_engine_from_url
-from storage.migrate import upgrade
-from storage.records import TraceRecord
-from storage.repository import Repository
+from recalltrace.scorers.catalog import CATALOG
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
+from recalltrace.storage.records import TraceRecord
+from recalltrace.storage.repository import Repository
 from tests.conftest import _admin_engine, _base_url, truncate_all
-from tests.factories import make_trace
+from tests.support.factories import make_trace
 
 METRICS = (
     "llm_context_recall",
@@ -40,7 +40,7 @@ METRICS = (
     "context_entity_recall",
 )
 SCRIPT = shutil.which("recalltrace", path=str(Path(sys.executable).parent))
-COMMAND = [SCRIPT] if SCRIPT else [sys.executable, "-m", "tracer.cli"]
+COMMAND = [SCRIPT] if SCRIPT else [sys.executable, "-m", "recalltrace"]
 
 CLAIMS = [
     {

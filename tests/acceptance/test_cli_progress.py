@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage.repository import open_repository
-from tests.factories import make_trace
+from recalltrace.storage.repository import open_repository
+from tests.support.factories import make_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def run_on_terminal(*args: str) -> tuple[int, str]:
     master, slave = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracer.cli", *args],
+        [sys.executable, "-m", "recalltrace", *args],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -61,7 +61,7 @@ def test_worker_once_and_backfill_draw_a_progress_bar_on_a_terminal(tmp_path: Pa
     assert "creating jobs" in out and "created 500 scoring jobs" in out
 
     piped = subprocess.run(
-        [sys.executable, "-m", "tracer.cli", "worker", "--once", "--database-url", url],
+        [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -23,7 +23,7 @@ def clean_env() -> dict[str, str]:
 def test_first_lines_give_the_two_commands() -> None:
     first = blocks("bash")[0].strip().splitlines()
     assert first[0].startswith("pip install . && recalltrace demo")
-    assert first[1].startswith("pip install '.[test]' && python -m pytest")
+    assert first[1].startswith("pip install -e '.[test]' && python -m pytest")
     assert README.index(first[0]) < 200
 
 
@@ -67,7 +67,7 @@ def test_shell_examples_after_the_quick_start(tmp_path: Path) -> None:
         args = command.split()
         assert args[0] == "recalltrace"
         result = subprocess.run(
-            [sys.executable, "-m", "tracer.cli", *args[1:]],
+            [sys.executable, "-m", "recalltrace", *args[1:]],
             cwd=tmp_path,
             env=env,
             capture_output=True,

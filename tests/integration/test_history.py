@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, insert, literal, select
 
-from storage.db import create_engine_from_url
-from storage.history import History, SummaryRow, TraceNotFound, UnknownMetric
-from storage.models import JobStatus, Score
-from storage.records import TraceRecord
-from storage.repository import Repository
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.history import History, SummaryRow, TraceNotFound, UnknownMetric
+from recalltrace.storage.models import JobStatus, Score
+from recalltrace.storage.records import TraceRecord
+from recalltrace.storage.repository import Repository
 from tests.conftest import truncate_all
-from tests.factories import make_trace
+from tests.support.factories import make_trace
 
 METRICS = ("llm_context_recall", "id_based_context_recall", "chunk_context_recall")
 T0 = datetime(2026, 11, 10, tzinfo=timezone.utc)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.history import TimeSpecError, parse_duration, parse_time, percentile
+from recalltrace.storage.history import TimeSpecError, parse_duration, parse_time, percentile
 
 NOW = datetime(2026, 11, 22, 5, 30, tzinfo=timezone.utc)
 
@@ -81,8 +81,8 @@ def test_percentile_matches_inclusive_quantiles(values: list[float]) -> None:
 def test_chart_keeps_time_linear_and_breaks_lines_at_gaps() -> None:
     import xml.etree.ElementTree as ET
 
-    from storage.history import SummaryRow
-    from tracer._cli_history import render_svg
+    from recalltrace.cli._history import render_svg
+    from recalltrace.storage.history import SummaryRow
 
     def row(day: int, mean: float | None, count: int) -> SummaryRow:
         return SummaryRow(

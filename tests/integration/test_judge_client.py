@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from scorers import JudgeCallRecord, JudgeClient, TerminalJudgeError, TransientJudgeError
-from scorers._judge import LITELLM_HTTP_FLAG
-from scorers._prompts import SCHEMAS
-from tests.judge_server import JudgeServer, Reply
+from recalltrace.scorers import (
+    JudgeCallRecord,
+    JudgeClient,
+    TerminalJudgeError,
+    TransientJudgeError,
+)
+from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
+from recalltrace.scorers._prompts import SCHEMAS
+from tests.support.judge_server import JudgeServer, Reply
 
 MESSAGES = [
     {
@@ -194,7 +199,7 @@ def test_425_too_early_is_retried(server: JudgeServer) -> None:
 def test_a_spent_litellm_budget_is_terminal() -> None:
     import litellm
 
-    from scorers._judge import classify_error
+    from recalltrace.scorers._judge import classify_error
 
     error = litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0)
     assert classify_error(error) == "terminal"
@@ -393,7 +398,7 @@ def test_the_server_runs_as_a_separate_process() -> None:
         [
             sys.executable,
             "-m",
-            "tests.judge_server",
+            "tests.support.judge_server",
             "--port",
             "0",
             "--latency",

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import scorers
-from scorers import ReferenceCache, ScoreResult, TerminalJudgeError, TransientJudgeError
-from tests.judge_server import JudgeServer, Reply, auto_answer, detect_task
+from recalltrace import scorers
+from recalltrace.scorers import ReferenceCache, ScoreResult, TerminalJudgeError, TransientJudgeError
+from tests.support.judge_server import JudgeServer, Reply, auto_answer, detect_task
 
 QUESTION = "Where is France and what is it's capital?"
 GROUND_TRUTH = "France is in Western Europe and its capital is Paris."

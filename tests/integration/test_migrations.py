@@ -11,9 +11,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
-from storage.db import create_engine_from_url
-from storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
-from storage.models import Base
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
+from recalltrace.storage.models import Base
 from tests.conftest import _admin_engine, _base_url, require_postgres
 
 

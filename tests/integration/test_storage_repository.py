@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from scorers.catalog import CATALOG
-from storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
-from storage.records import ReferenceUpdate
-from storage.repository import Repository, TraceNotFound
-from tests.factories import make_trace
+from recalltrace.scorers.catalog import CATALOG
+from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
+from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.storage.repository import Repository, TraceNotFound
+from tests.support.factories import make_trace
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def test_unknown_trace_reference_is_an_error(repo: Repository) -> None:
 
 
 def test_reference_ttl_skips_then_a_late_reference_still_scores(database_url: str) -> None:
-    from storage.db import create_engine_from_url
+    from recalltrace.storage.db import create_engine_from_url
 
     repo = Repository(
         create_engine_from_url(database_url),

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, delete, func, select
 
-from scorers import ScoreResult
-from storage.history import History
-from storage.models import SummaryCache
-from storage.repository import Repository
-from tests.factories import make_trace
+from recalltrace.scorers import ScoreResult
+from recalltrace.storage.history import History
+from recalltrace.storage.models import SummaryCache
+from recalltrace.storage.repository import Repository
+from tests.support.factories import make_trace
 
 pytestmark = pytest.mark.postgres
 

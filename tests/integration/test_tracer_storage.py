@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-import tracer
-from storage.db import create_engine_from_url
-from storage.history import History
-from storage.records import ReferenceUpdate
-from storage.repository import Repository, TraceNotFound
+import recalltrace
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.history import History
+from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.storage.repository import Repository, TraceNotFound
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def stored(database_url: str) -> Iterator[History]:
     """The tracer writing to ``database_url`` through the real repository."""
-    tracer.configure(
+    recalltrace.configure(
         database_url=database_url,
         tracer_provider=TracerProvider(),
         service_name="integration",
@@ -37,11 +37,11 @@ def stored(database_url: str) -> Iterator[History]:
     )
     engine = create_engine_from_url(database_url)
     yield History(engine)
-    tracer.shutdown(5)
+    recalltrace.shutdown(5)
     engine.dispose()
 
 
-@tracer.retrieval
+@recalltrace.retrieval
 def search(query: str) -> list[dict[str, Any]]:
     return [
         {
@@ -54,7 +54,7 @@ def search(query: str) -> list[dict[str, Any]]:
     ]
 
 
-@tracer.generation(model="judge-free")
+@recalltrace.generation(model="judge-free")
 def generate(prompt: str) -> dict[str, Any]:
     return {
         "model": "gpt-test",
@@ -63,7 +63,7 @@ def generate(prompt: str) -> dict[str, Any]:
     }
 
 
-@tracer.rag("geo-bot", reference_param="expected")
+@recalltrace.rag("geo-bot", reference_param="expected")
 def answer(question: str, expected: str | None = None) -> str:
     search(question)
     return str(generate(question)["choices"][0]["message"]["content"])
@@ -72,13 +72,13 @@ def answer(question: str, expected: str | None = None) -> str:
 def test_trace_is_stored_with_contexts_metadata_and_scrubbing(stored: History) -> None:
     ids: list[str | None] = []
 
-    @tracer.rag("geo-bot")
+    @recalltrace.rag("geo-bot")
     def ask(question: str) -> str:
-        ids.append(tracer.current_trace_id())
+        ids.append(recalltrace.current_trace_id())
         return answer(question)
 
     assert ask("What is the capital of France? Mail me at ann@example.org") == "Paris."
-    assert tracer.flush(10)
+    assert recalltrace.flush(10)
     (trace_id,) = ids
     assert trace_id is not None
     detail = stored.trace(trace_id)
@@ -102,25 +102,25 @@ def test_trace_is_stored_with_contexts_metadata_and_scrubbing(stored: History) -
 def test_reference_by_argument_and_late_reference(stored: History) -> None:
     ids: list[str | None] = []
 
-    @tracer.rag("geo-bot", reference_param="expected")
+    @recalltrace.rag("geo-bot", reference_param="expected")
     def ask(question: str, expected: str | None = None) -> str:
-        ids.append(tracer.current_trace_id())
+        ids.append(recalltrace.current_trace_id())
         return "Paris."
 
     ask("capital of France?", expected="Paris")
     ask("capital of Germany?")
-    assert tracer.flush(10)
+    assert recalltrace.flush(10)
     first, second = ids
     assert first is not None and second is not None
     assert stored.trace(first).reference == "Paris"
     assert stored.trace(second).reference is None
-    tracer.set_reference(
+    recalltrace.set_reference(
         second,
         reference="Berlin",
         reference_contexts=["Berlin is the capital of Germany."],
         reference_context_ids=["doc-9"],
     )
-    assert tracer.flush(10)
+    assert recalltrace.flush(10)
     detail = stored.trace(second)
     assert detail.reference == "Berlin"
     assert list(detail.reference_contexts or ()) == ["Berlin is the capital of Germany."]
@@ -130,7 +130,7 @@ def test_reference_by_argument_and_late_reference(stored: History) -> None:
 def test_many_traces_arrive(stored: History, database_url: str) -> None:
     for i in range(60):
         answer(f"question {i}")
-    assert tracer.flush(20)
+    assert recalltrace.flush(20)
     repository = Repository(create_engine_from_url(database_url))
     try:
         with pytest.raises(TraceNotFound):
@@ -162,13 +162,13 @@ class LostAcknowledgement:
 def test_retried_batch_is_stored_once(database_url: str) -> None:
     repository = Repository(create_engine_from_url(database_url))
     sink = LostAcknowledgement(repository)
-    tracer.configure(
+    recalltrace.configure(
         sink=sink, tracer_provider=TracerProvider(), flush_interval=0.05, retry_backoff=0.01
     )
     try:
         for i in range(20):
             answer(f"question {i}")
-        assert tracer.flush(20)
+        assert recalltrace.flush(20)
         assert sink.calls >= 2
         assert len(_all_trace_ids(database_url)) == 20
         history = History(repository.engine)
@@ -176,7 +176,7 @@ def test_retried_batch_is_stored_once(database_url: str) -> None:
             metrics = [job.metric for job in history.trace(trace_id).jobs]
             assert len(metrics) == len(set(metrics)), "no duplicate scoring jobs"
     finally:
-        tracer.shutdown(5)
+        recalltrace.shutdown(5)
         repository.dispose()
 
 
@@ -197,9 +197,9 @@ def test_environment_only_short_lived_process_writes_at_exit(tmp_path: Path) -> 
         f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        import tracer
+        import recalltrace
 
-        @tracer.rag("batch-job")
+        @recalltrace.rag("batch-job")
         def answer(question):
             return "done"
 
@@ -221,25 +221,25 @@ def test_environment_only_short_lived_process_writes_at_exit(tmp_path: Path) -> 
 def test_forked_worker_writes_with_its_own_connections(stored: History, database_url: str) -> None:
     ids: list[str | None] = []
 
-    @tracer.rag("forking-app")
+    @recalltrace.rag("forking-app")
     def ask(question: str) -> str:
-        ids.append(tracer.current_trace_id())
+        ids.append(recalltrace.current_trace_id())
         return "ok"
 
     ask("parent before fork")
-    assert tracer.flush(10)  # the parent's writer holds open connections now
+    assert recalltrace.flush(10)  # the parent's writer holds open connections now
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
             ask("child")
-            code = 0 if tracer.flush(20) else 2
+            code = 0 if recalltrace.flush(20) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     ask("parent after fork")  # the parent's connections survived the child's exit
-    assert tracer.flush(10)
+    assert recalltrace.flush(10)
     inputs = sorted(
         stored.trace(trace_id).user_input or "" for trace_id in _all_trace_ids(database_url)
     )

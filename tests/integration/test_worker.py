@@ -15,16 +15,16 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from sqlalchemy import func, select
 
-from scorers import JudgeConfig
-from scorers._judge import LITELLM_HTTP_FLAG
-from scorers.telemetry import SCORE_BUCKETS, WorkerTelemetry
-from scorers.worker import Worker, WorkerOptions
-from storage.db import create_engine_from_url
-from storage.models import JobStatus, Score, ScoringJob
-from storage.records import ReferenceUpdate
-from storage.repository import Repository
-from tests.factories import make_trace
-from tests.judge_server import JudgeServer, Reply
+from recalltrace.scorers import JudgeConfig
+from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
+from recalltrace.scorers.telemetry import SCORE_BUCKETS, WorkerTelemetry
+from recalltrace.scorers.worker import Worker, WorkerOptions
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import JobStatus, Score, ScoringJob
+from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.storage.repository import Repository
+from tests.support.factories import make_trace
+from tests.support.judge_server import JudgeServer, Reply
 
 
 @pytest.fixture

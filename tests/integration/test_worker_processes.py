@@ -21,10 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from storage.models import JobStatus, Score, ScoringJob
-from storage.repository import Repository
-from tests.factories import make_trace
-from tests.judge_server import start_process
+from recalltrace.storage.models import JobStatus, Score, ScoringJob
+from recalltrace.storage.repository import Repository
+from tests.support.factories import make_trace
+from tests.support.judge_server import start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.postgres
@@ -48,7 +48,7 @@ def slow_judge_url() -> Iterator[str]:
 
 def worker_cmd(url: str, judge_url: str | None, *extra: str) -> list[str]:
     cmd = [
-        sys.executable, "-m", "tracer.cli", "worker", "--database-url", url,
+        sys.executable, "-m", "recalltrace", "worker", "--database-url", url,
         "--poll-interval", "0.2", "--no-progress",
     ]  # fmt: skip
     if judge_url:

@@ -6,14 +6,13 @@ Used by the fault-injection tests and ``benchmarks/load_test.py``::
         [--ids-file ids.txt] [--max-queue-size N] [--mode recalltrace|otel]
 
 Each request is a root calling a retriever (three documents) and a generator, decorated with
-``@tracer.rag``/``@tracer.retrieval``/``@tracer.generation`` (``--mode otel``: the same functions
-with OpenTelemetry spans and attributes set by hand, the baseline of the overhead target). Calls
-follow an open-loop schedule, so a slow call does not lower the offered rate, and each checks
-that the decorated function returned exactly what its body returned. With ``--ids-file`` the
-trace id of every request is written there. The last line printed is one JSON object: calls,
-wrong results, exceptions, latency percentiles of the request path (ms), RSS samples and peak
-(MiB), the tracer's counters (sampled, dropped by reason) and whether the final flush completed.
-"""
+``@recalltrace.rag``/``@recalltrace.retrieval``/``@recalltrace.generation`` (``--mode otel``: the
+same functions with OpenTelemetry spans and attributes set by hand, the baseline of the overhead
+target). Calls follow an open-loop schedule, so a slow call does not lower the offered rate, and
+each checks that the decorated function returned exactly what its body returned. With ``--ids-file``
+the trace id of every request is written there. The last line printed is one JSON object: calls,
+wrong results, exceptions, latency percentiles of the request path (ms), RSS samples and peak (MiB),
+the tracer's counters (sampled, dropped by reason) and whether the final flush completed."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 
-import tracer
-from tracer._runtime import stats
+import recalltrace
+from recalltrace.tracer._runtime import stats
 
 DOCUMENTS = [
     {
@@ -57,17 +56,17 @@ def _answer_text(question: str, docs: list[dict[str, Any]], generated: str) -> s
 # -- recalltrace --------------------------------------------------------------------------------
 
 
-@tracer.retrieval
+@recalltrace.retrieval
 def search(query: str) -> list[dict[str, Any]]:
     return DOCUMENTS
 
 
-@tracer.generation(model="test-model")
+@recalltrace.generation(model="test-model")
 def generate(prompt: str) -> str:
     return "Open Settings > Security."
 
 
-@tracer.rag(
+@recalltrace.rag(
     "reliability-app",
     reference_contexts_param="gold_contexts",
     reference_context_ids_param="gold_ids",
@@ -75,7 +74,7 @@ def generate(prompt: str) -> str:
 def answer(question: str, gold_contexts: list[str], gold_ids: list[str]) -> str:
     docs = search(question)
     if trace_ids is not None:
-        trace_ids.append(tracer.current_trace_id() or "")
+        trace_ids.append(recalltrace.current_trace_id() or "")
     return _answer_text(question, docs, generate(question))
 
 
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
     otel_trace.set_tracer_provider(provider)
-    tracer.configure(
+    recalltrace.configure(
         database_url=args.database_url,
         service_name="reliability",
         max_queue_size=args.max_queue_size,
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             wrong += 1
     elapsed = time.monotonic() - started
     stop_sampling.set()
-    flushed = tracer.flush(args.flush_timeout)
+    flushed = recalltrace.flush(args.flush_timeout)
     snapshot = stats().snapshot()
     dropped: dict[str, int] = {}
     for (reason, _app), count in snapshot["dropped"].items():
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "dropped": dropped,
         "flushed": flushed,
     }
-    tracer.shutdown(5.0)
+    recalltrace.shutdown(5.0)
     provider.shutdown()
     print(json.dumps(summary), flush=True)
     return 0 if errors == 0 and wrong == 0 else 1

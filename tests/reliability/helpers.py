@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.engine import make_url
 
-from storage.db import create_engine_from_url
-from storage.models import JobStatus, Score, ScoringJob
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import JobStatus, Score, ScoringJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ def spawn(args: list[str], **env: str) -> subprocess.Popen[str]:
 
 def start_judge(*args: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.judge_server", *args],
+        [sys.executable, "-m", "tests.support.judge_server", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -149,7 +149,7 @@ def start_judge(*args: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def worker_args(url: str, *extra: str, judge_url: str | None = None) -> list[str]:
-    args = ["-m", "tracer.cli", "worker", "--database-url", url, "--no-progress"]
+    args = ["-m", "recalltrace", "worker", "--database-url", url, "--no-progress"]
     if judge_url is not None:
         args += ["--judge-model", "openai/test-judge", "--judge-api-base", judge_url]
     return args + list(extra)

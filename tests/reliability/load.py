@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from storage.db import create_engine_from_url
-from storage.models import Trace
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import Trace
 from tests.reliability.helpers import (
     ConnectionKiller,
     last_json,

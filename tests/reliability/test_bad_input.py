@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-import tracer
-from storage.db import create_engine_from_url
-from storage.models import RetrievedContext, Trace
-from tests.tracer_helpers import dropped, make_traced
+import recalltrace
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import RetrievedContext, Trace
+from tests.support.tracer_helpers import dropped, make_traced
 
 
 class Unprintable:
@@ -50,7 +50,7 @@ def storage_tracer(database_url: str) -> Iterator[str]:
         max_write_attempts=2,
     )
     yield database_url
-    tracer.shutdown(5.0)
+    recalltrace.shutdown(5.0)
 
 
 def stored(url: str) -> dict[str, dict[str, Any]]:
@@ -73,11 +73,11 @@ def stored(url: str) -> dict[str, dict[str, Any]]:
 
 
 def traced_call(app: str, documents: Any, answer: Any, question: Any = "question?") -> Any:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: Any) -> Any:
         return documents
 
-    @tracer.rag(app, input_param="question")
+    @recalltrace.rag(app, input_param="question")
     def respond(question: Any) -> Any:
         search(question)
         return answer
@@ -98,7 +98,7 @@ def test_unstorable_text_does_not_poison_the_batch(storage_tracer: str) -> None:
     traced_call("n" * 300, ["c"], "ok")
     for index in range(5):
         traced_call(f"good-{index}", ["Paris is the capital of France."], "Paris.")
-    assert tracer.flush(20.0)
+    assert recalltrace.flush(20.0)
     assert dropped() == before
     rows = stored(storage_tracer)
     assert {f"good-{index}" for index in range(5)} <= set(rows)
@@ -138,7 +138,7 @@ def test_odd_values_never_reach_the_caller_and_are_stored(storage_tracer: str) -
     }
     for app, (documents, answer, question) in cases.items():
         assert traced_call(app, documents, answer, question) is answer, app
-    assert tracer.flush(20.0)
+    assert recalltrace.flush(20.0)
     assert dropped() == before
     rows = stored(storage_tracer)
     assert set(cases) <= set(rows)

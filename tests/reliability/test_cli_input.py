@@ -1,12 +1,11 @@
 """The command line under hostile input, and the database password kept out of every output.
 
-Hostile values go through every filter of every history and job command, in process (the
-real ``tracer.cli.main``) so that hundreds of combinations stay fast: each ends with a result or
-a one-line error (exit 0, 1 or 2), never an exception; the tables are unchanged afterwards; and
-a value that looks like SQL is matched literally, as data. Then the installed entry point is
-run with a password in the URL, against a database that works and against ones that do not:
-the password appears in no output and no log line.
-"""
+Hostile values go through every filter of every history and job command, in process (the real
+``recalltrace.cli.main``) so that hundreds of combinations stay fast: each ends with a result or a
+one-line error (exit 0, 1 or 2), never an exception; the tables are unchanged afterwards; and a
+value that looks like SQL is matched literally, as data. Then the installed entry point is run with
+a password in the URL, against a database that works and against ones that do not: the password
+appears in no output and no log line."""
 
 from __future__ import annotations
 
@@ -22,12 +21,12 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
-from scorers._result import ScoreResult
-from storage.models import Score, ScoringJob, Trace
-from storage.repository import Repository
-from tests.factories import make_trace
+from recalltrace.cli import main
+from recalltrace.scorers._result import ScoreResult
+from recalltrace.storage.models import Score, ScoringJob, Trace
+from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import ROOT, python_env
-from tracer.cli import main
+from tests.support.factories import make_trace
 
 pytestmark = pytest.mark.postgres
 
@@ -192,7 +191,7 @@ def test_the_database_password_appears_in_no_output(
     caplog.set_level(logging.DEBUG)
     for url, command in itertools.product(urls, commands):
         proc = subprocess.run(
-            [sys.executable, "-m", "tracer.cli", "-v", *command, "--database-url", url],
+            [sys.executable, "-m", "recalltrace", "-v", *command, "--database-url", url],
             cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         shown = proc.stdout + proc.stderr
@@ -201,7 +200,7 @@ def test_the_database_password_appears_in_no_output(
         assert proc.returncode in (0, 1, 2), (command, url, shown)
     # The worker logs its URL and every database failure it meets, and keeps trying.
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tracer.cli", "-v", "worker", "--poll-interval", "0.2",
+        [sys.executable, "-m", "recalltrace", "-v", "worker", "--poll-interval", "0.2",
          "--metric", "id_based_context_recall", "--database-url", urls[1]],
         cwd=ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -217,7 +216,7 @@ def test_the_database_password_appears_in_no_output(
     for url in urls:
         run_cli(["scores", "summary", "--database-url", url])
     with pytest.raises(Exception) as failure:
-        from storage.db import create_engine_from_url
+        from recalltrace.storage.db import create_engine_from_url
 
         with create_engine_from_url(urls[1]).connect() as conn:
             conn.execute(text("SELECT 1"))

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from scorers import JudgeConfig
-from scorers.worker import Worker, WorkerOptions
-from storage.models import JobStatus, Score, ScoringJob
-from storage.repository import Repository
-from tests.factories import make_trace
-from tests.judge_server import JudgeServer, Reply, auto_answer
+from recalltrace.scorers import JudgeConfig
+from recalltrace.scorers.worker import Worker, WorkerOptions
+from recalltrace.storage.models import JobStatus, Score, ScoringJob
+from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import unfinished, wait_until
+from tests.support.factories import make_trace
+from tests.support.judge_server import JudgeServer, Reply, auto_answer
 
 pytestmark = pytest.mark.postgres
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from storage.db import create_engine_from_url
+from recalltrace.storage.db import create_engine_from_url
 from tests.conftest import truncate_all
 from tests.reliability.load import rss_growth_mib, run_load
 

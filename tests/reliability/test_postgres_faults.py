@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from storage.models import JobStatus, Trace
+from recalltrace.storage.models import JobStatus, Trace
 from tests.reliability.helpers import (
     Background,
     ConnectionKiller,

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-import tracer
-from scorers import JudgeConfig
-from scorers.worker import Worker, WorkerOptions
-from storage.db import create_engine_from_url
-from storage.repository import Repository
-from tests.judge_server import JudgeServer
+import recalltrace
+from recalltrace.scorers import JudgeConfig
+from recalltrace.scorers.worker import Worker, WorkerOptions
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.repository import Repository
 from tests.reliability.secrets_corpus import ANSWER, DOCUMENTS, METADATA, QUESTION, SECRETS
-from tests.tracer_helpers import make_traced
+from tests.support.judge_server import JudgeServer
+from tests.support.tracer_helpers import make_traced
 
 TABLES = ("traces", "retrieved_contexts", "scoring_jobs", "scores")
 
@@ -39,7 +39,7 @@ def leaked(haystack: str) -> list[str]:
     return [name for name, secret in SECRETS.items() if secret in haystack]
 
 
-@tracer.retrieval
+@recalltrace.retrieval
 def search(query: str) -> list[dict[str, Any]]:
     return [
         {"id": f"doc-{i}", "content": content, "metadata": dict(METADATA) if i == 0 else {}}
@@ -47,7 +47,7 @@ def search(query: str) -> list[dict[str, Any]]:
     ]
 
 
-@tracer.rag("secure-app", reference_param="reference", metadata={"tenant": "acme"})
+@recalltrace.rag("secure-app", reference_param="reference", metadata={"tenant": "acme"})
 def answer(question: str, reference: str) -> str:
     search(question)
     return ANSWER
@@ -58,9 +58,9 @@ def stored_secret_trace(database_url: str) -> Iterator[str]:
     make_traced(open_storage=True, database_url=database_url, flush_interval=30.0)
     try:
         assert answer(QUESTION, f"Rotate {SECRETS['stripe']} first.") == ANSWER
-        assert tracer.flush(15.0)
+        assert recalltrace.flush(15.0)
     finally:
-        tracer.shutdown(5.0)
+        recalltrace.shutdown(5.0)
     yield database_url
 
 
@@ -84,9 +84,9 @@ def test_the_judge_never_receives_what_scrubbing_removed(postgres_url: str) -> N
     make_traced(open_storage=True, database_url=postgres_url, flush_interval=30.0)
     try:
         answer(QUESTION, f"Rotate {SECRETS['stripe']} first; contexts mention keys.")
-        assert tracer.flush(15.0)
+        assert recalltrace.flush(15.0)
     finally:
-        tracer.shutdown(5.0)
+        recalltrace.shutdown(5.0)
     llm_metrics = ["llm_context_recall", "context_entity_recall", "chunk_context_recall",
                    "judge_context_recall"]  # fmt: skip
     with JudgeServer() as server:

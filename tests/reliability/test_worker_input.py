@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, func, select
 
-from scorers import JudgeConfig
-from scorers.worker import Worker, WorkerOptions
-from storage.models import JobStatus, Score, ScoringJob, Trace
-from storage.records import ContextRecord
-from storage.repository import Repository
-from tests.factories import make_trace
-from tests.judge_server import JudgeServer
+from recalltrace.scorers import JudgeConfig
+from recalltrace.scorers.worker import Worker, WorkerOptions
+from recalltrace.storage.models import JobStatus, Score, ScoringJob, Trace
+from recalltrace.storage.records import ContextRecord
+from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import job_statuses, unfinished, wait_until
+from tests.support.factories import make_trace
+from tests.support.judge_server import JudgeServer
 
 pytestmark = pytest.mark.postgres
 

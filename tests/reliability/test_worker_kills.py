@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-import scorers
-from storage.models import JobStatus, Score
-from storage.repository import Repository
-from tests.factories import make_trace
+from recalltrace import scorers
+from recalltrace.storage.models import JobStatus, Score
+from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import job_statuses, spawn, start_judge, worker_args
+from tests.support.factories import make_trace
 
 pytestmark = pytest.mark.postgres
 

@@ -12,12 +12,12 @@ from email.utils import format_datetime
 
 import pytest
 
-import scorers
-from scorers import ScoreResult
-from scorers._cache import ReferenceCache, cache_key
-from scorers._judge import JudgeConfig, _within, classify_error, retry_after_seconds
-from scorers._llm import InvalidAnswer, gather_all, normalise_entity, parse_json_object
-from scorers.catalog import CATALOG
+from recalltrace import scorers
+from recalltrace.scorers import ScoreResult
+from recalltrace.scorers._cache import ReferenceCache, cache_key
+from recalltrace.scorers._judge import JudgeConfig, _within, classify_error, retry_after_seconds
+from recalltrace.scorers._llm import InvalidAnswer, gather_all, normalise_entity, parse_json_object
+from recalltrace.scorers.catalog import CATALOG
 
 
 def test_import_is_light_and_does_not_load_litellm() -> None:

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rapidfuzz.distance import Hamming, Jaro, JaroWinkler, Levenshtein
 
-import scorers
-from scorers import ScorerInputError
+from recalltrace import scorers
+from recalltrace.scorers import ScorerInputError
 
 PARIS = "Paris is the capital of France."
 TOWER = "The Eiffel Tower is one of the most famous landmarks in Paris."

@@ -1,4 +1,5 @@
-"""Configuration from the environment, TracerProvider choices, and a cheap ``import tracer``."""
+"""Configuration from the environment, TracerProvider choices, and a cheap
+``import recalltrace``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import tracer
-from tracer._config import parse_sample_rates
+import recalltrace
+from recalltrace.tracer._config import parse_sample_rates
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def test_defaults_from_recalltrace_variables(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("RECALLTRACE_FLUSH_INTERVAL", "0.5")
     monkeypatch.setenv("RECALLTRACE_SCRUBBING", "0")
     monkeypatch.setenv("RECALLTRACE_TRACER_PROVIDER", "global")
-    config = tracer.TracerConfig.from_env()
+    config = recalltrace.TracerConfig.from_env()
     assert config.database_url == "postgresql+psycopg://db/rag"
     assert config.service_name == "support-api"
     assert config.sample_rate == 0.25
@@ -40,24 +41,24 @@ def test_standard_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RECALLTRACE_SERVICE_NAME", "OTEL_SERVICE_NAME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=rag")
-    assert tracer.TracerConfig.from_env().service_name == "rag"
+    assert recalltrace.TracerConfig.from_env().service_name == "rag"
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-otel")
-    assert tracer.TracerConfig.from_env().service_name == "from-otel"
+    assert recalltrace.TracerConfig.from_env().service_name == "from-otel"
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert tracer.TracerConfig.from_env().enabled is False
+    assert recalltrace.TracerConfig.from_env().enabled is False
 
 
 def test_keyword_overrides_and_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RECALLTRACE_SAMPLE_RATE", "0.5")
-    assert tracer.TracerConfig.from_env(sample_rate=0.1, sink=None).sample_rate == 0.1
+    assert recalltrace.TracerConfig.from_env(sample_rate=0.1, sink=None).sample_rate == 0.1
     with pytest.raises(ValueError, match=r"within 0\.\.1"):
-        tracer.TracerConfig.from_env(sample_rate=1.5)
+        recalltrace.TracerConfig.from_env(sample_rate=1.5)
     with pytest.raises(ValueError, match="app 'bot'"):
-        tracer.TracerConfig.from_env(sample_rates={"bot": -0.1})
+        recalltrace.TracerConfig.from_env(sample_rates={"bot": -0.1})
     with pytest.raises(ValueError, match="max_queue_size"):
-        tracer.TracerConfig.from_env(max_queue_size=0)
+        recalltrace.TracerConfig.from_env(max_queue_size=0)
     with pytest.raises(TypeError, match="unknown tracer option"):
-        tracer.TracerConfig.from_env(sample_ratio=0.1)
+        recalltrace.TracerConfig.from_env(sample_ratio=0.1)
 
 
 def test_bad_environment_values_are_ignored_with_a_warning(
@@ -65,7 +66,7 @@ def test_bad_environment_values_are_ignored_with_a_warning(
 ) -> None:
     monkeypatch.setenv("RECALLTRACE_SAMPLE_RATE", "half")
     monkeypatch.setenv("RECALLTRACE_SAMPLE_RATES", "no-equals-sign")
-    config = tracer.TracerConfig.from_env()
+    config = recalltrace.TracerConfig.from_env()
     assert config.sample_rate == 1.0 and dict(config.sample_rates) == {}
     assert "RECALLTRACE_SAMPLE_RATE" in caplog.text
     assert "RECALLTRACE_SAMPLE_RATES" in caplog.text
@@ -90,18 +91,18 @@ APP_PROVIDER = """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    import tracer
-    from tests.tracer_helpers import MemorySink
+    import recalltrace
+    from tests.support.tracer_helpers import MemorySink
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(q):
         return ["doc"]
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(q):
         app = trace.get_tracer("app")
         with app.start_as_current_span("app.work"):
@@ -116,9 +117,9 @@ def test_auto_joins_the_applications_provider(tmp_path: Path) -> None:
         + """
     trace.set_tracer_provider(provider)
     sink = MemorySink()
-    tracer.configure(sink=sink)
+    recalltrace.configure(sink=sink)
     answer("q")
-    tracer.flush(5)
+    recalltrace.flush(5)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["search"].parent.span_id == spans["app.work"].context.span_id
     assert spans["app.work"].parent.span_id == spans["answer"].context.span_id
@@ -135,10 +136,10 @@ def test_global_joins_a_provider_installed_later(tmp_path: Path) -> None:
         APP_PROVIDER
         + """
     sink = MemorySink()
-    tracer.configure(sink=sink, tracer_provider="global")
+    recalltrace.configure(sink=sink, tracer_provider="global")
     trace.set_tracer_provider(provider)  # the application sets up OpenTelemetry afterwards
     answer("q")
-    tracer.flush(5)
+    recalltrace.flush(5)
     print(sorted(s.name for s in exporter.get_finished_spans()), len(sink.records))
     """,
         tmp_path,
@@ -151,12 +152,12 @@ def test_own_provider_is_installed_when_the_app_has_none(tmp_path: Path) -> None
         APP_PROVIDER
         + """
     sink = MemorySink()
-    tracer.configure(sink=sink, service_name="own-service")
+    recalltrace.configure(sink=sink, service_name="own-service")
     installed = trace.get_tracer_provider()
     answer("q")
-    tracer.flush(5)
+    recalltrace.flush(5)
     record = sink.records[0]
-    tracer.configure(sink=sink, tracer_provider="own")  # again: the same provider is kept
+    recalltrace.configure(sink=sink, tracer_provider="own")  # again: the same provider is kept
     print(type(installed).__name__, installed.resource.attributes["service.name"],
           record.service_name, trace.get_tracer_provider() is installed)
     """,
@@ -171,9 +172,9 @@ def test_no_opentelemetry_sdk_still_records_traces(tmp_path: Path) -> None:
         APP_PROVIDER
         + """
     sink = MemorySink()
-    tracer.configure(sink=sink, tracer_provider="global")
+    recalltrace.configure(sink=sink, tracer_provider="global")
     answer("q")
-    tracer.flush(5)
+    recalltrace.flush(5)
     (record,) = sink.records
     print(len(record.trace_id), record.retrieved_contexts[0].content, record.response)
     """,
@@ -184,7 +185,7 @@ def test_no_opentelemetry_sdk_still_records_traces(tmp_path: Path) -> None:
 
 def test_import_is_cheap(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import tracer"],
+        [sys.executable, "-X", "importtime", "-c", "import recalltrace"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -203,4 +204,4 @@ def test_import_is_cheap(tmp_path: Path) -> None:
         if name.split(".")[0] in {"litellm", "sqlalchemy", "opentelemetry", "alembic", "psycopg"}
     ]
     assert heavy == []
-    assert modules["tracer"] < 200_000  # microseconds, generous for a loaded machine
+    assert modules["recalltrace"] < 200_000  # microseconds, generous for a loaded machine

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from opentelemetry.trace import StatusCode
 
-import tracer
-from tests.tracer_helpers import Traced, traced_session
+import recalltrace
+from tests.support.tracer_helpers import Traced, traced_session
 
 
 @pytest.fixture
@@ -38,15 +38,15 @@ class Boom(Exception):
 
 
 def test_sync_functions_bare_and_with_arguments(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[dict[str, Any]]:
         return DOCS
 
-    @tracer.generation(model="gpt-test")
+    @recalltrace.generation(model="gpt-test")
     def generate(prompt: str) -> str:
         return "Paris."
 
-    @tracer.rag("capitals")
+    @recalltrace.rag("capitals")
     def answer(question: str) -> str:
         search(question)
         return generate(f"Context... {question}")
@@ -81,7 +81,7 @@ def test_sync_functions_bare_and_with_arguments(traced: Traced) -> None:
 def test_returned_object_is_the_same_object(traced: Traced) -> None:
     result = {"answer": "yes", "sources": [1, 2]}
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> dict[str, Any]:
         return result
 
@@ -90,17 +90,17 @@ def test_returned_object_is_the_same_object(traced: Traced) -> None:
 
 
 def test_coroutines(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     async def search(query: str) -> list[dict[str, Any]]:
         await asyncio.sleep(0)
         return DOCS
 
-    @tracer.generation
+    @recalltrace.generation
     async def generate(prompt: str) -> str:
         await asyncio.sleep(0)
         return "Paris."
 
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> str:
         await search(question)
         return await generate(question)
@@ -112,18 +112,18 @@ def test_coroutines(traced: Traced) -> None:
 
 
 def test_generators_stream_and_keep_the_return_value(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> Any:
         yield DOCS[0]
         yield [DOCS[1]]
 
-    @tracer.generation
+    @recalltrace.generation
     def generate(prompt: str) -> Any:
         yield "Par"
         yield "is."
         return "finished"
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         list(search(question))
         result = yield from generate(question)
@@ -150,7 +150,7 @@ def test_generators_stream_and_keep_the_return_value(traced: Traced) -> None:
 def test_generator_send_and_throw_pass_through(traced: Traced) -> None:
     seen: list[Any] = []
 
-    @tracer.generation
+    @recalltrace.generation
     def echo(prompt: str) -> Any:
         value = yield "ready"
         while True:
@@ -173,13 +173,13 @@ def test_generator_send_and_throw_pass_through(traced: Traced) -> None:
 
 
 def test_async_generators(traced: Traced) -> None:
-    @tracer.generation
+    @recalltrace.generation
     async def stream(prompt: str) -> Any:
         for chunk in ("Pa", "ri", "s"):
             await asyncio.sleep(0)
             yield chunk
 
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> Any:
         async for chunk in stream(question):
             yield chunk
@@ -194,7 +194,7 @@ def test_async_generators(traced: Traced) -> None:
 
 
 def test_async_generator_asend_athrow(traced: Traced) -> None:
-    @tracer.generation
+    @recalltrace.generation
     async def echo(prompt: str) -> Any:
         value = yield "ready"
         while True:
@@ -217,16 +217,16 @@ def test_methods_static_and_class_methods(traced: Traced) -> None:
     class Bot:
         prefix = "A:"
 
-        @tracer.rag(input_param="question")
+        @recalltrace.rag(input_param="question")
         def answer(self, question: str) -> str:
             return f"{self.prefix} {self.search(question)[0]}"
 
-        @tracer.retrieval
+        @recalltrace.retrieval
         @staticmethod
         def search(query: str) -> list[str]:
             return ["doc about " + query]
 
-        @tracer.generation
+        @recalltrace.generation
         @classmethod
         def generate(cls, prompt: str) -> str:
             return cls.prefix + prompt
@@ -246,13 +246,13 @@ def test_methods_static_and_class_methods(traced: Traced) -> None:
 def test_unknown_parameter_name_fails_at_decoration() -> None:
     with pytest.raises(TypeError, match="no parameter named 'query'"):
 
-        @tracer.rag(input_param="query")
+        @recalltrace.rag(input_param="query")
         def answer(question: str) -> str:
             return question
 
 
 def test_input_by_parameter_name_default_and_keyword(traced: Traced) -> None:
-    @tracer.rag(input_param="question", reference_param="expected")
+    @recalltrace.rag(input_param="question", reference_param="expected")
     def answer(user_id: str, question: str = "default question", expected: str | None = None):
         return "ok"
 
@@ -276,14 +276,14 @@ def test_exception_is_the_same_object_with_the_same_traceback(traced: Traced) ->
     def plain(query: str) -> list[str]:
         raise error
 
-    traced_search = tracer.retrieval(plain)
+    traced_search = recalltrace.retrieval(plain)
 
     with pytest.raises(Boom) as plain_info:
         plain("q")
     plain_frames = _frames(plain_info.value)
     error.__traceback__ = None
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         traced_search(question)
         return "unreachable"
@@ -306,16 +306,16 @@ def test_exception_is_the_same_object_with_the_same_traceback(traced: Traced) ->
 def test_exceptions_in_every_kind(traced: Traced) -> None:
     error = Boom("x")
 
-    @tracer.rag
+    @recalltrace.rag
     async def coroutine(question: str) -> str:
         raise error
 
-    @tracer.rag
+    @recalltrace.rag
     def generator(question: str) -> Any:
         yield "partial"
         raise error
 
-    @tracer.rag
+    @recalltrace.rag
     async def async_generator(question: str) -> Any:
         yield "partial"
         raise error
@@ -343,7 +343,7 @@ def test_exceptions_in_every_kind(traced: Traced) -> None:
 
 
 def test_base_exceptions_pass_and_mark_the_trace(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         raise KeyboardInterrupt
 
@@ -356,7 +356,7 @@ def test_base_exceptions_pass_and_mark_the_trace(traced: Traced) -> None:
 
 
 def test_cancelled_task_propagates_cancellation(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> str:
         await asyncio.sleep(10)
         return "never"
@@ -378,7 +378,7 @@ def test_cancelled_task_propagates_cancellation(traced: Traced) -> None:
 def test_generator_closed_early_ends_span_and_records_partial_output(traced: Traced) -> None:
     closed = []
 
-    @tracer.generation
+    @recalltrace.generation
     def stream(prompt: str) -> Any:
         try:
             yield "Hel"
@@ -387,7 +387,7 @@ def test_generator_closed_early_ends_span_and_records_partial_output(traced: Tra
         finally:
             closed.append(True)
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         yield from stream(question)
 
@@ -404,7 +404,7 @@ def test_generator_closed_early_ends_span_and_records_partial_output(traced: Tra
 
 
 def test_abandoned_generator_is_finished_when_collected(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         yield "a"
         yield "b"
@@ -418,7 +418,7 @@ def test_abandoned_generator_is_finished_when_collected(traced: Traced) -> None:
 
 
 def test_generator_never_started_records_nothing(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         yield "a"
 
@@ -430,7 +430,7 @@ def test_generator_never_started_records_nothing(traced: Traced) -> None:
 
 
 def test_async_generator_closed_early(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> Any:
         yield "one"
         yield "two"
@@ -448,7 +448,7 @@ def test_async_generator_closed_early(traced: Traced) -> None:
 
 
 def test_generator_does_not_leak_its_span_into_the_caller(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         yield "a"
         yield "b"
@@ -456,20 +456,20 @@ def test_generator_does_not_leak_its_span_into_the_caller(traced: Traced) -> Non
     gen = answer("q")
     next(gen)
     # Between two steps the caller's context has no open trace.
-    assert tracer.current_trace_id() is None
+    assert recalltrace.current_trace_id() is None
     list(gen)
-    assert tracer.current_trace_id() is None
+    assert recalltrace.current_trace_id() is None
 
 
 # -- nested and concurrent traces ---------------------------------------------------------------
 
 
 def test_nested_rag_is_part_of_the_outer_trace(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def inner(question: str) -> str:
         return "inner answer"
 
-    @tracer.rag
+    @recalltrace.rag
     def outer(question: str) -> str:
         inner("inner question")
         return "outer answer"
@@ -485,17 +485,17 @@ def test_nested_rag_is_part_of_the_outer_trace(traced: Traced) -> None:
 
 
 def test_concurrent_asyncio_tasks_keep_their_traces_apart(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     async def search(query: str) -> list[str]:
         await asyncio.sleep(0.001)
         return [f"doc for {query}"]
 
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> str:
-        trace_id = tracer.current_trace_id()
+        trace_id = recalltrace.current_trace_id()
         await search(question)
         await asyncio.sleep(0.001)
-        assert tracer.current_trace_id() == trace_id
+        assert recalltrace.current_trace_id() == trace_id
         return f"answer to {question}"
 
     async def main() -> list[str]:
@@ -514,12 +514,12 @@ def test_concurrent_asyncio_tasks_keep_their_traces_apart(traced: Traced) -> Non
 def test_concurrent_threads_keep_their_traces_apart(traced: Traced) -> None:
     barrier = threading.Barrier(8)
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[str]:
         barrier.wait(5)
         return [f"doc for {query}"]
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         search(question)
         return f"answer to {question}"
@@ -534,11 +534,11 @@ def test_concurrent_threads_keep_their_traces_apart(traced: Traced) -> None:
 
 
 def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[str]:
         return [f"doc for {query}"]
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         with ThreadPoolExecutor(2) as pool:
             ctx = contextvars.copy_context()
@@ -562,12 +562,12 @@ def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced)
 def test_parallel_pool_tasks_each_with_a_copied_context(traced: Traced) -> None:
     barrier = threading.Barrier(4)
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[str]:
         barrier.wait(5)
         return [f"doc for {query}"]
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         with ThreadPoolExecutor(4) as pool:
             futures = [
@@ -590,7 +590,7 @@ def test_parallel_pool_tasks_each_with_a_copied_context(traced: Traced) -> None:
 def test_opentelemetry_context_propagation_joins_the_trace(traced: Traced) -> None:
     from opentelemetry import context as otel_context
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[str]:
         return [f"doc for {query}"]
 
@@ -601,7 +601,7 @@ def test_opentelemetry_context_propagation_joins_the_trace(traced: Traced) -> No
         finally:
             otel_context.detach(token)
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         thread = threading.Thread(target=worker, args=(otel_context.get_current(), question))
         thread.start()
@@ -613,11 +613,11 @@ def test_opentelemetry_context_propagation_joins_the_trace(traced: Traced) -> No
 
 
 def test_asyncio_to_thread_carries_the_context(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[str]:
         return ["doc"]
 
-    @tracer.rag
+    @recalltrace.rag
     async def answer(question: str) -> str:
         await asyncio.to_thread(search, question)
         return "ok"
@@ -629,12 +629,12 @@ def test_asyncio_to_thread_carries_the_context(traced: Traced) -> None:
 def test_current_trace_id_inside_and_outside(traced: Traced) -> None:
     seen = []
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
-        seen.append(tracer.current_trace_id())
+        seen.append(recalltrace.current_trace_id())
         return "ok"
 
-    assert tracer.current_trace_id() is None
+    assert recalltrace.current_trace_id() is None
     answer("q")
     assert seen == [traced.record().trace_id]
 
@@ -649,15 +649,15 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
             self.choices = [{"message": {"content": "Paris."}}]
             self.usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[dict[str, Any]]:
         return [{"id": "d1", "content": "Paris...", "score": 0.5, "metadata": {"page": 3}}]
 
-    @tracer.generation(model="gpt-4o-mini")
+    @recalltrace.generation(model="gpt-4o-mini")
     def generate(prompt: str) -> Completion:
         return Completion()
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         search(question)
         return generate(question).choices[0]["message"]["content"]
@@ -703,7 +703,7 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
 
 
 def test_non_string_input_is_json(traced: Traced) -> None:
-    @tracer.rag(input_param="request")
+    @recalltrace.rag(input_param="request")
     def answer(request: dict[str, Any]) -> str:
         return "ok"
 
@@ -715,17 +715,17 @@ def test_non_string_input_is_json(traced: Traced) -> None:
 
 
 def test_disabled_tracer_runs_functions_plainly() -> None:
-    from tests.tracer_helpers import make_traced
+    from tests.support.tracer_helpers import make_traced
 
     state = make_traced(enabled=False)
     try:
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question: str) -> str:
-            assert tracer.current_trace_id() is None
+            assert recalltrace.current_trace_id() is None
             return "ok"
 
-        @tracer.generation
+        @recalltrace.generation
         async def echo(prompt: str) -> Any:
             value = yield "ready"
             while True:
@@ -744,15 +744,15 @@ def test_disabled_tracer_runs_functions_plainly() -> None:
         assert asyncio.run(drive()) == ["ready", "got 3", "got recovered"]
         assert state.spans() == [] and state.records() == []
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_decorating_does_not_touch_opentelemetry_until_called() -> None:
     import subprocess
 
     code = (
-        "import sys, tracer\n"
-        "@tracer.rag\n"
+        "import sys, recalltrace\n"
+        "@recalltrace.rag\n"
         "def answer(q): return q\n"
         "print(any(m.startswith('opentelemetry') for m in sys.modules))\n"
     )
@@ -761,11 +761,11 @@ def test_decorating_does_not_touch_opentelemetry_until_called() -> None:
 
 
 def test_name_positionally_or_by_keyword(traced: Traced) -> None:
-    @tracer.rag(name="by-keyword")
+    @recalltrace.rag(name="by-keyword")
     def first(question: str) -> str:
         return "a"
 
-    @tracer.retrieval("by-position")
+    @recalltrace.retrieval("by-position")
     def second(query: str) -> list[str]:
         return []
 
@@ -773,4 +773,4 @@ def test_name_positionally_or_by_keyword(traced: Traced) -> None:
     second("q")
     assert sorted(s.name for s in traced.spans()) == ["by-keyword", "by-position"]
     with pytest.raises(TypeError, match="given twice"):
-        tracer.generation("one", name="two")
+        recalltrace.generation("one", name="two")

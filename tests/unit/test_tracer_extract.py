@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-import tracer
-from storage.records import ContextRecord
-from tests.tracer_helpers import Traced, traced_session
-from tracer._extract import (
+import recalltrace
+from recalltrace.storage.records import ContextRecord
+from recalltrace.tracer._extract import (
     Usage,
     read_answer,
     read_chunk_text,
@@ -21,6 +20,7 @@ from tracer._extract import (
     read_model,
     read_usage,
 )
+from tests.support.tracer_helpers import Traced, traced_session
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_each_shape_through_the_decorator(traced: Traced) -> None:
         LlamaResponse("r", [NodeWithScore(TextNode("src", "s"), None)]),
     ]
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(index: int) -> Any:
         return shapes[index]
 
@@ -164,7 +164,7 @@ def test_each_shape_through_the_decorator(traced: Traced) -> None:
 
 
 def test_user_extractor(traced: Traced) -> None:
-    @tracer.retrieval(extractor=lambda result: result["hits"])
+    @recalltrace.retrieval(extractor=lambda result: result["hits"])
     def search(query: str) -> dict[str, Any]:
         return {"hits": [{"body": "ignored key", "text": "hit", "id": "h"}], "took": 3}
 
@@ -177,7 +177,7 @@ def test_failing_extractor_never_reaches_the_caller(traced: Traced) -> None:
     def broken(result: Any) -> Any:
         raise RuntimeError("extractor bug")
 
-    @tracer.retrieval(extractor=broken)
+    @recalltrace.retrieval(extractor=broken)
     def search(query: str) -> list[str]:
         return ["doc"]
 
@@ -194,7 +194,7 @@ def test_failing_document_object_never_reaches_the_caller(traced: Traced) -> Non
 
     docs = [Hostile()]
 
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[Any]:
         return docs
 
@@ -268,11 +268,11 @@ def test_streamed_openai_chunks_accumulate_with_usage(traced: Traced) -> None:
         {"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
     ]
 
-    @tracer.generation
+    @recalltrace.generation
     def stream(prompt: str) -> Any:
         yield from chunks
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> Any:
         for chunk in stream(question):
             choices = chunk["choices"]
@@ -300,11 +300,11 @@ def test_answers() -> None:
 
 
 def test_response_falls_back_to_the_last_generation(traced: Traced) -> None:
-    @tracer.generation
+    @recalltrace.generation
     def generate(prompt: str) -> dict[str, Any]:
         return OPENAI_DICT
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> int:
         generate(question)
         return 200
@@ -314,7 +314,7 @@ def test_response_falls_back_to_the_last_generation(traced: Traced) -> None:
 
 
 def test_response_extractor(traced: Traced) -> None:
-    @tracer.rag(response_extractor=lambda result: result[1])
+    @recalltrace.rag(response_extractor=lambda result: result[1])
     def answer(question: str) -> tuple[int, str]:
         return (200, "the answer")
 

@@ -9,9 +9,9 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-import tracer
-from tests.tracer_helpers import make_traced
-from tracer._sampling import TraceSampler, is_sampled, rate_threshold
+import recalltrace
+from recalltrace.tracer._sampling import TraceSampler, is_sampled, rate_threshold
+from tests.support.tracer_helpers import make_traced
 
 _RANDOM = random.Random(7)
 IDS = [_RANDOM.getrandbits(128) for _ in range(20_000)]
@@ -43,7 +43,7 @@ def test_same_decision_in_another_process() -> None:
     ids = IDS[:200]
     code = (
         "import sys\n"
-        "from tracer._sampling import TraceSampler\n"
+        "from recalltrace.tracer._sampling import TraceSampler\n"
         "s = TraceSampler(0.3, {'other': 0.8})\n"
         "ids = [int(x) for x in sys.stdin.read().split()]\n"
         "print(''.join('1' if s.should_sample(i, 'app') else '0' for i in ids))\n"
@@ -74,11 +74,11 @@ def test_sampling_decides_once_per_trace_and_counts() -> None:
     try:
         decisions: dict[str, bool] = {}
 
-        @tracer.retrieval
+        @recalltrace.retrieval
         def search(query: str) -> list[str]:
             return ["doc"]
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question: str) -> str:
             search(question)
             search(question)
@@ -106,17 +106,17 @@ def test_sampling_decides_once_per_trace_and_counts() -> None:
         assert captured[(("rag.app", "answer"),)] >= 200
         assert sampled[(("rag.app", "answer"),)] >= len(stored)
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_per_app_rate_through_configure() -> None:
     state = make_traced(sample_rate=0.0, sample_rates={"kept": 1.0})
 
-    @tracer.rag("kept")
+    @recalltrace.rag("kept")
     def kept(question: str) -> str:
         return "a"
 
-    @tracer.rag("ignored")
+    @recalltrace.rag("ignored")
     def ignored(question: str) -> str:
         return "b"
 
@@ -127,4 +127,4 @@ def test_per_app_rate_through_configure() -> None:
         assert {r.app_name for r in state.records()} == {"kept"}
         assert len(state.records()) == 5
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import tracer
-from storage.records import ContextRecord, TraceRecord
-from tests.tracer_helpers import Traced, make_traced, traced_session
-from tracer._scrub import Scrubber, default_pattern_names
+import recalltrace
+from recalltrace.storage.records import ContextRecord, TraceRecord
+from recalltrace.tracer._scrub import Scrubber, default_pattern_names
+from tests.support.tracer_helpers import Traced, make_traced, traced_session
 
 
 @pytest.fixture
@@ -22,9 +22,9 @@ def traced() -> Iterator[Traced]:
 R = "[REDACTED]"
 
 
-def scrub(text: str, options: tracer.ScrubbingOptions | None = None) -> tuple[str, list[str]]:
+def scrub(text: str, options: recalltrace.ScrubbingOptions | None = None) -> tuple[str, list[str]]:
     notes: list[str] = []
-    return Scrubber(options or tracer.ScrubbingOptions()).scrub_text(text, "f", notes), notes
+    return Scrubber(options or recalltrace.ScrubbingOptions()).scrub_text(text, "f", notes), notes
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_ordinary_text_is_left_alone(text: str) -> None:
 def test_user_patterns_and_callback() -> None:
     seen = []
 
-    def callback(match: tracer.ScrubMatch) -> str | None:
+    def callback(match: recalltrace.ScrubMatch) -> str | None:
         seen.append((match.path, match.value, match.pattern))
         if match.pattern == "email" and match.value.endswith("@example.com"):
             return match.value  # keep: public support address
@@ -80,7 +80,7 @@ def test_user_patterns_and_callback() -> None:
             return "<employee>"
         return None
 
-    options = tracer.ScrubbingOptions(extra_patterns=[r"EMP-\d{6}"], callback=callback)
+    options = recalltrace.ScrubbingOptions(extra_patterns=[r"EMP-\d{6}"], callback=callback)
     text = "support@example.com, private@corp.io, emp-123456"
     scrubbed, notes = scrub(text, options)
     assert scrubbed == f"support@example.com, {R}, <employee>"
@@ -90,20 +90,20 @@ def test_user_patterns_and_callback() -> None:
 
 
 def test_raising_callback_redacts(caplog: pytest.LogCaptureFixture) -> None:
-    def callback(match: tracer.ScrubMatch) -> str | None:
+    def callback(match: recalltrace.ScrubMatch) -> str | None:
         raise RuntimeError("callback bug")
 
-    scrubbed, _ = scrub("a@b.example", tracer.ScrubbingOptions(callback=callback))
+    scrubbed, _ = scrub("a@b.example", recalltrace.ScrubbingOptions(callback=callback))
     assert scrubbed == R
     assert "scrubbing callback raised" in caplog.text
 
 
 def test_defaults_can_be_switched_off_and_replacement_changed() -> None:
-    assert scrub("x@y.example", tracer.ScrubbingOptions(default_patterns=False)) == (
+    assert scrub("x@y.example", recalltrace.ScrubbingOptions(default_patterns=False)) == (
         "x@y.example",
         [],
     )
-    options = tracer.ScrubbingOptions(replacement="***")
+    options = recalltrace.ScrubbingOptions(replacement="***")
     assert scrub("x@y.example", options)[0] == "***"
     assert set(default_pattern_names()) == {
         "bearer_token",
@@ -138,7 +138,7 @@ def test_record_scrubbing_covers_every_field_and_notes_paths() -> None:
         ],
         metadata={"user": {"email": "erin@example.org"}, "session_id": "abc"},
     )
-    Scrubber(tracer.ScrubbingOptions()).scrub_record(record)
+    Scrubber(recalltrace.ScrubbingOptions()).scrub_record(record)
     assert record.user_input == f"I am {R}"
     assert record.response == f"Your key is {R}"
     assert record.reference_contexts == [f"call me at {R}"]
@@ -160,7 +160,7 @@ def test_record_scrubbing_covers_every_field_and_notes_paths() -> None:
 
 
 def test_sensitive_key_names() -> None:
-    scrubber = Scrubber(tracer.ScrubbingOptions())
+    scrubber = Scrubber(recalltrace.ScrubbingOptions())
     for key in (
         "password",
         "API_KEY",
@@ -180,11 +180,11 @@ def test_sensitive_key_names() -> None:
 
 
 def test_stored_record_is_scrubbed_but_spans_are_not_by_default(traced: Traced) -> None:
-    @tracer.retrieval
+    @recalltrace.retrieval
     def search(query: str) -> list[dict[str, Any]]:
         return [{"content": "contact ops@corp.example", "metadata": {"password": "pw"}}]
 
-    @tracer.rag
+    @recalltrace.rag
     def answer(question: str) -> str:
         search(question)
         return "done"
@@ -199,10 +199,10 @@ def test_stored_record_is_scrubbed_but_spans_are_not_by_default(traced: Traced) 
 
 
 def test_span_scrubbing_option() -> None:
-    state = make_traced(scrubbing=tracer.ScrubbingOptions(scrub_span_attributes=True))
+    state = make_traced(scrubbing=recalltrace.ScrubbingOptions(scrub_span_attributes=True))
     try:
 
-        @tracer.retrieval
+        @recalltrace.retrieval
         def search(query: str) -> list[str]:
             return ["contact ops@corp.example"]
 
@@ -211,14 +211,14 @@ def test_span_scrubbing_option() -> None:
         assert attributes["input.value"] == f"who is {R}"
         assert attributes["retrieval.documents.0.document.content"] == f"contact {R}"
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_scrubbing_off_stores_text_unchanged() -> None:
     state = make_traced(scrubbing=False)
     try:
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question: str) -> str:
             return "ok"
 
@@ -226,18 +226,18 @@ def test_scrubbing_off_stores_text_unchanged() -> None:
         record = state.record()
         assert record.user_input == "mail bob@example.org" and record.notes == []
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_long_text_is_truncated_and_noted() -> None:
     state = make_traced(max_text_length=10)
     try:
 
-        @tracer.retrieval
+        @recalltrace.retrieval
         def search(query: str) -> list[str]:
             return ["x" * 25]
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question: str) -> str:
             search(question)
             return "short"
@@ -252,17 +252,17 @@ def test_long_text_is_truncated_and_noted() -> None:
             "truncated user_input from 12 to 10 characters",
         ]
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_raising_callback_in_the_pipeline_still_stores_a_redacted_record() -> None:
-    def callback(match: tracer.ScrubMatch) -> str | None:
+    def callback(match: recalltrace.ScrubMatch) -> str | None:
         raise RuntimeError("callback bug")
 
-    state = make_traced(scrubbing=tracer.ScrubbingOptions(callback=callback))
+    state = make_traced(scrubbing=recalltrace.ScrubbingOptions(callback=callback))
     try:
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question: str) -> str:
             return "ok"
 
@@ -271,4 +271,4 @@ def test_raising_callback_in_the_pipeline_still_stores_a_redacted_record() -> No
         assert record.user_input == f"mail {R}"
         assert record.notes == ["scrubbed email in user_input"]
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)

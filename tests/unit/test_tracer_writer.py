@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-import tracer
-from storage.records import TraceRecord
-from tests.tracer_helpers import (
+import recalltrace
+from recalltrace.storage.records import TraceRecord
+from recalltrace.tracer._runtime import stats
+from tests.support.tracer_helpers import (
     FileSink,
     FlakySink,
     MemorySink,
@@ -27,7 +28,6 @@ from tests.tracer_helpers import (
     make_traced,
     traced_session,
 )
-from tracer._runtime import stats
 
 
 @pytest.fixture
@@ -38,12 +38,12 @@ def traced() -> Iterator[Traced]:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@tracer.retrieval
+@recalltrace.retrieval
 def search(query: str) -> list[str]:
     return [f"doc for {query}"]
 
 
-@tracer.rag
+@recalltrace.rag
 def answer(question: str) -> str:
     search(question)
     return f"answer to {question}"
@@ -85,13 +85,13 @@ def test_records_are_written_in_batches() -> None:
     try:
         for i in range(100):
             answer(f"q{i}")
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         records = state.sink.records
         assert sorted(r.user_input for r in records) == sorted(f"q{i}" for i in range(100))
         assert max(state.sink.batches) <= 16
         assert sum(state.sink.batches) == 100
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_flush_interval_writes_without_a_full_batch(traced: Traced) -> None:
@@ -127,7 +127,7 @@ def test_full_queue_drops_without_blocking_and_counts(caplog: pytest.LogCaptureF
         assert len(warnings) == 1, "drops are logged at a limited rate"
     finally:
         sink.release.set()
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)
     assert len(sink.records) == 5
 
 
@@ -144,7 +144,7 @@ def test_storage_down_records_kept_while_the_bound_allows_then_dropped_and_count
     try:
         for i in range(40):
             assert answer(f"q{i}") == f"answer to q{i}"
-        assert tracer.flush(0.1) is False  # nothing can be stored while the database is down
+        assert recalltrace.flush(0.1) is False  # nothing can be stored while the database is down
         # Far more failed writes than max_write_attempts: an unreachable database does not
         # use up attempts, so the ten records that fit in the bound are kept.
         _wait_for(lambda: sink.failures >= 5)
@@ -153,13 +153,13 @@ def test_storage_down_records_kept_while_the_bound_allows_then_dropped_and_count
         assert _dropped_points(state)[("queue_full", "answer")] >= 30
         # The database comes back: what was kept is stored, and new traces too.
         sink.down = False
-        assert tracer.flush(10)  # the next retry stores the ten records that were kept
+        assert recalltrace.flush(10)  # the next retry stores the ten records that were kept
         answer("after the outage")
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         stored = sorted(r.user_input or "" for r in sink.records)
         assert stored == sorted([*(f"q{i}" for i in range(10)), "after the outage"])
     finally:
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)
 
 
 def test_records_storage_refuses_are_dropped_after_max_attempts() -> None:
@@ -176,7 +176,7 @@ def test_records_storage_refuses_are_dropped_after_max_attempts() -> None:
         _wait_for(lambda: dropped("storage_error") - before == 1)
         assert sink.failures == 3
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_short_outage_loses_nothing() -> None:
@@ -188,11 +188,11 @@ def test_short_outage_loses_nothing() -> None:
             answer(f"q{i}")
         _wait_for(lambda: sink.failures >= 2)
         sink.down = False
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         assert sorted(r.user_input for r in sink.records) == sorted(f"q{i}" for i in range(10))
         assert dropped() == before
     finally:
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)
 
 
 def test_storage_that_cannot_even_open_is_survived() -> None:
@@ -200,7 +200,7 @@ def test_storage_that_cannot_even_open_is_survived() -> None:
         raise OSError("no such database")
 
     state = make_traced(max_write_attempts=2, flush_interval=0.01)
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     assert _runtime.current is not None
     _runtime.current.writer._sink_factory = broken_factory
@@ -211,7 +211,7 @@ def test_storage_that_cannot_even_open_is_survived() -> None:
         _wait_for(lambda: dropped("storage_error") > before)
         assert state.sink.records == []
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 # -- flush and shutdown ---------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_shutdown_drains_and_later_traces_are_dropped() -> None:
     for i in range(5):
         answer(f"q{i}")
     assert state.sink.records == []
-    assert tracer.shutdown(5)
+    assert recalltrace.shutdown(5)
     assert len(state.sink.records) == 5
     before = dropped("shutdown")
     assert answer("late") == "answer to late"
@@ -231,7 +231,7 @@ def test_shutdown_drains_and_later_traces_are_dropped() -> None:
 
 def test_flush_with_nothing_queued_returns_at_once(traced: Traced) -> None:
     start = time.perf_counter()
-    assert tracer.flush(5)
+    assert recalltrace.flush(5)
     assert time.perf_counter() - start < 0.5
 
 
@@ -241,16 +241,18 @@ def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        import tracer
-        from tests.tracer_helpers import FileSink
+        import recalltrace
+        from tests.support.tracer_helpers import FileSink
 
-        tracer.configure(sink=FileSink({str(out)!r}), flush_interval=3600, tracer_provider="own")
+        recalltrace.configure(
+            sink=FileSink({str(out)!r}), flush_interval=3600, tracer_provider="own"
+        )
 
-        @tracer.retrieval
+        @recalltrace.retrieval
         def search(query):
             return ["doc one", "doc two"]
 
-        @tracer.rag
+        @recalltrace.rag
         def answer(question):
             search(question)
             return "bye"
@@ -270,10 +272,10 @@ def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
 
 
 def test_reference_set_inside_the_trace_is_merged(traced: Traced) -> None:
-    @tracer.rag
+    @recalltrace.rag
     def answer_with_gold(question: str) -> str:
-        tracer.set_reference(tracer.current_trace_id(), reference="gold")
-        tracer.set_reference(None, reference_context_ids=["d1", 2])
+        recalltrace.set_reference(recalltrace.current_trace_id(), reference="gold")
+        recalltrace.set_reference(None, reference_context_ids=["d1", 2])
         return "a"
 
     answer_with_gold("q")
@@ -289,44 +291,44 @@ def test_reference_for_a_queued_trace_is_merged_before_writing() -> None:
     try:
         ids = []
 
-        @tracer.rag
+        @recalltrace.rag
         def remember(question: str) -> str:
-            ids.append(tracer.current_trace_id())
+            ids.append(recalltrace.current_trace_id())
             return "a"
 
         remember("first")
         assert sink.entered.wait(5)
         remember("queued")  # waits behind the blocked write
-        tracer.set_reference(ids[1], reference="late gold", reference_contexts=["ctx"])
+        recalltrace.set_reference(ids[1], reference="late gold", reference_contexts=["ctx"])
         sink.release.set()
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         record = sink.by_id(ids[1])
         assert (record.reference, record.reference_contexts) == ("late gold", ["ctx"])
         assert sink.references == []
     finally:
         sink.release.set()
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)
 
 
 def test_reference_after_the_trace_was_stored_goes_to_storage(traced: Traced) -> None:
     ids = []
 
-    @tracer.rag
+    @recalltrace.rag
     def remember(question: str) -> str:
-        ids.append(tracer.current_trace_id())
+        ids.append(recalltrace.current_trace_id())
         return "a"
 
     remember("q")
-    assert tracer.flush(5)
-    tracer.set_reference(ids[0].upper(), reference="arrived a day later")
-    assert tracer.flush(5)
+    assert recalltrace.flush(5)
+    recalltrace.set_reference(ids[0].upper(), reference="arrived a day later")
+    assert recalltrace.flush(5)
     assert traced.sink.by_id(ids[0]).reference == "arrived a day later"
     assert [u.trace_id for u in traced.sink.references] == ids
 
 
 def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
     trace_id = "ab" * 16
-    tracer.set_reference(trace_id, reference="gold")
+    recalltrace.set_reference(trace_id, reference="gold")
     time.sleep(0.1)  # the writer tried and got TraceNotFound
     record = TraceRecord(
         trace_id=trace_id,
@@ -336,7 +338,7 @@ def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
         duration_ms=1.0,
     )
     traced.sink.write_traces([record])  # stored meanwhile, e.g. by another process
-    assert tracer.flush(5)
+    assert recalltrace.flush(5)
     assert traced.sink.by_id(trace_id).reference == "gold"
 
 
@@ -344,36 +346,36 @@ def test_reference_for_an_unknown_trace_is_dropped_after_waiting() -> None:
     make_traced(reference_wait=0.2)
     before = dropped("reference_not_found")
     try:
-        tracer.set_reference("cd" * 16, reference="nobody")
-        assert tracer.flush(5)
+        recalltrace.set_reference("cd" * 16, reference="nobody")
+        assert recalltrace.flush(5)
         assert dropped("reference_not_found") == before + 1
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_reference_for_a_trace_no_rate_samples_is_ignored() -> None:
     state = make_traced(sample_rate=0.0)
     try:
-        tracer.set_reference("ef" * 16, reference="x")
-        assert tracer.flush(1)
+        recalltrace.set_reference("ef" * 16, reference="x")
+        assert recalltrace.flush(1)
         assert state.sink.references == []
     finally:
-        tracer.shutdown(1)
+        recalltrace.shutdown(1)
 
 
 def test_malformed_trace_ids_are_refused(traced: Traced) -> None:
     for bad in ("not hex", "", "0" * 32, "1" * 33):
         with pytest.raises(ValueError):
-            tracer.set_reference(bad, reference="x")
+            recalltrace.set_reference(bad, reference="x")
     with pytest.raises(ValueError):
-        tracer.set_reference(None, reference="x")  # no open trace
+        recalltrace.set_reference(None, reference="x")  # no open trace
 
 
 # -- failures inside the tracer -------------------------------------------------------------------
 
 
 def _break_finish(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     def broken(state: Any) -> None:
         raise RuntimeError("tracer bug")
@@ -406,7 +408,7 @@ def test_internal_failure_is_raised_under_pytest(
 def test_failure_opening_the_span_runs_the_function_plainly(
     traced: Traced, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tracer import _runtime
+    from recalltrace.tracer import _runtime
 
     monkeypatch.setenv("RECALLTRACE_RAISE_INTERNAL_ERRORS", "0")
     assert _runtime.current is not None
@@ -429,23 +431,23 @@ def test_forked_child_gets_a_working_writer(tmp_path: Path) -> None:
     make_traced(sink=sink)  # type: ignore[arg-type]
     try:
         answer("in the parent")
-        assert tracer.flush(5)  # the parent's writer thread is running
+        assert recalltrace.flush(5)  # the parent's writer thread is running
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1
             try:
                 answer("in the child")
-                code = 0 if tracer.flush(5) else 2
+                code = 0 if recalltrace.flush(5) else 2
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         answer("in the parent again")
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         inputs = sorted(line["user_input"] for line in sink.lines())
         assert inputs == ["in the child", "in the parent", "in the parent again"]
     finally:
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)
 
 
 # -- the storage the tracer opens itself ----------------------------------------------------------
@@ -463,7 +465,7 @@ class DisposableSink(MemorySink):
 def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import storage
+    from recalltrace import storage
 
     opened: list[tuple[str | None, DisposableSink]] = []
 
@@ -474,11 +476,11 @@ def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
     monkeypatch.setattr(storage, "open_repository", open_repository)
     make_traced(open_storage=True, database_url="sqlite:///unused.db")
     answer("q")
-    assert tracer.flush(5)
+    assert recalltrace.flush(5)
     ((url, repository),) = opened
     assert url == "sqlite:///unused.db"
     assert [r.user_input for r in repository.records] == ["q"]
-    tracer.shutdown(2)
+    recalltrace.shutdown(2)
     assert repository.disposed == 1
 
 
@@ -486,12 +488,12 @@ def test_a_sink_passed_in_is_left_open() -> None:
     sink = DisposableSink()
     make_traced(sink=sink)
     answer("q")
-    tracer.shutdown(2)
+    recalltrace.shutdown(2)
     assert sink.records and sink.disposed == 0
 
 
 def test_writer_yields_the_gil_while_its_backlog_is_small(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracer._writer as writer_module
+    import recalltrace.tracer._writer as writer_module
 
     state = make_traced(max_queue_size=100, flush_interval=60.0)
     sleeps: list[float] = []
@@ -507,15 +509,15 @@ def test_writer_yields_the_gil_while_its_backlog_is_small(monkeypatch: pytest.Mo
         monkeypatch.setattr(writer_module.time, "sleep", recording_sleep)
         for i in range(10):
             answer(f"q{i}")
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         assert len(state.sink.records) == 10
         assert len(sleeps) >= 9
         # With a backlog of at least half the bound the writer works through it instead.
         sleeps.clear()
         for i in range(60):
             answer(f"b{i}")
-        assert tracer.flush(5)
+        assert recalltrace.flush(5)
         assert len(state.sink.records) == 70
         assert len(sleeps) <= 10
     finally:
-        tracer.shutdown(2)
+        recalltrace.shutdown(2)

@@ -4,8 +4,8 @@
 Each handler opens the database, runs one query of :mod:`storage.history` and prints the rows
 as a table (drawn with rich), as one JSON document, or as CSV with a header row. Problems a
 user can fix (a bad duration, an unknown metric or trace id, a missing SQLite file) raise
-:class:`tracer.cli.CommandError`; database errors go through the shared mapping in
-:mod:`tracer.cli`.
+:class:`recalltrace.cli.CommandError`; database errors go through the shared mapping in
+:mod:`recalltrace.cli`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tracer.cli import EXIT_CHECK_FAILED, EXIT_OK, CommandError, _add_database_option
+from recalltrace.cli import EXIT_CHECK_FAILED, EXIT_OK, CommandError, _add_database_option
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from sqlalchemy import Engine
 
-    from storage.history import History, ScoreDetail, SummaryRow, TraceDetail
+    from recalltrace.storage.history import History, ScoreDetail, SummaryRow, TraceDetail
 
 FORMATS = ("table", "json", "csv")
 DEFAULT_WINDOW = "7d"
@@ -243,7 +243,7 @@ _MAX_INT = 2**63 - 1
 def _stored_text(text: str) -> str:
     """An argument compared with stored text: refuse characters stored text never holds (a
     non-UTF-8 byte in the command line arrives as a lone surrogate)."""
-    from storage.history import unstorable_character
+    from recalltrace.storage.history import unstorable_character
 
     problem = unstorable_character(text)
     if problem is not None:
@@ -279,7 +279,7 @@ def _unit_float(text: str) -> float:
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
     """An engine on ``--database-url``; refuses to create a SQLite file that does not exist."""
-    from storage.db import create_engine_from_url, redact_url, resolve_database_url
+    from recalltrace.storage.db import create_engine_from_url, redact_url, resolve_database_url
 
     url = resolve_database_url(args.database_url)
     engine = create_engine_from_url(url)
@@ -299,13 +299,13 @@ def _database(args: argparse.Namespace) -> Iterator[Engine]:
 
 
 def _history(engine: Engine) -> History:
-    from storage.history import History
+    from recalltrace.storage.history import History
 
     return History(engine)
 
 
 def _metric(value: str | None) -> str | None:
-    from storage.history import UnknownMetric, check_metric
+    from recalltrace.storage.history import UnknownMetric, check_metric
 
     if value is None:
         return None
@@ -317,7 +317,7 @@ def _metric(value: str | None) -> str | None:
 
 def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """``--metric`` and ``--version``, checked by History's own rule, in the flags' words."""
-    from storage.history import metric_versions
+    from recalltrace.storage.history import metric_versions
 
     metric = _metric(args.metric)
     version: str | None = args.metric_version
@@ -332,7 +332,7 @@ def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 def _window(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]:
     """``--since``/``--until`` as UTC times; one clear line for a bad value."""
-    from storage.history import TimeSpecError, parse_time
+    from recalltrace.storage.history import TimeSpecError, parse_time
 
     now = datetime.now(timezone.utc)
     try:
@@ -433,7 +433,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         from rich.markup import escape
         from rich.table import Table
 
-        from storage.history import group_by_metric
+        from recalltrace.storage.history import group_by_metric
 
         console = _console()
         if not rows:
@@ -566,7 +566,7 @@ _DETAIL_ORDER = (
 
 
 def _cmd_trace_show(args: argparse.Namespace) -> int:
-    from storage.repository import TraceNotFound
+    from recalltrace.storage.repository import TraceNotFound
 
     trace_id = args.trace_id.strip().lower()
     with _database(args) as engine:
@@ -799,7 +799,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle: str) -> str:
     """An SVG chart: mean per metric over time on top, scored results per bucket below."""
-    from storage.history import group_by_metric
+    from recalltrace.storage.history import group_by_metric
 
     width, left, right = 960, 60, 200
     top_y, top_h = 70, 300
@@ -1045,7 +1045,7 @@ JOB_FIELDS = (
 
 
 def _cmd_jobs_list(args: argparse.Namespace) -> int:
-    from storage.history import TimeSpecError, parse_duration
+    from recalltrace.storage.history import TimeSpecError, parse_duration
 
     metric = _metric(args.metric)
     since, until = _window(args)
@@ -1099,7 +1099,7 @@ def _cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_jobs_retry(args: argparse.Namespace) -> int:
-    from storage.repository import Repository
+    from recalltrace.storage.repository import Repository
 
     metric = _metric(args.metric)
     # Expired leases are given back only when no filter narrows the retry.
@@ -1131,7 +1131,7 @@ def _jobs_of_app(
     """Ids of failed jobs whose trace belongs to ``app`` (narrowed to ``job_ids`` if given)."""
     from sqlalchemy import select
 
-    from storage.models import JobStatus, ScoringJob, Trace
+    from recalltrace.storage.models import JobStatus, ScoringJob, Trace
 
     stmt = select(ScoringJob.id).where(
         ScoringJob.status == JobStatus.FAILED,

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any
 
-from tracer._cli_history import _positive_int, _stored_text
-from tracer.cli import CommandError, _add_database_option
+from recalltrace.cli import CommandError, _add_database_option
+from recalltrace.cli._history import _positive_int, _stored_text
 
 
 def _positive_float(text: str) -> float:
@@ -60,7 +60,7 @@ def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
     """A ``scorers.JudgeConfig`` from the judge options, or ``None`` without a model."""
     if not args.judge_model:
         return None
-    from scorers import JudgeConfig
+    from recalltrace.scorers import JudgeConfig
 
     try:
         return JudgeConfig(
@@ -79,7 +79,7 @@ def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
 def _metrics_arg(values: list[str] | None) -> list[str] | None:
     if not values:
         return None
-    from scorers.catalog import metric_info
+    from recalltrace.scorers.catalog import metric_info
 
     keys: list[str] = []
     for value in values:
@@ -152,8 +152,8 @@ def register_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
 def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
-    from scorers.worker import Worker, WorkerOptions
-    from storage.db import redact_url, resolve_database_url
+    from recalltrace.scorers.worker import Worker, WorkerOptions
+    from recalltrace.storage.db import redact_url, resolve_database_url
 
     logging.getLogger("recalltrace").setLevel(logging.INFO)
     url = resolve_database_url(args.database_url)
@@ -175,7 +175,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         raise CommandError(str(exc)) from None
 
-    from scorers.telemetry import WorkerTelemetry, setup_telemetry
+    from recalltrace.scorers.telemetry import WorkerTelemetry, setup_telemetry
 
     setup = setup_telemetry(prometheus_port=args.prometheus_port, console=args.console_metrics)
     telemetry = WorkerTelemetry(setup.meter_provider, setup.logger_provider)
@@ -248,8 +248,8 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
-    from storage.repository import open_repository
-    from tracer._cli_history import _window
+    from recalltrace.cli._history import _window
+    from recalltrace.storage.repository import open_repository
 
     since, until = _window(args)
     metrics = _metrics_arg(args.metric)

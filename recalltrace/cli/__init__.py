@@ -33,8 +33,8 @@ def _add_database_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from storage.db import redact_url, resolve_database_url
-    from storage.migrate import current_revision, upgrade
+    from recalltrace.storage.db import redact_url, resolve_database_url
+    from recalltrace.storage.migrate import current_revision, upgrade
 
     url = resolve_database_url(args.database_url)
     upgrade(url, args.revision)
@@ -43,8 +43,8 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_db_current(args: argparse.Namespace) -> int:
-    from storage.db import redact_url, resolve_database_url
-    from storage.migrate import current_revision, head_revision
+    from recalltrace.storage.db import redact_url, resolve_database_url
+    from recalltrace.storage.migrate import current_revision, head_revision
 
     url = resolve_database_url(args.database_url)
     current = current_revision(url)
@@ -62,10 +62,10 @@ def _cmd_db_prune(args: argparse.Namespace) -> int:
 
     from sqlalchemy import func, select
 
-    from storage.db import redact_url, resolve_database_url
-    from storage.history import TimeSpecError, parse_duration
-    from storage.models import Trace
-    from storage.repository import open_repository
+    from recalltrace.storage.db import redact_url, resolve_database_url
+    from recalltrace.storage.history import TimeSpecError, parse_duration
+    from recalltrace.storage.models import Trace
+    from recalltrace.storage.repository import open_repository
 
     try:
         age = parse_duration(args.older_than)
@@ -97,7 +97,7 @@ def _cmd_db_prune(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tracer.demo import run_demo
+    from recalltrace.demo import run_demo
 
     return run_demo(args)
 
@@ -135,15 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run a small traced RAG app on the embedded database and score it"
     )
     _add_database_option(demo)
-    from tracer.demo import add_demo_arguments
+    from recalltrace.demo import add_demo_arguments
 
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
-    from tracer._cli_history import register_history_commands
+    from recalltrace.cli._history import register_history_commands
 
     register_history_commands(sub)
-    from tracer._cli_worker import register_worker_commands
+    from recalltrace.cli.worker import register_worker_commands
 
     register_worker_commands(sub)
 
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _friendly(exc: BaseException) -> str | None:
     """A one-line message for errors a user can fix, or None for real bugs."""
-    from storage.db import DatabaseURLError
+    from recalltrace.storage.db import DatabaseURLError
 
     if isinstance(exc, (CommandError, DatabaseURLError)):
         return str(exc)
@@ -200,19 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _friendly(exc)
         if message is None:
             raise
-        from storage.db import redact_url
+        from recalltrace.storage.db import redact_url
 
         url = getattr(args, "database_url", None)
         if url:
             message = message.replace(url, redact_url(url))
         print(f"recalltrace: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # Run the imported module's main: under ``python -m tracer.cli`` this file is ``__main__``,
-    # and the commands raise ``tracer.cli.CommandError``, which ``__main__``'s copy of the
-    # class would not catch.
-    from tracer.cli import main as _main
-
-    sys.exit(_main())

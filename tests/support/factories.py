@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta, timezone
 
-from storage.records import ContextRecord, TraceRecord
+from recalltrace.storage.records import ContextRecord, TraceRecord
 
 
 def new_trace_id() -> str:

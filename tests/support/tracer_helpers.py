@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import tracer
-from storage.records import ReferenceUpdate, TraceRecord
+import recalltrace
+from recalltrace.storage.records import ReferenceUpdate, TraceRecord
 
 
 class TraceNotFound(LookupError):
@@ -117,7 +117,7 @@ class Traced:
     exporter: InMemorySpanExporter
     provider: TracerProvider
     metrics: InMemoryMetricReader
-    config: tracer.TracerConfig
+    config: recalltrace.TracerConfig
     extra: dict[str, Any] = field(default_factory=dict)
 
     def spans(self, name: str | None = None) -> list[ReadableSpan]:
@@ -129,7 +129,7 @@ class Traced:
         return found
 
     def records(self, timeout: float = 5.0) -> list[TraceRecord]:
-        assert tracer.flush(timeout), "flush timed out"
+        assert recalltrace.flush(timeout), "flush timed out"
         return list(self.sink.records)
 
     def record(self, timeout: float = 5.0) -> TraceRecord:
@@ -172,7 +172,7 @@ def make_traced(
     if open_storage:
         del settings["sink"]
     settings.update(options)
-    config = tracer.configure(**settings)
+    config = recalltrace.configure(**settings)
     return Traced(sink, exporter, provider, reader, config)
 
 
@@ -181,11 +181,11 @@ def traced_session() -> Iterator[Traced]:
     in-memory sink and exporter, shut down afterwards."""
     state = make_traced()
     yield state
-    tracer.shutdown(2.0)
+    recalltrace.shutdown(2.0)
 
 
 def dropped(reason: str | None = None) -> int:
     """Records dropped so far in this process (of one reason, or all)."""
-    from tracer._runtime import stats
+    from recalltrace.tracer._runtime import stats
 
     return stats().dropped_total(reason)

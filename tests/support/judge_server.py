@@ -16,7 +16,7 @@ In a test::
 
 From a shell (for multi-process tests and benchmarks)::
 
-    python -m tests.judge_server --port 0 --latency 0.2 [--rate-429 0.3] [--rate-500 0.1]
+    python -m tests.support.judge_server --port 0 --latency 0.2 [--rate-429 0.3] [--rate-500 0.1]
 
 prints ``READY http://127.0.0.1:PORT/v1`` on one line, then answers with ``auto_answer`` until
 it is killed.
@@ -451,13 +451,13 @@ class JudgeServer:
 
 
 def start_process(*args: str) -> tuple[subprocess.Popen[str], str]:
-    """Run the server in its own process (``python -m tests.judge_server *args``).
+    """Run the server in its own process (``python -m tests.support.judge_server *args``).
 
     Returns the process and its base URL once it is listening; stop it with ``terminate()``.
     """
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.judge_server", *args],
+        [sys.executable, "-m", "tests.support.judge_server", *args],
         cwd=root,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -1,11 +1,11 @@
 """``recalltrace demo``: a small traced RAG application, scored end to end.
 
 A help desk for a fictional cloud-storage service: a corpus of short articles, questions with
-reference answers and reference article ids, a BM25 retriever and an extractive answerer of its
-own. Every request goes through ``@tracer.rag`` / ``@tracer.retrieval`` / ``@tracer.generation``
-into the database; half of the references are known at call time, the other half arrive later
-through ``tracer.set_reference``, as ground truth often does. Then one worker pass scores the
-traces and the command prints what a user would look at first.
+reference answers and reference article ids, a BM25 retriever and an extractive answerer of its own.
+Every request goes through ``@recalltrace.rag`` / ``@recalltrace.retrieval`` /
+``@recalltrace.generation`` into the database; half of the references are known at call time, the
+other half arrive later through ``recalltrace.set_reference``, as ground truth often does. Then one
+worker pass scores the traces and the command prints what a user would look at first.
 
 Runs on the embedded SQLite default with no server and no API key; the LLM variants score when
 a judge model is given (``--judge-model``, any LiteLLM model string).
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import tracer
+import recalltrace
 
 APP_NAME = "lumen-help-desk"
 _WORD = re.compile(r"[a-z0-9]+")
@@ -52,7 +52,7 @@ class Article:
 
 def load_dataset() -> dict[str, Any]:
     """The demo corpus and questions shipped with the package."""
-    raw = resources.files("tracer").joinpath("demo_lumen_help_desk.json").read_text("utf-8")
+    raw = resources.files("recalltrace").joinpath("demo_lumen_help_desk.json").read_text("utf-8")
     data: dict[str, Any] = json.loads(raw)
     return data
 
@@ -72,7 +72,7 @@ class HelpDesk:
         self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in frequency.items()}
         self.last_trace_id: str | None = None
 
-    @tracer.retrieval("bm25-search")
+    @recalltrace.retrieval("bm25-search")
     def search(self, query: str) -> list[dict[str, Any]]:
         """The ``top_k`` articles with the best BM25 score for ``query``."""
         terms = _tokens(query)
@@ -98,7 +98,7 @@ class HelpDesk:
             for s, a in scored[: self.top_k]
         ]
 
-    @tracer.generation("extractive-answer", model="extractive-demo")
+    @recalltrace.generation("extractive-answer", model="extractive-demo")
     def compose(self, question: str, passages: list[dict[str, Any]]) -> str:
         """Answer with the two passage sentences that share the most words with the question."""
         wanted = set(_tokens(question))
@@ -114,7 +114,7 @@ class HelpDesk:
             return "I could not find this in the help center; a support agent will follow up."
         return " ".join(chosen)
 
-    @tracer.rag(
+    @recalltrace.rag(
         APP_NAME,
         input_param="question",
         reference_param="reference",
@@ -129,13 +129,13 @@ class HelpDesk:
         reference_ids: list[str] | None = None,
     ) -> str:
         """Retrieve, then answer; the references, when given, are ground truth for scoring."""
-        self.last_trace_id = tracer.current_trace_id()
+        self.last_trace_id = recalltrace.current_trace_id()
         return self.compose(question, self.search(question))
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``recalltrace demo``."""
-    from tracer._cli_worker import add_judge_arguments
+    from recalltrace.cli.worker import add_judge_arguments
 
     parser.add_argument(
         "--top-k", type=int, default=3, help="articles retrieved per question (default 3)"
@@ -150,14 +150,14 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from storage.db import redact_url, resolve_database_url
-    from storage.migrate import upgrade
-    from tracer._cli_worker import judge_config_from_args
+    from recalltrace.cli.worker import judge_config_from_args
+    from recalltrace.storage.db import redact_url, resolve_database_url
+    from recalltrace.storage.migrate import upgrade
 
     console = Console()
     url = resolve_database_url(args.database_url)
     if args.top_k < 1:
-        from tracer.cli import CommandError
+        from recalltrace.cli import CommandError
 
         raise CommandError("--top-k must be at least 1")
     upgrade(url)
@@ -167,7 +167,7 @@ def run_demo(args: argparse.Namespace) -> int:
     data = load_dataset()
     app = HelpDesk([Article(d["id"], d["title"], d["text"]) for d in data["documents"]],
                    top_k=args.top_k)  # fmt: skip
-    tracer.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
+    recalltrace.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
     late: list[tuple[str, dict[str, Any]]] = []
     for number, item in enumerate(data["questions"]):
         references = {
@@ -182,22 +182,22 @@ def run_demo(args: argparse.Namespace) -> int:
             app.answer(item["question"])
             if app.last_trace_id:
                 late.append((app.last_trace_id, references))
-    tracer.flush(30)
+    recalltrace.flush(30)
     for trace_id, refs in late:
-        tracer.set_reference(
+        recalltrace.set_reference(
             trace_id,
             reference=refs["reference"],
             reference_contexts=refs["reference_contexts"],
             reference_context_ids=refs["reference_ids"],
         )
-    tracer.flush(30)
+    recalltrace.flush(30)
     console.print(
         f"Traced {len(data['questions'])} help-desk requests "
         f"({len(late)} with references attached afterwards)."
     )
 
-    from scorers.catalog import CATALOG
-    from scorers.worker import Worker, WorkerOptions
+    from recalltrace.scorers.catalog import CATALOG
+    from recalltrace.scorers.worker import Worker, WorkerOptions
 
     logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
     judge = judge_config_from_args(args, concurrency=8)
@@ -220,9 +220,9 @@ def _print_results(
 ) -> None:
     from rich.table import Table
 
-    from scorers.catalog import CATALOG
-    from storage.db import create_engine_from_url, redact_url
-    from storage.history import History
+    from recalltrace.scorers.catalog import CATALOG
+    from recalltrace.storage.db import create_engine_from_url, redact_url
+    from recalltrace.storage.history import History
 
     engine = create_engine_from_url(url)
     history = History(engine)
