@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._pg import scratch_database
 from recalltrace.scorers.catalog import CATALOG
 from recalltrace.storage.db import create_engine_from_url
-from recalltrace.storage.history import History
+from tests.support.factories import make_history
 
 DATABASE = "rt_bench_history"
 TARGET_MS = 100.0
@@ -225,7 +225,7 @@ def main() -> int:
             f"in {time.perf_counter() - started:.0f} s"
         )
 
-        history = History(engine)
+        history = make_history(engine)
         week = now - timedelta(days=7)
         ids = iter(random.Random(7).choices(trace_ids, k=args.repeat + 2))
         cases: list[tuple[str, Callable[[], Any]]] = [

@@ -26,8 +26,7 @@ from sqlalchemy import text
 from benchmarks._pg import scratch_database
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.records import ContextRecord, TraceRecord
-from recalltrace.storage.repository import Repository
-from tests.support.factories import new_trace_id
+from tests.support.factories import make_repository, new_trace_id
 
 CONTEXT = ("Retrieval-augmented generation grounds answers in retrieved passages. " * 5)[:300]
 
@@ -66,7 +65,7 @@ def truncate(url: str) -> None:
 
 
 def run_repository(url: str, records: list[TraceRecord], batch: int) -> float:
-    repo = Repository(create_engine_from_url(url))
+    repo = make_repository(create_engine_from_url(url))
     start = time.perf_counter()
     for i in range(0, len(records), batch):
         repo.write_traces(records[i : i + batch])

@@ -32,8 +32,7 @@ from benchmarks._cpu import machine_busy_s, process_cpu_s  # noqa: E402
 from benchmarks._pg import scratch_database  # noqa: E402
 from recalltrace.storage.db import create_engine_from_url  # noqa: E402
 from recalltrace.storage.models import Score  # noqa: E402
-from recalltrace.storage.repository import Repository  # noqa: E402
-from tests.support.factories import make_trace  # noqa: E402
+from tests.support.factories import make_repository, make_trace  # noqa: E402
 from tests.support.judge_server import start_process  # noqa: E402
 
 
@@ -41,7 +40,7 @@ def write_traces(url: str, metrics: list[str], count: int) -> None:
     engine = create_engine_from_url(url)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE scores, scoring_jobs, retrieved_contexts, traces"))
-    repo = Repository(engine, metrics=metrics)
+    repo = make_repository(engine, metrics=metrics)
     batch = [
         make_trace(
             contexts=10,

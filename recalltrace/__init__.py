@@ -20,6 +20,8 @@ Scorers on their own: :mod:`recalltrace.scorers`. Importing this package is chea
 neither OpenTelemetry's SDK, nor SQLAlchemy, nor LiteLLM.
 """
 
+from recalltrace._wiring import default_sink as _default_sink
+from recalltrace._wiring import open_history, open_repository
 from recalltrace.tracer import (
     ScrubbingOptions,
     ScrubMatch,
@@ -34,6 +36,9 @@ from recalltrace.tracer import (
     set_reference,
     shutdown,
 )
+from recalltrace.tracer._sinks import set_default_sink_factory as _set_default_sink_factory
+
+_set_default_sink_factory(_default_sink)
 
 __all__ = [
     "ScrubMatch",
@@ -44,6 +49,8 @@ __all__ = [
     "current_trace_id",
     "flush",
     "generation",
+    "open_history",
+    "open_repository",
     "rag",
     "retrieval",
     "set_reference",

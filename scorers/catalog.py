@@ -1,18 +1,29 @@
 """The catalog of context-recall variants: keys, versions and the inputs each one needs.
 
-Imported by storage (to decide which jobs a trace is eligible for) and by the tracer, so it must
-stay free of heavy imports. A variant's ``version`` changes whenever its prompt, parsing or
+Storage gets the job specifications from here through the caller (:func:`job_specs`); the
+catalog stays free of heavy imports. A variant's ``version`` changes whenever its prompt, parsing or
 formula changes; stored scores are keyed by (trace, metric, version).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-#: Inputs that can arrive after the trace was stored, through ``tracer.set_reference``.
-REFERENCE_INPUTS: frozenset[str] = frozenset(
-    {"reference", "reference_contexts", "reference_context_ids"}
-)
+from recalltrace.storage.contracts import REFERENCE_INPUTS, JobSpec
+
+__all__ = [
+    "CATALOG",
+    "LLM_METRICS",
+    "METRICS_ENV",
+    "NON_LLM_METRICS",
+    "REFERENCE_INPUTS",
+    "MetricInfo",
+    "current_versions",
+    "job_specs",
+    "metric_info",
+    "metrics_from_env",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +40,11 @@ class MetricInfo:
     def needs_reference(self) -> bool:
         """True when some of the needed inputs are ground truth that may arrive late."""
         return any(name in REFERENCE_INPUTS for name in self.needs)
+
+    @property
+    def job_spec(self) -> JobSpec:
+        """What the job queue needs to know of this variant."""
+        return JobSpec(metric=self.key, version=self.version, needs=self.needs)
 
 
 CATALOG: dict[str, MetricInfo] = {
@@ -90,3 +106,34 @@ def metric_info(key: str) -> MetricInfo:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise KeyError(f"unknown metric {key!r}; known metrics: {known}") from None
+
+
+def job_specs() -> list[JobSpec]:
+    """The job specification of every variant, in catalog order (handed to storage)."""
+    return [info.job_spec for info in CATALOG.values()]
+
+
+def current_versions() -> dict[str, str]:
+    """Every variant's current version (what history reads by default)."""
+    return {key: info.version for key, info in CATALOG.items()}
+
+
+METRICS_ENV = "RECALLTRACE_METRICS"
+
+
+def metrics_from_env() -> list[str] | None:
+    """The variants named by ``$RECALLTRACE_METRICS`` (comma-separated), or ``None``.
+
+    Raises ``ValueError`` naming the unknown key and the known ones.
+    """
+    raw = os.environ.get(METRICS_ENV, "").strip()
+    if not raw:
+        return None
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    for key in keys:
+        if key not in CATALOG:
+            raise ValueError(
+                f"{METRICS_ENV} names an unknown metric {key!r}; "
+                f"known metrics: {', '.join(CATALOG)}"
+            )
+    return keys

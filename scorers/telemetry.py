@@ -22,7 +22,7 @@ from recalltrace.scorers._judge import JudgeCallRecord
 from recalltrace.scorers._result import ScoreResult
 
 if TYPE_CHECKING:
-    from recalltrace.storage.repository import QueueStats
+    from recalltrace.storage.contracts import QueueStats
 
 logger = logging.getLogger("recalltrace.worker")
 

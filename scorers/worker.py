@@ -39,8 +39,15 @@ from typing import Any, TypeVar
 from recalltrace.scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
 from recalltrace.scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
 from recalltrace.scorers._result import ScoreResult
-from recalltrace.scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info
+from recalltrace.scorers.catalog import (
+    CATALOG,
+    NON_LLM_METRICS,
+    job_specs,
+    metric_info,
+    metrics_from_env,
+)
 from recalltrace.scorers.telemetry import WorkerTelemetry
+from recalltrace.storage.contracts import NOTIFY_CHANNEL, JobStore
 from recalltrace.storage.errors import is_database_unavailable
 
 logger = logging.getLogger("recalltrace.worker")
@@ -145,13 +152,13 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """An asyncio scoring worker over a :class:`storage.repository.Repository`."""
+    """An asyncio scoring worker over any :class:`~recalltrace.storage.contracts.JobStore`."""
 
     def __init__(
         self,
         options: WorkerOptions | None = None,
         *,
-        repository: Any = None,
+        repository: JobStore | None = None,
         telemetry: WorkerTelemetry | None = None,
         on_progress: Callable[[WorkerStats], None] | None = None,
     ) -> None:
@@ -159,8 +166,10 @@ class Worker:
         if repository is None:
             from recalltrace.storage.repository import open_repository
 
-            repository = open_repository(self.options.database_url)
-        self.repo = repository
+            repository = open_repository(
+                self.options.database_url, specs=job_specs(), metrics=metrics_from_env()
+            )
+        self.repo: JobStore = repository
         self._reference_ttl = (
             None
             if self.options.reference_ttl_s is None
@@ -206,8 +215,6 @@ class Worker:
         if opts.metrics is not None:
             keys = list(opts.metrics)
         else:
-            from recalltrace.storage.repository import metrics_from_env
-
             keys = metrics_from_env() or list(CATALOG)
         for key in keys:
             info = metric_info(key)
@@ -313,7 +320,7 @@ class Worker:
             asyncio.create_task(self._maintenance_loop(), name="recalltrace-maintenance"),
             asyncio.create_task(self._lease_loop(), name="recalltrace-leases"),
         ]
-        if self.options.listen and getattr(self.repo, "is_postgres", False) and not once:
+        if self.options.listen and self.repo.is_postgres and not once:
             helpers.append(asyncio.create_task(self._listen_loop(), name="recalltrace-listen"))
         try:
             await self._maintain_once()
@@ -718,10 +725,9 @@ class Worker:
         """Wake the claim loop on NOTIFY; reconnect after errors; polling covers the gaps."""
         import psycopg
 
-        from recalltrace.storage.repository import NOTIFY_CHANNEL
-
-        url = self.repo.engine.url.set(drivername="postgresql")
-        dsn = url.render_as_string(hide_password=False)
+        dsn = self.repo.notify_dsn()
+        if dsn is None:
+            return
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)

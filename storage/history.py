@@ -19,28 +19,40 @@ All filter values travel as bound parameters.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
-from typing import Any, Literal
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, func, or_, select, text, tuple_, union_all
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import ColumnElement, Engine, and_, func, or_, select, text, union_all
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from recalltrace.scorers.catalog import CATALOG
-from recalltrace.storage.db import is_postgres
+from recalltrace.storage import summary_cache
+from recalltrace.storage._dialect import Dialect
+from recalltrace.storage._storable import UNSTORABLE_TEXT
+from recalltrace.storage.contracts import TraceNotFound, UnknownMetric, check_metric
+from recalltrace.storage.history_rows import (
+    BUCKETS,
+    PERCENTILES,
+    Bucket,
+    ContextRow,
+    JobRow,
+    ScoreDetail,
+    SummaryRow,
+    TraceDetail,
+    WindowStats,
+    WorstRow,
+    group_by_metric,
+    percentile,
+)
 from recalltrace.storage.models import (
     JobStatus,
     RetrievedContext,
     Score,
     ScoringJob,
-    SummaryCache,
     Trace,
 )
-from recalltrace.storage.repository import SUMMARY_LOCK_KEY, UNSTORABLE_TEXT, TraceNotFound
+from recalltrace.storage.timespec import TimeSpecError, parse_duration, parse_time
 
 __all__ = [
     "BUCKETS",
@@ -67,73 +79,11 @@ __all__ = [
     "unstorable_character",
 ]
 
-Bucket = Literal["hour", "day"]
-BUCKETS: tuple[Bucket, ...] = ("hour", "day")
-
 DEFAULT_STUCK_AFTER = timedelta(minutes=15)
 """A queued job due for longer than this is reported as stuck (no worker is taking it)."""
 
-PERCENTILES = (0.1, 0.5, 0.9)
 
-
-class TimeSpecError(ValueError):
-    """A ``--since``/``--until`` value is neither a duration nor a timestamp."""
-
-
-class UnknownMetric(ValueError):
-    """A metric key that is not in the catalog; the message lists the known keys."""
-
-
-# -- time specifications -----------------------------------------------------------------------
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_TIME_HELP = "use a duration like 30m, 1h, 7d, 2w or a timestamp like 2026-11-01T10:00:00Z"
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse ``30s``, ``30m``, ``1h``, ``7d`` or ``2w`` into a positive ``timedelta``."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise TimeSpecError(f"invalid duration {text!r}: use e.g. 30m, 1h, 7d or 2w")
-    amount = float(match.group(1))
-    if amount <= 0:
-        raise TimeSpecError(f"invalid duration {text!r}: it must be positive")
-    return timedelta(seconds=amount * _UNIT_SECONDS[match.group(2).lower()])
-
-
-def parse_time(text: str, *, now: datetime | None = None) -> datetime:
-    """Turn ``now``, a duration (``7d``: that long before now) or an ISO timestamp into UTC.
-
-    Timestamps without an offset, and plain dates (midnight), are taken as UTC. Raises
-    :class:`TimeSpecError` naming the bad value.
-    """
-    stripped = text.strip()
-    if stripped.lower() == "now":
-        return (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    if _DURATION.match(stripped):
-        reference = now or datetime.now(timezone.utc)
-        return reference.astimezone(timezone.utc) - parse_duration(stripped)
-    iso = stripped[:-1] + "+00:00" if stripped[-1:] in ("Z", "z") else stripped
-    try:
-        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", iso):
-            day = date.fromisoformat(iso)
-            parsed = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
-        else:
-            parsed = datetime.fromisoformat(iso)
-    except ValueError:
-        raise TimeSpecError(f"invalid time {text!r}: {_TIME_HELP}") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
-
-
-def check_metric(metric: str) -> str:
-    """Return ``metric`` if the catalog knows it, else raise :class:`UnknownMetric`."""
-    if metric not in CATALOG:
-        known = ", ".join(sorted(CATALOG))
-        raise UnknownMetric(f"unknown metric {metric!r}; known metrics: {known}")
-    return metric
+# -- filters -----------------------------------------------------------------------------------
 
 
 def unstorable_character(value: str) -> str | None:
@@ -168,267 +118,24 @@ def check_filter_text(name: str, value: str) -> str:
     return value
 
 
-def metric_versions(metric: str | None = None, version: str | None = None) -> dict[str, str]:
+def metric_versions(
+    current: Mapping[str, str], metric: str | None = None, version: str | None = None
+) -> dict[str, str]:
     """Which version of which metric a history query reads, as ``{metric: version}``.
 
-    Without ``version``: every catalog metric (or just ``metric``) at its current version.
-    ``version`` reads another one, an older version after a backfill to a new one, say; it
-    needs ``metric``, since versions are numbered per metric.
+    ``current`` maps every known metric to its current version (the caller's catalog). Without
+    ``version``: every metric (or just ``metric``) at its current version. ``version`` reads
+    another one, an older version after a backfill to a new one, say; it needs ``metric``,
+    since versions are numbered per metric.
     """
     if version is None:
-        keys = [check_metric(metric)] if metric is not None else list(CATALOG)
-        return {key: CATALOG[key].version for key in keys}
+        keys = [check_metric(metric, current)] if metric is not None else list(current)
+        return {key: current[key] for key in keys}
     if metric is None:
         raise ValueError("a version belongs to one metric: give the metric as well")
     if not check_filter_text("version", version).strip():
         raise ValueError("version must not be empty")
-    return {check_metric(metric): version}
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
-    """The ``fraction`` percentile of ascending ``sorted_values``, as ``percentile_cont``.
-
-    Linear interpolation between the two closest ranks; ``None`` for no values.
-    """
-    if not sorted_values:
-        return None
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction must lie in [0, 1], not {fraction!r}")
-    position = fraction * (len(sorted_values) - 1)
-    lower = math.floor(position)
-    upper = min(lower + 1, len(sorted_values) - 1)
-    weight = position - lower
-    return sorted_values[lower] + (sorted_values[upper] - sorted_values[lower]) * weight
-
-
-# -- rows --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryRow:
-    """The scores of one metric in one time bucket."""
-
-    bucket_start: datetime
-    """Start of the bucket (UTC, truncated to the hour or the day)."""
-    metric: str
-    version: str
-    """The metric's version these scores were computed by."""
-    count: int
-    """Number of ``scored`` results; the statistics below are over these."""
-    mean: float | None
-    p10: float | None
-    p50: float | None
-    p90: float | None
-    skipped: int
-    """Results that had nothing to score (a missing input, a reference that never came)."""
-    failed: int
-    """Results where the judge could not produce a valid answer."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (the bucket as an ISO 8601 string)."""
-        return {
-            "bucket_start": self.bucket_start.isoformat(),
-            "metric": self.metric,
-            "version": self.version,
-            "count": self.count,
-            "mean": self.mean,
-            "p10": self.p10,
-            "p50": self.p50,
-            "p90": self.p90,
-            "skipped": self.skipped,
-            "failed": self.failed,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class WorstRow:
-    """One low-scoring trace."""
-
-    trace_id: str
-    metric: str
-    version: str
-    value: float
-    reason: str
-    app_name: str
-    trace_started_at: datetime
-    scored_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (times as ISO 8601 strings)."""
-        return {
-            "trace_id": self.trace_id,
-            "metric": self.metric,
-            "version": self.version,
-            "value": self.value,
-            "reason": self.reason,
-            "app_name": self.app_name,
-            "trace_started_at": self.trace_started_at.isoformat(),
-            "scored_at": self.scored_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class WindowStats:
-    """Scores of one metric over one time window (what ``recalltrace check`` tests)."""
-
-    metric: str
-    version: str
-    """The metric's version these scores were computed by."""
-    since: datetime | None
-    until: datetime | None
-    app: str | None
-    count: int
-    """Number of ``scored`` results."""
-    mean: float | None
-    skipped: int
-    failed: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContextRow:
-    """One retrieved context of a trace, in retrieval order."""
-
-    position: int
-    context_id: str | None
-    content: str
-    score: float | None
-    metadata: Mapping[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
-        return {
-            "position": self.position,
-            "context_id": self.context_id,
-            "content": self.content,
-            "score": self.score,
-            "metadata": dict(self.metadata),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreDetail:
-    """One stored result with its reason, evidence and judge accounting."""
-
-    metric: str
-    version: str
-    status: str
-    value: float | None
-    reason: str
-    details: Mapping[str, Any]
-    """The variant's evidence, as stored (see the metrics spec for each variant's keys)."""
-    model: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cost_usd: float | None
-    latency_ms: float | None
-    scored_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
-        return {
-            "metric": self.metric,
-            "version": self.version,
-            "status": self.status,
-            "value": self.value,
-            "reason": self.reason,
-            "details": dict(self.details),
-            "model": self.model,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cost_usd": self.cost_usd,
-            "latency_ms": self.latency_ms,
-            "scored_at": self.scored_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A scoring job, as ``recalltrace jobs list`` shows it."""
-
-    id: int
-    trace_id: str
-    metric: str
-    version: str
-    status: str
-    """The stored ``scoring_jobs.status``."""
-    problem: str | None
-    """``failed``, ``lease_expired`` (its worker died or stalled), ``overdue`` (due for long
-    and nobody takes it), ``reference_expired`` (the reference wait ran out but nobody closed
-    the job), or ``None`` for a healthy job."""
-    attempts: int
-    last_error: str | None
-    run_at: datetime
-    locked_by: str | None
-    lease_expires_at: datetime | None
-    updated_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (times as ISO 8601 strings)."""
-        return {
-            "id": self.id,
-            "trace_id": self.trace_id,
-            "metric": self.metric,
-            "version": self.version,
-            "status": self.status,
-            "problem": self.problem,
-            "attempts": self.attempts,
-            "last_error": self.last_error,
-            "run_at": self.run_at.isoformat(),
-            "locked_by": self.locked_by,
-            "lease_expires_at": (
-                None if self.lease_expires_at is None else self.lease_expires_at.isoformat()
-            ),
-            "updated_at": self.updated_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TraceDetail:
-    """One stored trace in full: inputs, contexts, answer, reference, scores and jobs."""
-
-    trace_id: str
-    app_name: str
-    service_name: str
-    started_at: datetime
-    duration_ms: float
-    user_input: str | None
-    response: str | None
-    reference: str | None
-    reference_contexts: Sequence[str] | None
-    reference_context_ids: Sequence[str] | None
-    metadata: Mapping[str, Any]
-    error: bool
-    notes: Sequence[str]
-    contexts: tuple[ContextRow, ...]
-    scores: tuple[ScoreDetail, ...]
-    """Every stored result, by metric then version."""
-    jobs: tuple[JobRow, ...]
-    """Every scoring job of the trace, including those not finished yet."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
-        return {
-            "trace_id": self.trace_id,
-            "app_name": self.app_name,
-            "service_name": self.service_name,
-            "started_at": self.started_at.isoformat(),
-            "duration_ms": self.duration_ms,
-            "user_input": self.user_input,
-            "response": self.response,
-            "reference": self.reference,
-            "reference_contexts": (
-                None if self.reference_contexts is None else list(self.reference_contexts)
-            ),
-            "reference_context_ids": (
-                None if self.reference_context_ids is None else list(self.reference_context_ids)
-            ),
-            "metadata": dict(self.metadata),
-            "error": self.error,
-            "notes": list(self.notes),
-            "contexts": [c.as_dict() for c in self.contexts],
-            "scores": [s.as_dict() for s in self.scores],
-            "jobs": [j.as_dict() for j in self.jobs],
-        }
+    return {check_metric(metric, current): version}
 
 
 # -- queries -----------------------------------------------------------------------------------
@@ -504,9 +211,20 @@ class History:
     ``metric`` narrow to one app name and one catalog metric.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, versions: Mapping[str, str]) -> None:
         self.engine = engine
-        self.is_postgres = is_postgres(engine)
+        self.versions = dict(versions)
+        self.dialect = Dialect(engine)
+
+    def check_metric(self, metric: str) -> str:
+        """Return ``metric`` if it is known, else raise :class:`UnknownMetric` listing them."""
+        return check_metric(metric, self.versions)
+
+    def metric_versions(
+        self, metric: str | None = None, version: str | None = None
+    ) -> dict[str, str]:
+        """The ``{metric: version}`` pairs a query reads (see :func:`metric_versions`)."""
+        return metric_versions(self.versions, metric, version)
 
     # -- shared filters --------------------------------------------------------------------
     @staticmethod
@@ -559,9 +277,9 @@ class History:
         """
         if bucket not in BUCKETS:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
-        versions = metric_versions(metric, version)
+        versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
-        if self.is_postgres:
+        if self.dialect.postgres:
             return self._summary_postgres(bucket, since, until, app, versions)
         return self._summary_python(bucket, conditions, versions)
 
@@ -611,31 +329,7 @@ class History:
                 and (until is None or start + step <= until)
                 and start + step <= now
             }
-            cached: dict[tuple[datetime, str], SummaryRow] = {}
-            if complete:
-                for r in conn.execute(
-                    select(SummaryCache).where(
-                        SummaryCache.bucket == bucket,
-                        SummaryCache.app_name == app_key,
-                        tuple_(SummaryCache.metric, SummaryCache.version).in_(
-                            list(versions.items())
-                        ),
-                        SummaryCache.bucket_start.in_(sorted(complete)),
-                    )
-                ):
-                    start = _utc(r.bucket_start)
-                    cached[(start, r.metric)] = SummaryRow(
-                        bucket_start=start,
-                        metric=r.metric,
-                        version=r.version,
-                        count=r.n_scored,
-                        mean=r.mean,
-                        p10=r.p10,
-                        p50=r.p50,
-                        p90=r.p90,
-                        skipped=r.n_skipped,
-                        failed=r.n_failed,
-                    )
+            cached = summary_cache.read(conn, bucket, app_key, versions, complete)
             wanted = [(b, m) for b in starts for m in metrics if (b, m) not in cached]
             params = {
                 "step": step,
@@ -649,54 +343,10 @@ class History:
                 # Filling the cache: hold the lock score writers share, so nothing can land
                 # in these buckets between computing them and storing the rows.
                 with self.engine.begin() as fill:
-                    fill.execute(select(func.pg_advisory_xact_lock(SUMMARY_LOCK_KEY)))
+                    summary_cache.lock_for_fill(fill)
                     fresh = self._aggregate(fill, wanted, versions, params, app)
                     storable = [r for r in fresh if r.bucket_start in complete]
-                    if storable:
-                        stmt = pg_insert(SummaryCache).values(
-                            [
-                                {
-                                    "bucket": bucket,
-                                    "bucket_start": r.bucket_start,
-                                    "metric": r.metric,
-                                    "version": r.version,
-                                    "app_name": app_key,
-                                    "n_scored": r.count,
-                                    "mean": r.mean,
-                                    "p10": r.p10,
-                                    "p50": r.p50,
-                                    "p90": r.p90,
-                                    "n_skipped": r.skipped,
-                                    "n_failed": r.failed,
-                                    "computed_at": now,
-                                }
-                                for r in storable
-                            ]
-                        )
-                        fill.execute(
-                            stmt.on_conflict_do_update(
-                                index_elements=[
-                                    "bucket",
-                                    "bucket_start",
-                                    "metric",
-                                    "version",
-                                    "app_name",
-                                ],
-                                set_={
-                                    k: stmt.excluded[k]
-                                    for k in (
-                                        "n_scored",
-                                        "mean",
-                                        "p10",
-                                        "p50",
-                                        "p90",
-                                        "n_skipped",
-                                        "n_failed",
-                                        "computed_at",
-                                    )
-                                },
-                            )
-                        )
+                    summary_cache.store(fill, bucket, app_key, storable, now)
             elif wanted:
                 fresh = self._aggregate(conn, wanted, versions, params, app)
         rows = list(cached.values()) + fresh
@@ -796,7 +446,7 @@ class History:
     ) -> WindowStats:
         """Count and mean of one metric's scored results over one window (plus skips, fails),
         at the metric's current catalog version or at ``version``."""
-        versions = metric_versions(metric, version)
+        versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
         scored = Score.status == "scored"
         stmt = select(
@@ -839,7 +489,7 @@ class History:
         """
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        versions = metric_versions(metric, version)
+        versions = self.metric_versions(metric, version)
         columns = (
             Score.trace_id,
             Score.metric,
@@ -997,7 +647,7 @@ class History:
     # -- jobs ------------------------------------------------------------------------------
     def _now(self, conn: Connection) -> datetime:
         """The database clock on Postgres (it decides leases there), else the local clock."""
-        if self.is_postgres:
+        if self.dialect.postgres:
             now: datetime = conn.execute(select(func.now())).scalar_one()
             return _utc(now)
         return datetime.now(timezone.utc)
@@ -1048,7 +698,7 @@ class History:
             raise ValueError("limit must be at least 1")
         common: list[ColumnElement[bool]] = []
         if metric is not None:
-            common.append(ScoringJob.metric == check_metric(metric))
+            common.append(ScoringJob.metric == self.check_metric(metric))
         if app is not None:
             check_filter_text("app", app)
             common.append(
@@ -1120,11 +770,3 @@ def _job_problem(
     if status == JobStatus.WAITING and expires_at is not None and expires_at < now:
         return "reference_expired"
     return None
-
-
-def group_by_metric(rows: Iterable[SummaryRow]) -> dict[str, list[SummaryRow]]:
-    """Summary rows split by metric, each list in bucket order (for charts)."""
-    series: dict[str, list[SummaryRow]] = {}
-    for row in sorted(rows, key=lambda r: (r.metric, r.bucket_start)):
-        series.setdefault(row.metric, []).append(row)
-    return series

@@ -21,9 +21,8 @@ from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.repository import Repository
-
-DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-TABLES = ("summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")
+from tests.support.factories import make_repository
+from tests.support.postgres import admin_engine, base_url, require_postgres, truncate_all
 
 
 @pytest.fixture(autouse=True)
@@ -42,47 +41,15 @@ def _litellm_route_restored() -> Iterator[None]:
         os.environ[LITELLM_HTTP_FLAG] = before
 
 
-def _base_url() -> str:
-    return os.environ.get("RECALLTRACE_TEST_DATABASE_URL", DEFAULT_TEST_URL)
-
-
-def _admin_engine() -> Engine:
-    return create_engine_from_url(
-        make_url(_base_url()).set(database="postgres").render_as_string(hide_password=False),
-        isolation_level="AUTOCOMMIT",
-        pool_size=1,
-    )
-
-
-def _postgres_reachable() -> str | None:
-    try:
-        engine = _admin_engine()
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        engine.dispose()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def require_postgres() -> None:
-    """Skip the calling test when Postgres is unreachable; fail it instead under CI=true."""
-    problem = _postgres_reachable()
-    if problem is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Postgres is required under CI=true but unreachable: {problem}")
-        pytest.skip(f"Postgres unreachable: {problem}")
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """URL of a fresh, migrated Postgres database for this test session."""
     require_postgres()
     name = f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = _admin_engine()
+    admin = admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(_base_url()).set(database=name).render_as_string(hide_password=False)
+    url = make_url(base_url()).set(database=name).render_as_string(hide_password=False)
     upgrade(url)
     try:
         yield url
@@ -90,16 +57,6 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
-
-
-def truncate_all(engine: Engine) -> None:
-    """Empty every recalltrace table."""
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
-        else:
-            for table in TABLES:
-                conn.execute(text(f"DELETE FROM {table}"))
 
 
 @pytest.fixture
@@ -134,7 +91,7 @@ def database_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def repo(database_url: str) -> Iterator[Repository]:
     """A repository on each backend."""
-    repository = Repository(create_engine_from_url(database_url))
+    repository = make_repository(create_engine_from_url(database_url))
     yield repository
     repository.dispose()
 
@@ -142,4 +99,4 @@ def repo(database_url: str) -> Iterator[Repository]:
 @pytest.fixture
 def pg_repo(pg_engine: Engine) -> Repository:
     """A repository on Postgres only (for the multi-worker cases)."""
-    return Repository(pg_engine)
+    return make_repository(pg_engine)

@@ -23,6 +23,7 @@ from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import TracerStats, register_instruments
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
+from recalltrace.tracer._sinks import open_default_sink
 from recalltrace.tracer._state import TraceState, assemble_record
 from recalltrace.tracer._writer import BatchWriter
 
@@ -90,11 +91,8 @@ class Runtime:
     def _open_sink(self) -> TraceSink:
         if self.config.sink is not None:
             return self.config.sink
-        # Imported here, on the writer thread: this pulls in SQLAlchemy.
-        from recalltrace.storage import open_repository
-
-        sink: TraceSink = open_repository(self.config.database_url)
-        return sink
+        # Called here, on the writer thread: opening the repository pulls in SQLAlchemy.
+        return open_default_sink(self.config.database_url)
 
     def _assemble(self, state: TraceState) -> TraceRecord:
         return assemble_record(state, self.scrubber, self.config.max_text_length)

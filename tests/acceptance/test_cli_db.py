@@ -73,7 +73,7 @@ def test_console_script_is_installed() -> None:
 def test_db_prune_reports_then_deletes_old_traces(tmp_path: Path) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from recalltrace.storage.repository import open_repository
+    from recalltrace import open_repository
     from tests.support.factories import make_trace
 
     url = f"sqlite:///{tmp_path / 'prune.db'}"
@@ -102,8 +102,8 @@ def test_recalltrace_metrics_limits_the_jobs_a_trace_gets(
 ) -> None:
     from sqlalchemy import select
 
+    from recalltrace import open_repository
     from recalltrace.storage.models import ScoringJob
-    from recalltrace.storage.repository import open_repository
     from tests.support.factories import make_trace
 
     url = f"sqlite:///{tmp_path / 'metrics.db'}"

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import Score, Trace
-from tests.conftest import truncate_all
 from tests.support.judge_server import JudgeServer
+from tests.support.postgres import truncate_all
 
 
 def run_demo(*args: str, cwd: Path, extra_env: dict[str, str] | None = None) -> str:

@@ -29,9 +29,8 @@ from recalltrace.scorers.catalog import CATALOG
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.records import TraceRecord
-from recalltrace.storage.repository import Repository
-from tests.conftest import _admin_engine, _base_url, truncate_all
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
+from tests.support.postgres import admin_engine, base_url, truncate_all
 
 METRICS = (
     "llm_context_recall",
@@ -204,7 +203,7 @@ def _seed(url: str, now: datetime) -> list[tuple[TraceRecord, list[Result]]]:
     engine = create_engine_from_url(url)
     try:
         truncate_all(engine)
-        repo = Repository(engine, metrics=METRICS)
+        repo = make_repository(engine, metrics=METRICS)
         repo.write_traces([t for t, _ in plan])
         wanted = {(t.trace_id, r.metric): r for t, results in plan for r in results}
         jobs = repo.claim_jobs("seed", limit=1000, lease=timedelta(minutes=5))
@@ -642,11 +641,11 @@ def test_unmigrated_and_missing_sqlite_databases(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_unmigrated_postgres_database(postgres_url: str) -> None:
     name = f"rt_hist_empty_{uuid.uuid4().hex[:8]}"
-    admin = _admin_engine()
+    admin = admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        url = make_url(_base_url()).set(database=name).render_as_string(hide_password=False)
+        url = make_url(base_url()).set(database=name).render_as_string(hide_password=False)
         for result in run_all(
             ("scores", "summary"),
             ("check", "--metric", "llm_context_recall", "--min", "0.5"),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recalltrace.storage.repository import open_repository
+from recalltrace import open_repository
 from tests.support.factories import make_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from recalltrace.storage.history import History, SummaryRow, TraceNotFound, Unkn
 from recalltrace.storage.models import JobStatus, Score
 from recalltrace.storage.records import TraceRecord
 from recalltrace.storage.repository import Repository
-from tests.conftest import truncate_all
-from tests.support.factories import make_trace
+from tests.support.factories import make_history, make_repository, make_trace
+from tests.support.postgres import truncate_all
 
 METRICS = ("llm_context_recall", "id_based_context_recall", "chunk_context_recall")
 T0 = datetime(2026, 11, 10, tzinfo=timezone.utc)
@@ -83,12 +83,12 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def repo(engine: Engine) -> Repository:
-    return Repository(engine, metrics=METRICS)
+    return make_repository(engine, metrics=METRICS)
 
 
 @pytest.fixture
 def history(engine: Engine) -> History:
-    return History(engine)
+    return make_history(engine)
 
 
 def test_daily_summary_counts_means_and_percentiles(repo: Repository, history: History) -> None:
@@ -388,7 +388,7 @@ def test_trace_detail_has_everything_stored(repo: Repository, history: History) 
 
 
 def test_problem_jobs_finds_failed_and_stuck_jobs(engine: Engine, history: History) -> None:
-    repo = Repository(engine, metrics=["id_based_context_recall"])
+    repo = make_repository(engine, metrics=["id_based_context_recall"])
     traces = [trace_at(T0 + timedelta(minutes=i), app=f"app{i}") for i in range(4)]
     repo.write_traces(traces)
     jobs = {j.trace_id: j for j in repo.claim_jobs("w", limit=10, lease=timedelta(minutes=5))}
@@ -398,7 +398,7 @@ def test_problem_jobs_finds_failed_and_stuck_jobs(engine: Engine, history: Histo
     # traces[2]'s job stays running; its worker "dies" when the lease runs out.
     dead = repo.claim_jobs("dead", limit=1, lease=timedelta(milliseconds=50))
     assert [j.trace_id for j in dead] == [traces[3].trace_id]
-    waiting_repo = Repository(
+    waiting_repo = make_repository(
         engine, metrics=["llm_context_recall"], reference_ttl=timedelta(milliseconds=50)
     )
     no_reference = make_trace(reference=None, started_at=T0, app_name="app9")
@@ -450,8 +450,8 @@ def test_sqlite_and_postgres_give_the_same_summary(sqlite_url: str, postgres_url
     for url in (sqlite_url, postgres_url):
         engine = create_engine_from_url(url)
         truncate_all(engine)
-        seed(Repository(engine, metrics=METRICS), plan)
-        history = History(engine)
+        seed(make_repository(engine, metrics=METRICS), plan)
+        history = make_history(engine)
         summaries[engine.dialect.name] = [
             history.summary(bucket="day"),
             history.summary(bucket="hour", app="a", since=T0 + timedelta(hours=5)),

@@ -81,7 +81,7 @@ def test_percentile_matches_inclusive_quantiles(values: list[float]) -> None:
 def test_chart_keeps_time_linear_and_breaks_lines_at_gaps() -> None:
     import xml.etree.ElementTree as ET
 
-    from recalltrace.cli._history import render_svg
+    from recalltrace.cli._charts import render_svg
     from recalltrace.storage.history import SummaryRow
 
     def row(day: int, mean: float | None, count: int) -> SummaryRow:

@@ -14,18 +14,18 @@ from sqlalchemy.engine import make_url
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from recalltrace.storage.models import Base
-from tests.conftest import _admin_engine, _base_url, require_postgres
+from tests.support.postgres import admin_engine, base_url, require_postgres
 
 
 @pytest.fixture
 def empty_postgres_url() -> Iterator[str]:
     require_postgres()
     name = f"rt_migr_{uuid.uuid4().hex[:10]}"
-    admin = _admin_engine()
+    admin = admin_engine()
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield make_url(_base_url()).set(database=name).render_as_string(hide_password=False)
+        yield make_url(base_url()).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -17,7 +17,7 @@ from recalltrace.scorers.catalog import CATALOG
 from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.storage.repository import Repository, TraceNotFound
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def test_a_retried_job_that_fails_again_stores_its_new_reason(repo: Repository) 
 def test_retrying_more_failed_jobs_than_one_delete_takes_clears_every_failure(
     repo: Repository,
 ) -> None:
-    narrow = Repository(repo.engine, metrics=["llm_context_recall"])
+    narrow = make_repository(repo.engine, metrics=["llm_context_recall"])
     narrow.write_traces([make_trace(contexts=1, context_chars=20) for _ in range(1203)])
     jobs = narrow.claim_jobs("w", limit=2000, lease=timedelta(minutes=5))
     failure = ScoreValue("llm_context_recall", None, "failed", reason="No judge.")
@@ -229,7 +229,7 @@ def test_release_gives_jobs_back(repo: Repository) -> None:
 
 
 def test_reschedule_consumes_attempts_until_failed(repo: Repository) -> None:
-    repo = Repository(repo.engine, metrics=["id_based_context_recall"], max_attempts=2)
+    repo = make_repository(repo.engine, metrics=["id_based_context_recall"], max_attempts=2)
     repo.write_traces([make_trace(reference_context_ids=["doc_1"])])
     (job,) = repo.claim_jobs("w", limit=1, lease=timedelta(minutes=1))
     status = repo.reschedule_job(job, delay=timedelta(0), error="bad answer", consume_attempt=True)
@@ -249,7 +249,7 @@ def test_reschedule_consumes_attempts_until_failed(repo: Repository) -> None:
 
 
 def test_transient_reschedule_keeps_attempts_and_respects_backoff(repo: Repository) -> None:
-    repo = Repository(repo.engine, metrics=["id_based_context_recall"])
+    repo = make_repository(repo.engine, metrics=["id_based_context_recall"])
     repo.write_traces([make_trace(reference_context_ids=["doc_1"])])
     (job,) = repo.claim_jobs("w", limit=1, lease=timedelta(minutes=1))
     repo.reschedule_job(job, delay=timedelta(seconds=60), error="429", consume_attempt=False)
@@ -294,7 +294,7 @@ def test_unknown_trace_reference_is_an_error(repo: Repository) -> None:
 def test_reference_ttl_skips_then_a_late_reference_still_scores(database_url: str) -> None:
     from recalltrace.storage.db import create_engine_from_url
 
-    repo = Repository(
+    repo = make_repository(
         create_engine_from_url(database_url),
         metrics=["llm_context_recall"],
         reference_ttl=timedelta(milliseconds=200),
@@ -318,7 +318,7 @@ def test_reference_ttl_skips_then_a_late_reference_still_scores(database_url: st
 
 
 def test_backfill_creates_missing_jobs_once(repo: Repository) -> None:
-    narrow = Repository(repo.engine, metrics=["chunk_context_recall"])
+    narrow = make_repository(repo.engine, metrics=["chunk_context_recall"])
     traces = [make_trace() for _ in range(4)]
     narrow.write_traces(traces)
     assert count(repo, select(func.count()).select_from(ScoringJob)) == 4
@@ -335,7 +335,7 @@ def test_backfill_after_a_version_change_skips_traces_that_have_the_new_version(
     repo: Repository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = "chunk_context_recall"
-    narrow = Repository(repo.engine, metrics=[key])
+    narrow = make_repository(repo.engine, metrics=[key])
     traces = [make_trace() for _ in range(3)]
     narrow.write_traces(traces)  # jobs of version 1
     monkeypatch.setitem(CATALOG, key, dataclasses.replace(CATALOG[key], version="2"))
@@ -343,7 +343,9 @@ def test_backfill_after_a_version_change_skips_traces_that_have_the_new_version(
     (job,) = narrow.claim_jobs("w", limit=1, lease=timedelta(minutes=1))
     assert narrow.finish_job(job, ScoreValue(metric=key, value=0.5, version="2")) is True
 
-    assert repo.create_jobs(metrics=[key]) == 2
+    # The deploy that brings version 2 opens its repository with the new catalog.
+    upgraded = make_repository(repo.engine)
+    assert upgraded.create_jobs(metrics=[key]) == 2
     with repo.engine.connect() as conn:
         new_jobs = conn.execute(
             select(ScoringJob.trace_id).where(ScoringJob.version == "2")
@@ -361,7 +363,7 @@ def test_nan_score_is_refused(repo: Repository) -> None:
 
 @pytest.mark.postgres
 def test_eight_concurrent_claimers_take_every_job_exactly_once(pg_repo: Repository) -> None:
-    repo = Repository(pg_repo.engine, metrics=["chunk_context_recall"])
+    repo = make_repository(pg_repo.engine, metrics=["chunk_context_recall"])
     traces = [make_trace(contexts=1, context_chars=20) for _ in range(5000)]
     for start in range(0, len(traces), 1000):
         repo.write_traces(traces[start : start + 1000])

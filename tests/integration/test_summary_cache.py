@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import Engine, delete, func, select
 
 from recalltrace.scorers import ScoreResult
-from recalltrace.storage.history import History
+from recalltrace.storage import summary_cache
 from recalltrace.storage.models import SummaryCache
 from recalltrace.storage.repository import Repository
-from tests.support.factories import make_trace
+from tests.support.factories import make_history, make_repository, make_trace
 
 pytestmark = pytest.mark.postgres
 
@@ -43,8 +43,8 @@ def cache_rows(engine: Engine) -> int:
 
 
 def test_complete_buckets_are_cached_and_a_new_score_invalidates_them(pg_engine: Engine) -> None:
-    repo = Repository(pg_engine, metrics=[METRIC])
-    history = History(pg_engine)
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
     day = datetime.now(timezone.utc).replace(hour=10, minute=0, second=0, microsecond=0)
     three_days_ago = day - timedelta(days=3)
     score_traces(repo, three_days_ago, [0.0, 0.5, 1.0])
@@ -61,8 +61,8 @@ def test_complete_buckets_are_cached_and_a_new_score_invalidates_them(pg_engine:
 
 
 def test_cached_and_live_summaries_agree(pg_engine: Engine) -> None:
-    repo = Repository(pg_engine, metrics=[METRIC])
-    history = History(pg_engine)
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
     now = datetime.now(timezone.utc)
     for days in range(6):
         score_traces(repo, now - timedelta(days=days, hours=1), [0.1 * days, 0.2, 0.9])
@@ -79,16 +79,18 @@ def test_cached_and_live_summaries_agree(pg_engine: Engine) -> None:
 
 
 def test_the_bucket_still_filling_is_never_cached(pg_engine: Engine) -> None:
-    repo = Repository(pg_engine, metrics=[METRIC])
+    repo = make_repository(pg_engine, metrics=[METRIC])
     score_traces(repo, datetime.now(timezone.utc) - timedelta(seconds=5), [1.0])
-    History(pg_engine).summary(bucket="day", metric=METRIC)
+    make_history(pg_engine).summary(bucket="day", metric=METRIC)
     assert cache_rows(pg_engine) == 0
 
 
-def test_a_fill_waits_for_a_score_being_written_into_its_bucket(pg_engine: Engine) -> None:
+def test_a_fill_waits_for_a_score_being_written_into_its_bucket(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without the lock, the fill could store a row computed before the score committed."""
-    repo = Repository(pg_engine, metrics=[METRIC])
-    history = History(pg_engine)
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
     past = datetime.now(timezone.utc) - timedelta(days=2)
     score_traces(repo, past, [1.0])
     late = make_trace(started_at=past, reference_context_ids=["doc_1"])
@@ -98,14 +100,14 @@ def test_a_fill_waits_for_a_score_being_written_into_its_bucket(pg_engine: Engin
     results: list[Any] = []
     writer_inside = threading.Event()
     release_writer = threading.Event()
-    original = repo._invalidate_summaries
+    original = summary_cache.invalidate
 
-    def slow_invalidate(conn: Any, touched: Any) -> None:
-        original(conn, touched)
+    def slow_invalidate(conn: Any, dialect: Any, touched: Any) -> None:
+        original(conn, dialect, touched)
         writer_inside.set()
         release_writer.wait(10)  # hold the transaction (and the shared lock) open
 
-    repo._invalidate_summaries = slow_invalidate  # type: ignore[method-assign]
+    monkeypatch.setattr(summary_cache, "invalidate", slow_invalidate)
     writer = threading.Thread(target=repo.finish_jobs, args=([(job, Result(METRIC, 0.0))],))
     writer.start()
     assert writer_inside.wait(10)
@@ -124,8 +126,8 @@ def test_a_fill_waits_for_a_score_being_written_into_its_bucket(pg_engine: Engin
 
 
 def test_deleting_old_traces_drops_their_cached_buckets(pg_engine: Engine) -> None:
-    repo = Repository(pg_engine, metrics=[METRIC])
-    history = History(pg_engine)
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
     hour = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     hour -= timedelta(days=3)
     score_traces(repo, hour.replace(minute=10), [1.0])

@@ -19,6 +19,7 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.history import History
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.storage.repository import Repository, TraceNotFound
+from tests.support.factories import make_history, make_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def stored(database_url: str) -> Iterator[History]:
         shutdown_timeout=5.0,
     )
     engine = create_engine_from_url(database_url)
-    yield History(engine)
+    yield make_history(engine)
     recalltrace.shutdown(5)
     engine.dispose()
 
@@ -131,7 +132,7 @@ def test_many_traces_arrive(stored: History, database_url: str) -> None:
     for i in range(60):
         answer(f"question {i}")
     assert recalltrace.flush(20)
-    repository = Repository(create_engine_from_url(database_url))
+    repository = make_repository(create_engine_from_url(database_url))
     try:
         with pytest.raises(TraceNotFound):
             repository.attach_reference(ReferenceUpdate(trace_id="f" * 32, reference="x"))
@@ -160,7 +161,7 @@ class LostAcknowledgement:
 
 
 def test_retried_batch_is_stored_once(database_url: str) -> None:
-    repository = Repository(create_engine_from_url(database_url))
+    repository = make_repository(create_engine_from_url(database_url))
     sink = LostAcknowledgement(repository)
     recalltrace.configure(
         sink=sink, tracer_provider=TracerProvider(), flush_interval=0.05, retry_backoff=0.01
@@ -171,7 +172,7 @@ def test_retried_batch_is_stored_once(database_url: str) -> None:
         assert recalltrace.flush(20)
         assert sink.calls >= 2
         assert len(_all_trace_ids(database_url)) == 20
-        history = History(repository.engine)
+        history = make_history(repository.engine)
         for trace_id in _all_trace_ids(database_url):
             metrics = [job.metric for job in history.trace(trace_id).jobs]
             assert len(metrics) == len(set(metrics)), "no duplicate scoring jobs"
@@ -209,7 +210,7 @@ def test_environment_only_short_lived_process_writes_at_exit(tmp_path: Path) -> 
     env = {**os.environ, "RECALLTRACE_DATABASE_URL": url, "OTEL_SERVICE_NAME": "cron"}
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env=env, cwd=tmp_path)
     (trace_id,) = _all_trace_ids(url)
-    detail = History(create_engine_from_url(url)).trace(trace_id)
+    detail = make_history(create_engine_from_url(url)).trace(trace_id)
     assert (detail.app_name, detail.service_name, detail.user_input) == (
         "batch-job",
         "cron",

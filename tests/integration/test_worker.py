@@ -22,8 +22,7 @@ from recalltrace.scorers.worker import Worker, WorkerOptions
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
 from recalltrace.storage.records import ReferenceUpdate
-from recalltrace.storage.repository import Repository
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer, Reply
 
 
@@ -82,7 +81,7 @@ def worker_for(url: str, telemetry: Telemetry | None = None, **options: Any) -> 
     defaults.update(options)
     return Worker(
         WorkerOptions(**defaults),
-        repository=Repository(create_engine_from_url(url)),
+        repository=make_repository(create_engine_from_url(url)),
         telemetry=(telemetry or Telemetry()).worker,
     )
 
@@ -118,7 +117,7 @@ def job_counts(url: str) -> dict[str, int]:
 
 
 def test_once_scores_every_variant_with_a_judge(database_url: str, judge: JudgeServer) -> None:
-    repo = Repository(create_engine_from_url(database_url))
+    repo = make_repository(create_engine_from_url(database_url))
     repo.write_traces([full_trace() for _ in range(5)])
     telemetry = Telemetry()
     worker = worker_for(database_url, telemetry, judge=judge_config(judge))
@@ -147,7 +146,7 @@ def test_the_worker_skips_the_openai_sdk_unless_told_not_to(
     sqlite_url: str, judge: JudgeServer, monkeypatch: pytest.MonkeyPatch, litellm_http: bool
 ) -> None:
     monkeypatch.delenv(LITELLM_HTTP_FLAG, raising=False)
-    repo = Repository(create_engine_from_url(sqlite_url))
+    repo = make_repository(create_engine_from_url(sqlite_url))
     repo.write_traces([full_trace()])
     worker = worker_for(
         sqlite_url,
@@ -164,7 +163,7 @@ def test_the_worker_skips_the_openai_sdk_unless_told_not_to(
 
 
 def test_without_a_judge_only_non_llm_variants_are_claimed(sqlite_url: str) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url))
+    repo = make_repository(create_engine_from_url(sqlite_url))
     repo.write_traces([full_trace() for _ in range(3)])
     worker = worker_for(sqlite_url)
     assert worker.not_configured == [
@@ -188,7 +187,7 @@ def test_naming_an_llm_metric_without_a_judge_is_a_clear_error(sqlite_url: str) 
 
 
 def test_rate_limit_storm_and_500s_end_in_scores(database_url: str) -> None:
-    repo = Repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
+    repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace() for _ in range(12)])
     with JudgeServer(rate_429=0.5, rate_500=0.2, seed=7) as server:
         telemetry = Telemetry()
@@ -222,7 +221,7 @@ def test_rate_limit_storm_and_500s_end_in_scores(database_url: str) -> None:
 
 
 def test_bad_api_key_pauses_instead_of_failing_every_job(database_url: str) -> None:
-    repo = Repository(create_engine_from_url(database_url))
+    repo = make_repository(create_engine_from_url(database_url))
     repo.write_traces([full_trace() for _ in range(10)])
     with JudgeServer(
         handler=lambda _req: Reply.error(401, {"error": {"message": "Incorrect API key"}})
@@ -244,7 +243,7 @@ def test_bad_api_key_pauses_instead_of_failing_every_job(database_url: str) -> N
 
 
 def test_invalid_answers_consume_attempts_then_fail_with_reason(sqlite_url: str) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url), metrics=["judge_context_recall"])
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace()])
     with JudgeServer(handler=lambda _req: Reply.raw('{"context_recall_score": 7')) as server:
         worker = worker_for(
@@ -268,7 +267,9 @@ def test_invalid_answers_consume_attempts_then_fail_with_reason(sqlite_url: str)
 
 
 def test_late_reference_is_scored_after_it_arrives(database_url: str) -> None:
-    repo = Repository(create_engine_from_url(database_url), metrics=["id_based_context_recall"])
+    repo = make_repository(
+        create_engine_from_url(database_url), metrics=["id_based_context_recall"]
+    )
     trace = make_trace(reference=None)
     repo.write_traces([trace])
     worker = worker_for(database_url, metrics=["id_based_context_recall"])
@@ -281,7 +282,7 @@ def test_late_reference_is_scored_after_it_arrives(database_url: str) -> None:
 
 
 def test_reference_ttl_ends_waiting_jobs_skipped(sqlite_url: str) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url), metrics=["llm_context_recall"])
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["llm_context_recall"])
     repo.write_traces([make_trace(reference=None)])
     worker = worker_for(sqlite_url, metrics=["non_llm_context_recall"], reference_ttl_s=0.1)
     time.sleep(0.2)
@@ -293,7 +294,7 @@ def test_reference_ttl_ends_waiting_jobs_skipped(sqlite_url: str) -> None:
 
 
 def test_metrics_names_units_attributes_and_events(sqlite_url: str, judge: JudgeServer) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url))
+    repo = make_repository(create_engine_from_url(sqlite_url))
     traces = [full_trace(app_name="faq-bot") for _ in range(3)]
     repo.write_traces(traces)
     telemetry = Telemetry()
@@ -355,7 +356,7 @@ def test_metrics_names_units_attributes_and_events(sqlite_url: str, judge: Judge
 
 
 def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) -> None:
-    repo = Repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
+    repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace() for _ in range(4)])
     with JudgeServer(latency=10.0) as server:
         worker = worker_for(
@@ -377,7 +378,7 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
 
 
 def test_queue_gauges_cover_only_the_variants_this_worker_scores(sqlite_url: str) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url))
+    repo = make_repository(create_engine_from_url(sqlite_url))
     repo.write_traces([full_trace() for _ in range(2)])
     telemetry = Telemetry()
     worker = worker_for(sqlite_url, telemetry)  # no judge: the LLM variants stay queued
@@ -395,7 +396,7 @@ def test_queue_gauges_cover_only_the_variants_this_worker_scores(sqlite_url: str
 
 
 def test_malformed_stored_inputs_fail_at_once_with_the_reason(sqlite_url: str) -> None:
-    repo = Repository(create_engine_from_url(sqlite_url), metrics=["non_llm_context_recall"])
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["non_llm_context_recall"])
     trace = full_trace()
     trace.reference_contexts = ["Paris is the capital.", 42]  # type: ignore[list-item]
     repo.write_traces([trace])
@@ -413,7 +414,7 @@ def test_malformed_stored_inputs_fail_at_once_with_the_reason(sqlite_url: str) -
 
 
 def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
-    repo = Repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
+    repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace()])
     sweeps: list[int] = []
     with JudgeServer(latency=2.0) as server:
@@ -446,7 +447,7 @@ def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
 
 @pytest.mark.postgres
 def test_an_idle_worker_wakes_on_notify_not_on_its_poll_interval(pg_engine: Any) -> None:
-    repo = Repository(pg_engine, metrics=["id_based_context_recall"])
+    repo = make_repository(pg_engine, metrics=["id_based_context_recall"])
     url = pg_engine.url.render_as_string(hide_password=False)
     worker = worker_for(url, metrics=["id_based_context_recall"], poll_interval_s=30.0, listen=True)
     runner = threading.Thread(target=lambda: asyncio.run(worker.run()))

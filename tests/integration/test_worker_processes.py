@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
 from recalltrace.storage.repository import Repository
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import start_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_four_worker_processes_score_every_job_exactly_once(
     pg_engine: Any, judge_url: str, postgres_url: str
 ) -> None:
     metrics = ["non_llm_context_recall", "id_based_context_recall", "judge_context_recall"]
-    repo = Repository(pg_engine, metrics=metrics)
+    repo = make_repository(pg_engine, metrics=metrics)
     traces = [
         make_trace(
             contexts=2,
@@ -147,7 +147,7 @@ def test_four_worker_processes_score_every_job_exactly_once(
 def test_sigkill_mid_batch_loses_nothing_and_doubles_nothing(
     pg_engine: Any, slow_judge_url: str, judge_url: str, postgres_url: str
 ) -> None:
-    repo = Repository(pg_engine, metrics=["judge_context_recall"])
+    repo = make_repository(pg_engine, metrics=["judge_context_recall"])
     repo.write_traces([make_trace() for _ in range(30)])
     victim = spawn(
         worker_cmd(
@@ -186,7 +186,7 @@ def test_sigkill_mid_batch_loses_nothing_and_doubles_nothing(
 def test_sigterm_exits_cleanly_and_gives_leases_back(
     pg_engine: Any, slow_judge_url: str, postgres_url: str
 ) -> None:
-    repo = Repository(pg_engine, metrics=["judge_context_recall"])
+    repo = make_repository(pg_engine, metrics=["judge_context_recall"])
     repo.write_traces([make_trace() for _ in range(6)])
     proc = spawn(
         worker_cmd(
@@ -216,7 +216,7 @@ def test_sigterm_exits_cleanly_and_gives_leases_back(
 def test_prometheus_endpoint_serves_the_recall_histogram(
     pg_engine: Any, judge_url: str, postgres_url: str
 ) -> None:
-    repo = Repository(pg_engine, metrics=["id_based_context_recall", "llm_context_recall"])
+    repo = make_repository(pg_engine, metrics=["id_based_context_recall", "llm_context_recall"])
     repo.write_traces(
         [
             make_trace(app_name="shop-assistant", reference_context_ids=["doc_1", "x"])

@@ -26,7 +26,7 @@ from recalltrace.scorers._result import ScoreResult
 from recalltrace.storage.models import Score, ScoringJob, Trace
 from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import ROOT, python_env
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 
 pytestmark = pytest.mark.postgres
 
@@ -81,7 +81,7 @@ def counts(repo: Repository) -> dict[str, int]:
 
 @pytest.fixture
 def stored(pg_engine: Any) -> Repository:
-    repo = Repository(pg_engine, metrics=["id_based_context_recall"])
+    repo = make_repository(pg_engine, metrics=["id_based_context_recall"])
     traces = [make_trace(app_name=name, reference_context_ids=["doc_0"]) for name in
               ("support-bot", "support-bot", HOSTILE_APP)]  # fmt: skip
     repo.write_traces(traces)

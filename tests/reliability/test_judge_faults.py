@@ -25,9 +25,8 @@ from sqlalchemy import select
 from recalltrace.scorers import JudgeConfig
 from recalltrace.scorers.worker import Worker, WorkerOptions
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
-from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import unfinished, wait_until
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer, Reply, auto_answer
 
 pytestmark = pytest.mark.postgres
@@ -139,7 +138,7 @@ def judge() -> Iterator[JudgeServer]:
 
 
 def test_every_job_ends_scored_or_failed_with_a_reason(pg_engine: Any, judge: JudgeServer) -> None:
-    repo = Repository(pg_engine, metrics=[METRIC])
+    repo = make_repository(pg_engine, metrics=[METRIC])
     expected: dict[str, str] = {}
     traces = []
     for fault in FAULTS:
@@ -176,7 +175,7 @@ def test_every_job_ends_scored_or_failed_with_a_reason(pg_engine: Any, judge: Ju
             grace_period_s=5.0,
             listen=False,
         ),
-        repository=Repository(pg_engine, metrics=[METRIC]),
+        repository=make_repository(pg_engine, metrics=[METRIC]),
     )
     outcome: dict[str, Any] = {}
 

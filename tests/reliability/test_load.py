@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from recalltrace.storage.db import create_engine_from_url
-from tests.conftest import truncate_all
 from tests.reliability.load import rss_growth_mib, run_load
+from tests.support.postgres import truncate_all
 
 pytestmark = pytest.mark.postgres
 

@@ -15,8 +15,8 @@ import recalltrace
 from recalltrace.scorers import JudgeConfig
 from recalltrace.scorers.worker import Worker, WorkerOptions
 from recalltrace.storage.db import create_engine_from_url
-from recalltrace.storage.repository import Repository
 from tests.reliability.secrets_corpus import ANSWER, DOCUMENTS, METADATA, QUESTION, SECRETS
+from tests.support.factories import make_repository
 from tests.support.judge_server import JudgeServer
 from tests.support.tracer_helpers import make_traced
 
@@ -103,7 +103,7 @@ def test_the_judge_never_receives_what_scrubbing_removed(postgres_url: str) -> N
                 poll_interval_s=0.05,
                 listen=False,
             ),
-            repository=Repository(create_engine_from_url(postgres_url)),
+            repository=make_repository(create_engine_from_url(postgres_url)),
         )
         try:
             stats = asyncio.run(worker.run(once=True))

@@ -13,12 +13,13 @@ import pytest
 from sqlalchemy import delete, func, select
 
 from recalltrace.scorers import JudgeConfig
+from recalltrace.scorers.catalog import job_specs
 from recalltrace.scorers.worker import Worker, WorkerOptions
 from recalltrace.storage.models import JobStatus, Score, ScoringJob, Trace
 from recalltrace.storage.records import ContextRecord
 from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import job_statuses, unfinished, wait_until
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer
 
 pytestmark = pytest.mark.postgres
@@ -57,7 +58,7 @@ def start_worker(pg_engine: Any, judge: JudgeServer, metrics: list[str]) -> Any:
             maintenance_interval_s=0.2,
             listen=False,
         ),
-        repository=Repository(pg_engine, metrics=metrics),
+        repository=make_repository(pg_engine, metrics=metrics),
     )
     thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
     thread.start()
@@ -68,7 +69,7 @@ def test_traces_deleted_while_scored_do_not_block_the_others(
     pg_engine: Any, judge: JudgeServer
 ) -> None:
     metric = "judge_context_recall"
-    repo = Repository(pg_engine, metrics=[metric])
+    repo = make_repository(pg_engine, metrics=[metric])
     traces = [make_trace() for _ in range(10)]
     repo.write_traces(traces)
     judge.latency = 1.0
@@ -97,7 +98,7 @@ def test_traces_deleted_while_scored_do_not_block_the_others(
 def test_large_and_strange_traces_are_scored_or_failed_never_stuck(
     pg_engine: Any, judge: JudgeServer
 ) -> None:
-    repo = Repository(pg_engine, metrics=ALL_METRICS)
+    repo = make_repository(pg_engine, metrics=ALL_METRICS)
     huge = make_trace(contexts=0, reference_contexts=["x" * 100_000], reference_context_ids=["a"])
     huge.retrieved_contexts = [
         ContextRecord(content=("lorem ipsum " * 9000)[:100_000], id=f"d{i}") for i in range(8)
@@ -127,7 +128,7 @@ def test_a_judge_model_name_longer_than_its_column_still_stores_scores(
     pg_engine: Any, judge: JudgeServer
 ) -> None:
     metric = "judge_context_recall"
-    repo = Repository(pg_engine, metrics=[metric, "id_based_context_recall"])
+    repo = make_repository(pg_engine, metrics=[metric, "id_based_context_recall"])
     repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(4)])
     worker = Worker(
         WorkerOptions(
@@ -142,7 +143,7 @@ def test_a_judge_model_name_longer_than_its_column_still_stores_scores(
             poll_interval_s=0.05,
             listen=False,
         ),
-        repository=Repository(pg_engine, metrics=[metric]),
+        repository=make_repository(pg_engine, metrics=[metric]),
     )
     thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
     thread.start()
@@ -160,7 +161,7 @@ class RefusingRepository(Repository):
     a stale cache key), which held every score of the worker behind one bad row."""
 
     def __init__(self, engine: Any, refused: str, **kwargs: Any) -> None:
-        super().__init__(engine, **kwargs)
+        super().__init__(engine, specs=job_specs(), **kwargs)
         self.refused = refused
 
     def finish_jobs(self, outcomes: Any) -> list[bool]:
@@ -172,7 +173,7 @@ class RefusingRepository(Repository):
 def test_a_score_storage_refuses_fails_its_job_and_the_rest_are_stored(pg_engine: Any) -> None:
     metric = "id_based_context_recall"
     traces = [make_trace(reference_context_ids=["doc_0"]) for _ in range(12)]
-    Repository(pg_engine, metrics=[metric]).write_traces(traces)
+    make_repository(pg_engine, metrics=[metric]).write_traces(traces)
     worker = Worker(
         WorkerOptions(metrics=[metric], poll_interval_s=0.05, listen=False, batch_size=32),
         repository=RefusingRepository(pg_engine, traces[3].trace_id, metrics=[metric]),

@@ -21,9 +21,8 @@ from sqlalchemy import select
 
 from recalltrace import scorers
 from recalltrace.storage.models import JobStatus, Score
-from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import job_statuses, spawn, start_judge, worker_args
-from tests.support.factories import make_trace
+from tests.support.factories import make_repository, make_trace
 
 pytestmark = pytest.mark.postgres
 
@@ -94,7 +93,7 @@ def run_kill_rounds(
     pg_engine: Any, postgres_url: str, judge_url: str, *, rounds: int, traces: int, seed: int
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    repo = Repository(pg_engine, metrics=METRICS)
+    repo = make_repository(pg_engine, metrics=METRICS)
     written = [
         make_trace(
             contexts=3,

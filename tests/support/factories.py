@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+from sqlalchemy import Engine
+
+from recalltrace.scorers.catalog import current_versions, job_specs
+from recalltrace.storage.history import History
 from recalltrace.storage.records import ContextRecord, TraceRecord
+from recalltrace.storage.repository import Repository
 
 
 def new_trace_id() -> str:
@@ -49,3 +55,13 @@ def make_trace(
         reference_context_ids=reference_context_ids,
         metadata={"user_tier": "pro"},
     )
+
+
+def make_repository(engine: Engine, **options: Any) -> Repository:
+    """A repository on ``engine`` that knows every variant of the catalog."""
+    return Repository(engine, specs=job_specs(), **options)
+
+
+def make_history(engine: Engine) -> History:
+    """History queries on ``engine`` at the catalog's current versions."""
+    return History(engine, current_versions())

@@ -465,7 +465,7 @@ class DisposableSink(MemorySink):
 def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from recalltrace import storage
+    from recalltrace.tracer import _sinks
 
     opened: list[tuple[str | None, DisposableSink]] = []
 
@@ -473,7 +473,7 @@ def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
         opened.append((url, DisposableSink()))
         return opened[-1][1]
 
-    monkeypatch.setattr(storage, "open_repository", open_repository)
+    monkeypatch.setattr(_sinks, "_factory", open_repository)
     make_traced(open_storage=True, database_url="sqlite:///unused.db")
     answer("q")
     assert recalltrace.flush(5)

@@ -1,0 +1,85 @@
+"""Where the parts meet: storage opened with the scorers' catalog.
+
+Storage knows no variants; everything that opens a repository or a history for the product
+(the tracer's default sink, the worker, the command line, the demo) comes through here, so the
+job specifications and current versions it hands to storage are the catalog's. Every import is
+inside a function: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from recalltrace.storage.history import History
+    from recalltrace.storage.repository import Repository
+
+
+def open_repository(
+    url: str | None = None,
+    *,
+    metrics: Sequence[str] | None = None,
+    create_schema: bool | None = None,
+    **options: Any,
+) -> Repository:
+    """Open the repository on ``url`` (default: ``$RECALLTRACE_DATABASE_URL``, else SQLite)
+    with every variant of the catalog known.
+
+    ``metrics`` are the variants whose jobs are created when traces are written: by default
+    those named by ``$RECALLTRACE_METRICS``, else all six. ``create_schema`` as for
+    :func:`recalltrace.storage.repository.open_repository`; ``reference_ttl`` and
+    ``max_attempts`` pass through.
+    """
+    from recalltrace.scorers.catalog import job_specs, metrics_from_env
+    from recalltrace.storage.repository import open_repository as open_with_specs
+
+    return open_with_specs(
+        url,
+        specs=job_specs(),
+        metrics=metrics if metrics is not None else metrics_from_env(),
+        create_schema=create_schema,
+        **options,
+    )
+
+
+def repository(
+    engine: Engine,
+    *,
+    metrics: Sequence[str] | None = None,
+    reference_ttl: timedelta | None = None,
+    max_attempts: int | None = None,
+) -> Repository:
+    """A repository on an engine the caller owns, with every variant of the catalog known."""
+    from recalltrace.scorers.catalog import job_specs
+    from recalltrace.storage.repository import Repository
+
+    options: dict[str, Any] = {}
+    if reference_ttl is not None:
+        options["reference_ttl"] = reference_ttl
+    if max_attempts is not None:
+        options["max_attempts"] = max_attempts
+    return Repository(engine, specs=job_specs(), metrics=metrics, **options)
+
+
+def history(engine: Engine) -> History:
+    """History queries on ``engine``, reading each variant at its current catalog version."""
+    from recalltrace.scorers.catalog import current_versions
+    from recalltrace.storage.history import History
+
+    return History(engine, current_versions())
+
+
+def open_history(url: str | None = None) -> History:
+    """History queries on ``url`` (default: ``$RECALLTRACE_DATABASE_URL``, else SQLite)."""
+    from recalltrace.storage.db import create_engine_from_url
+
+    return history(create_engine_from_url(url))
+
+
+def default_sink(database_url: str | None) -> Any:
+    """The tracer's default sink: the repository on ``database_url``."""
+    return open_repository(database_url)

@@ -1,0 +1,137 @@
+"""Making a record storable: what no backend can hold is replaced, and each change is noted.
+
+One unstorable value would otherwise fail the whole batch's transaction on every retry, and the
+good records written with it would be dropped too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from recalltrace.storage.records import TraceRecord
+
+
+def json_safe(value: Any) -> Any:
+    """Make ``value`` JSON-serialisable; NaN and infinities become ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in value]
+    return str(value)
+
+
+# Characters no backend can store in text: Postgres refuses NUL in text and JSON, and lone
+# surrogates (non-UTF-8 bytes decoded with ``surrogateescape``) cannot be encoded as UTF-8.
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+_UNSTORABLE_REPLACEMENT = "\ufffd"
+
+
+def storable_text(text: str) -> tuple[str, int]:
+    """``text`` with unstorable characters replaced by U+FFFD, and how many there were."""
+    if "\x00" not in text and (text.isascii() or UNSTORABLE_TEXT.search(text) is None):
+        return text, 0
+    return UNSTORABLE_TEXT.subn(_UNSTORABLE_REPLACEMENT, text)
+
+
+def storable_json(value: Any) -> tuple[Any, int]:
+    """A JSON-safe ``value`` whose strings (keys included) are all storable."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        replaced = 0
+        result: dict[str, Any] = {}
+        for key, item in value.items():
+            key_text, key_count = storable_text(str(key))
+            item_value, item_count = storable_json(item)
+            result[key_text] = item_value
+            replaced += key_count + item_count
+        return (result, replaced) if replaced else (value, 0)
+    if isinstance(value, list):
+        items = [storable_json(item) for item in value]
+        replaced = sum(count for _, count in items)
+        return ([item for item, _ in items], replaced) if replaced else (value, 0)
+    return value, 0
+
+
+# Lengths of the bounded text columns a record fills (storage.models).
+_NAME_LIMITS = {"app_name": 200, "service_name": 200}
+_CONTEXT_ID_LIMIT = 500
+MODEL_LIMIT = 200
+
+
+def storable_record(record: TraceRecord) -> TraceRecord:
+    """``record`` with every character a backend cannot store replaced, and over-long names
+    and ids cut to their column's length, each change noted on the record.
+
+    One unstorable value would otherwise fail the whole batch's transaction on every retry, and
+    the good records written with it would be dropped too.
+    """
+    notes = list(record.notes)
+    changes: dict[str, Any] = {}
+
+    def clean(value: Any, where: str) -> tuple[Any, bool]:
+        cleaned, count = storable_json(value)
+        if count:
+            notes.append(
+                f"replaced {count} unstorable character(s) (NUL, lone surrogates) in {where}"
+            )
+        return cleaned, bool(count)
+
+    for name in ("app_name", "service_name", "user_input", "response", "reference"):
+        value = getattr(record, name)
+        if value is not None:
+            cleaned, changed = clean(value, name)
+            limit = _NAME_LIMITS.get(name)
+            if limit is not None and len(cleaned) > limit:
+                notes.append(f"truncated {name} from {len(cleaned)} to {limit} characters")
+                cleaned, changed = cleaned[:limit], True
+            if changed:
+                changes[name] = cleaned
+    for name in ("reference_contexts", "reference_context_ids"):
+        value = getattr(record, name)
+        if value is not None:
+            cleaned, changed = clean(list(value), name)
+            if changed:
+                changes[name] = cleaned
+    if record.metadata:
+        cleaned, changed = clean(json_safe(record.metadata), "metadata")
+        if changed:
+            changes["metadata"] = cleaned
+    contexts = []
+    contexts_changed = False
+    for index, context in enumerate(record.retrieved_contexts):
+        where = f"retrieved_contexts[{index}]"
+        content, content_changed = clean(context.content, f"{where}.content")
+        context_id, id_changed = (
+            (None, False) if context.id is None else clean(str(context.id), f"{where}.id")
+        )
+        if context_id is not None and len(context_id) > _CONTEXT_ID_LIMIT:
+            notes.append(
+                f"truncated {where}.id from {len(context_id)} to {_CONTEXT_ID_LIMIT} characters"
+            )
+            context_id, id_changed = context_id[:_CONTEXT_ID_LIMIT], True
+        metadata, metadata_changed = (
+            clean(json_safe(context.metadata), f"{where}.metadata")
+            if context.metadata
+            else (context.metadata, False)
+        )
+        if content_changed or id_changed or metadata_changed:
+            contexts_changed = True
+            context = dataclasses.replace(
+                context, content=content, id=context_id, metadata=metadata
+            )
+        contexts.append(context)
+    if contexts_changed:
+        changes["retrieved_contexts"] = contexts
+    cleaned_notes, notes_changed = storable_json(notes)
+    if notes_changed or len(notes) != len(record.notes):
+        changes["notes"] = cleaned_notes
+    return dataclasses.replace(record, **changes) if changes else record

@@ -1,0 +1,191 @@
+"""What storage needs from its callers, and what it hands back: the contracts of the layer.
+
+Storage knows nothing of the variants: which jobs a trace gets (a metric, its version and the
+inputs it waits for) is handed to it as :class:`JobSpec` values, and a score arrives as any
+object shaped like :class:`ScoreLike`. This module imports nothing heavy, so the tracer and
+the worker can name these types without loading SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+NOTIFY_CHANNEL = "recalltrace_jobs"
+"""Postgres channel on which new due jobs are announced to idle workers (``LISTEN`` on it)."""
+
+#: Inputs that can arrive after the trace was stored (``set_reference``): a job that needs one
+#: of them waits for it instead of running.
+REFERENCE_INPUTS: frozenset[str] = frozenset(
+    {"reference", "reference_contexts", "reference_context_ids"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One variant as the job queue sees it: a job per (trace, metric, version)."""
+
+    metric: str
+    """The variant's key, stored in ``scoring_jobs.metric`` and ``scores.metric``."""
+    version: str
+    """The variant's current version; a new version gets new jobs beside the old scores."""
+    needs: tuple[str, ...]
+    """The scorer inputs the variant reads (``user_input``, ``reference``, ...)."""
+
+    @property
+    def waits_for(self) -> tuple[str, ...]:
+        """The needed inputs that may arrive late: the job waits until they are stored."""
+        return tuple(name for name in self.needs if name in REFERENCE_INPUTS)
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the job may have to wait for ground truth."""
+        return bool(self.waits_for)
+
+
+def spec_map(specs: Iterable[JobSpec]) -> dict[str, JobSpec]:
+    """``specs`` keyed by metric; raises ``ValueError`` when a metric appears twice."""
+    result: dict[str, JobSpec] = {}
+    for spec in specs:
+        if spec.metric in result:
+            raise ValueError(f"two job specifications for metric {spec.metric!r}")
+        result[spec.metric] = spec
+    return result
+
+
+class UnknownMetric(KeyError, ValueError):
+    """A metric key no job specification names; the message lists the known keys."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def check_metric(metric: str, known: Mapping[str, Any]) -> str:
+    """Return ``metric`` if ``known`` has it, else raise :class:`UnknownMetric` listing them."""
+    if metric not in known:
+        names = ", ".join(sorted(known))
+        raise UnknownMetric(f"unknown metric {metric!r}; known metrics: {names}")
+    return metric
+
+
+class TraceNotFound(LookupError):
+    """No trace is stored with the given id."""
+
+
+class ScoreLike(Protocol):
+    """What the repository reads from a scorer's result when it stores it."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def details(self) -> Mapping[str, Any]: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+    @property
+    def latency_ms(self) -> float | None: ...
+    @property
+    def version(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker holds a lease on."""
+
+    id: int
+    trace_id: str
+    metric: str
+    version: str
+    attempts: int
+    first_transient_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(slots=True)
+class TraceInputs:
+    """A stored trace, shaped as scorer inputs."""
+
+    trace_id: str
+    app_name: str
+    started_at: datetime
+    user_input: str | None
+    response: str | None
+    retrieved_contexts: list[str]
+    retrieved_context_ids: list[str] | None
+    reference: str | None
+    reference_contexts: list[str] | None
+    reference_context_ids: list[str] | None
+
+    def scorer_inputs(self) -> dict[str, Any]:
+        """Keyword inputs for ``Scorer.ascore`` (the spec's names)."""
+        return {
+            "user_input": self.user_input,
+            "response": self.response,
+            "retrieved_contexts": self.retrieved_contexts,
+            "retrieved_context_ids": self.retrieved_context_ids,
+            "reference": self.reference,
+            "reference_contexts": self.reference_contexts,
+            "reference_context_ids": self.reference_context_ids,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The lag a user alerts on."""
+
+    due: int
+    running: int
+    waiting: int
+    failed: int
+    oldest_due_age_s: float | None
+
+
+class JobStore(Protocol):
+    """What a scoring worker needs of storage (:class:`~.repository.Repository` is one)."""
+
+    @property
+    def is_postgres(self) -> bool: ...
+    def notify_dsn(self) -> str | None:
+        """A libpq connection string to ``LISTEN`` on :data:`NOTIFY_CHANNEL`, if the backend
+        announces new jobs."""
+        ...
+
+    def claim_jobs(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease: timedelta,
+        metrics: Sequence[str] | None = None,
+    ) -> list[ClaimedJob]: ...
+    def extend_leases(self, worker_id: str, job_ids: Sequence[int], lease: timedelta) -> int: ...
+    def requeue_expired_leases(self) -> int: ...
+    def release_jobs(self, worker_id: str, job_ids: Sequence[int]) -> int: ...
+    def finish_jobs(self, outcomes: Sequence[tuple[ClaimedJob, ScoreLike]]) -> list[bool]: ...
+    def reschedule_job(
+        self,
+        job: ClaimedJob,
+        *,
+        delay: timedelta,
+        error: str,
+        consume_attempt: bool,
+        max_attempts: int | None = None,
+    ) -> str: ...
+    def fail_job(self, job: ClaimedJob, error: str, *, attempts: int | None = None) -> None: ...
+    def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int: ...
+    def load_inputs(self, trace_ids: Iterable[str]) -> dict[str, TraceInputs]: ...
+    def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats: ...
+    def dispose(self) -> None: ...

@@ -1,0 +1,807 @@
+"""The job queue: scoring jobs are created, claimed under a lease, finished or failed.
+
+Postgres is the queue that coordinates any number of workers on any number of hosts: a claim is
+one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` statement, so two workers
+never take the same job. SQLite is correct for one worker. Times that decide who owns a job (due
+times, leases) come from the database clock on Postgres (see :mod:`._dialect`).
+
+Which jobs exist is decided by the :class:`~.contracts.JobSpec` values the repository is given:
+one job per (trace, metric, version); a job whose spec waits for a reference the trace does not
+have yet is ``waiting`` until ``attach_reference`` brings it or its time-to-live runs out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    case,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.sql.elements import TextClause
+
+from recalltrace.storage import summary_cache
+from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
+from recalltrace.storage._storable import MODEL_LIMIT, json_safe, storable_json, storable_text
+from recalltrace.storage.contracts import (
+    ClaimedJob,
+    JobSpec,
+    QueueStats,
+    ScoreLike,
+    TraceInputs,
+    TraceNotFound,
+    check_metric,
+)
+from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
+from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_REFERENCE_TTL",
+    "NOTIFY_CHANNEL",
+    "ClaimedJob",
+    "JobQueue",
+    "QueueStats",
+    "TraceInputs",
+    "job_rows",
+]
+
+DEFAULT_REFERENCE_TTL = timedelta(hours=24)
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+def initial_status(spec: JobSpec, record: TraceRecord | Trace) -> str:
+    """``waiting`` when a reference-type input the spec needs is absent, else ``queued``.
+
+    An empty string counts as present: only ``None`` means "not given yet"."""
+    if any(getattr(record, name) is None for name in spec.waits_for):
+        return JobStatus.WAITING
+    return JobStatus.QUEUED
+
+
+def job_rows(
+    specs: Iterable[JobSpec],
+    batch: Iterable[TraceRecord | Trace],
+    now: datetime,
+    reference_ttl: timedelta,
+) -> list[dict[str, Any]]:
+    """The ``scoring_jobs`` rows of freshly written traces, one per (trace, spec)."""
+    expires = now + reference_ttl
+    specs = list(specs)
+    rows = []
+    for r in batch:
+        for spec in specs:
+            status = initial_status(spec, r)
+            rows.append(
+                {
+                    "trace_id": r.trace_id,
+                    "metric": spec.metric,
+                    "version": spec.version,
+                    "status": status,
+                    "attempts": 0,
+                    "run_at": now,
+                    "expires_at": expires if status == JobStatus.WAITING else None,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+    return rows
+
+
+_REPLACEABLE_SCORE_COLUMNS = (
+    "status",
+    "value",
+    "reason",
+    "details",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "latency_ms",
+    "scored_at",
+)
+
+
+class JobQueue:
+    """Scoring jobs and scores (mixed into :class:`~.repository.Repository`)."""
+
+    engine: Engine
+    dialect: Dialect
+    specs: Mapping[str, JobSpec]
+    metrics: list[JobSpec]
+    reference_ttl: timedelta
+    max_attempts: int
+    _score_upsert: Any
+
+    def spec(self, metric: str) -> JobSpec:
+        """The job specification of ``metric``; raises ``UnknownMetric`` naming the known."""
+        return self.specs[check_metric(metric, self.specs)]
+
+    def _build_score_upsert(self) -> Any:
+        """INSERT of a score; returns the rows written.
+
+        An existing ``scored`` result is final. A ``skipped`` or ``failed`` one is replaced by a
+        result of another status: a late reference made the trace scoreable, or another run of
+        the same job (its lease ran out while it ran) got further. The same status again changes
+        nothing, so a job finished twice is stored once. (:meth:`retry_jobs` deletes the failed
+        results of the jobs it queues again, so their next result is stored whatever it is.)
+        """
+        insert = self.dialect.insert(Score.__table__)
+        stored = Score.__table__.c.status
+        return insert.on_conflict_do_update(
+            index_elements=["trace_id", "metric", "version"],
+            set_={k: insert.excluded[k] for k in _REPLACEABLE_SCORE_COLUMNS},
+            # Plain comparisons: an IN list would be an expanding parameter, which the
+            # executemany this statement runs as cannot take.
+            where=and_(
+                or_(stored == "skipped", stored == "failed"), insert.excluded.status != stored
+            ),
+        ).returning(Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version)
+
+    def create_jobs(
+        self,
+        *,
+        metrics: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        app_name: str | None = None,
+        trace_ids: Sequence[str] | None = None,
+    ) -> int:
+        """Create missing jobs for stored traces (a backfill); returns how many were created.
+
+        Jobs are keyed by (trace, metric, version), so after a variant's version changes this
+        creates the new version's jobs and leaves the old scores in place. A trace that already
+        has a result of the variant's current version gets no job: a job queued before the
+        version changed is scored by the new version, so its result is there already.
+        """
+        infos = [self.spec(k) for k in metrics] if metrics is not None else self.metrics
+        created = 0
+        with self.engine.begin() as conn:
+            for info in infos:
+                now = self.dialect.now_sql()
+                missing = [Trace.__table__.c[name].is_(None) for name in info.waits_for]
+                waiting = or_(*missing) if missing else literal(False)
+                status_expr = case((waiting, JobStatus.WAITING), else_=JobStatus.QUEUED)
+                expires_expr = case((waiting, self.dialect.now_sql(self.reference_ttl)), else_=None)
+                # SQLite needs a WHERE before ON CONFLICT in INSERT ... SELECT to parse it.
+                scored_already = (
+                    select(Score.id)
+                    .where(
+                        Score.trace_id == Trace.trace_id,
+                        Score.metric == info.metric,
+                        Score.version == info.version,
+                    )
+                    .exists()
+                )
+                conditions: list[ColumnElement[bool] | TextClause] = [
+                    text("1 = 1"),
+                    ~scored_already,
+                ]
+                if since is not None:
+                    conditions.append(Trace.started_at >= since)
+                if until is not None:
+                    conditions.append(Trace.started_at < until)
+                if app_name is not None:
+                    conditions.append(Trace.app_name == app_name)
+                if trace_ids is not None:
+                    conditions.append(Trace.trace_id.in_(list(trace_ids)))
+                source = select(
+                    Trace.trace_id,
+                    literal(info.metric),
+                    literal(info.version),
+                    status_expr,
+                    literal(0),
+                    now,
+                    expires_expr,
+                    now,
+                    now,
+                ).where(*conditions)
+                stmt = (
+                    self.dialect.insert(ScoringJob.__table__)
+                    .from_select(
+                        [
+                            "trace_id",
+                            "metric",
+                            "version",
+                            "status",
+                            "attempts",
+                            "run_at",
+                            "expires_at",
+                            "created_at",
+                            "updated_at",
+                        ],
+                        source,
+                    )
+                    .on_conflict_do_nothing()
+                    .returning(ScoringJob.__table__.c.id)
+                )
+                created += len(conn.execute(stmt).all())
+            if created:
+                self.dialect.notify(conn)
+        return created
+
+    def attach_reference(self, update_: ReferenceUpdate) -> int:
+        """Attach late ground truth to a stored trace; returns how many jobs it released.
+
+        Fields left ``None`` in the update keep their stored value. Jobs waiting for the
+        reference become due; jobs that were skipped because the reference came too late are
+        queued again. Raises :class:`TraceNotFound` when the trace is not stored.
+        """
+        values: dict[str, Any] = {}
+        if update_.reference is not None:
+            values["reference"] = update_.reference
+        if update_.reference_contexts is not None:
+            values["reference_contexts"] = [str(c) for c in update_.reference_contexts]
+        if update_.reference_context_ids is not None:
+            values["reference_context_ids"] = [str(i) for i in update_.reference_context_ids]
+        with self.engine.begin() as conn:
+            if values:
+                result = conn.execute(
+                    update(Trace).where(Trace.trace_id == update_.trace_id).values(**values)
+                )
+                found = result.rowcount > 0
+            else:
+                found = (
+                    conn.scalar(select(Trace.trace_id).where(Trace.trace_id == update_.trace_id))
+                    is not None
+                )
+            if not found:
+                raise TraceNotFound(f"no trace is stored with id {update_.trace_id!r}")
+            trace = conn.execute(
+                select(
+                    Trace.trace_id,
+                    Trace.reference,
+                    Trace.reference_contexts,
+                    Trace.reference_context_ids,
+                ).where(Trace.trace_id == update_.trace_id)
+            ).one()
+            ready = [
+                info.metric
+                for info in self.specs.values()
+                if info.needs_reference
+                and all(getattr(trace, n) is not None for n in info.waits_for)
+            ]
+            if not ready:
+                return 0
+            now = self.dialect.now()
+            released = conn.execute(
+                update(ScoringJob)
+                .where(
+                    ScoringJob.trace_id == update_.trace_id,
+                    ScoringJob.metric.in_(ready),
+                    or_(
+                        ScoringJob.status == JobStatus.WAITING,
+                        and_(
+                            ScoringJob.status == JobStatus.SKIPPED,
+                            ScoringJob.last_error.like("reference_ttl:%"),
+                        ),
+                    ),
+                )
+                .values(
+                    status=JobStatus.QUEUED,
+                    run_at=now,
+                    expires_at=None,
+                    last_error=None,
+                    updated_at=now,
+                )
+            ).rowcount
+            if released:
+                self.dialect.notify(conn)
+            return released or 0
+
+    def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int:
+        """Skip jobs whose reference did not arrive in time; returns how many.
+
+        A waiting job expires at the deadline it was created with (``reference_ttl`` of the
+        repository that wrote it) or, when ``older_than`` is given, once it is older than that.
+        Each gets a ``skipped`` score saying so, so the history shows why nothing was scored.
+        A reference that arrives later still queues the job again.
+        """
+        now = self.dialect.now()
+        expired: ColumnElement[bool] = ScoringJob.expires_at <= now
+        if older_than is not None:
+            expired = or_(expired, ScoringJob.created_at <= now - older_than)
+        with self.engine.begin() as conn:
+            summary_cache.lock_for_score_writes(conn, self.dialect)
+            rows = conn.execute(
+                update(ScoringJob)
+                .where(ScoringJob.status == JobStatus.WAITING, expired)
+                .values(
+                    status=JobStatus.SKIPPED,
+                    last_error="reference_ttl: no reference arrived before the time-to-live",
+                    updated_at=now,
+                )
+                .returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
+            ).all()
+            if not rows:
+                return 0
+            traces = {
+                t.trace_id: t
+                for t in conn.execute(
+                    select(Trace.trace_id, Trace.app_name, Trace.started_at).where(
+                        Trace.trace_id.in_({r.trace_id for r in rows})
+                    )
+                )
+            }
+            ttl = older_than if older_than is not None else self.reference_ttl
+            ttl_hours = ttl.total_seconds() / 3600
+            scored_at = utcnow()
+            conn.execute(
+                self.dialect.insert(Score.__table__).on_conflict_do_nothing(),
+                [
+                    {
+                        "trace_id": r.trace_id,
+                        "metric": r.metric,
+                        "version": r.version,
+                        "app_name": traces[r.trace_id].app_name,
+                        "trace_started_at": traces[r.trace_id].started_at,
+                        "status": "skipped",
+                        "value": None,
+                        "reason": (
+                            "No reference arrived within the reference time-to-live "
+                            f"({ttl_hours:g} h), so there was nothing to compare against."
+                        ),
+                        "details": {"skipped_by": "reference_ttl"},
+                        "scored_at": scored_at,
+                    }
+                    for r in rows
+                ],
+            )
+            summary_cache.invalidate(
+                conn, self.dialect, ((r.metric, traces[r.trace_id].started_at) for r in rows)
+            )
+            return len(rows)
+
+    # -- jobs: claiming and leases ------------------------------------------------------
+    def claim_jobs(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease: timedelta,
+        metrics: Sequence[str] | None = None,
+    ) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs for ``worker_id`` with a lease of ``lease``.
+
+        On Postgres this is one statement with ``FOR UPDATE SKIP LOCKED``: any number of
+        workers on any number of hosts never take the same job.
+        """
+        if limit < 1:
+            return []
+        now = self.dialect.now()
+        due = (
+            select(ScoringJob.id)
+            .where(ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now)
+            .order_by(ScoringJob.run_at, ScoringJob.id)
+            .limit(limit)
+        )
+        if metrics is not None:
+            due = due.where(ScoringJob.metric.in_(list(metrics)))
+        if self.dialect.postgres:
+            due = due.with_for_update(skip_locked=True)
+        stmt = (
+            update(ScoringJob)
+            .where(ScoringJob.id.in_(due.scalar_subquery()))
+            .values(
+                status=JobStatus.RUNNING,
+                locked_by=worker_id,
+                lease_expires_at=now + lease,
+                updated_at=now,
+            )
+            .returning(
+                ScoringJob.id,
+                ScoringJob.trace_id,
+                ScoringJob.metric,
+                ScoringJob.version,
+                ScoringJob.attempts,
+                ScoringJob.first_transient_at,
+                ScoringJob.created_at,
+            )
+        )
+        # On SQLite the single UPDATE ... RETURNING statement holds the database's write lock
+        # for its whole run, which is what makes it safe for one worker.
+        with self.engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        jobs = [
+            ClaimedJob(
+                id=r.id,
+                trace_id=r.trace_id,
+                metric=r.metric,
+                version=r.version,
+                attempts=r.attempts,
+                first_transient_at=r.first_transient_at,
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+        jobs.sort(key=lambda j: j.id)
+        return jobs
+
+    def extend_leases(self, worker_id: str, job_ids: Sequence[int], lease: timedelta) -> int:
+        """Push the leases of ``worker_id``'s running jobs forward; returns how many it holds."""
+        if not job_ids:
+            return 0
+        now = self.dialect.now()
+        with self.engine.begin() as conn:
+            return (
+                conn.execute(
+                    update(ScoringJob)
+                    .where(
+                        ScoringJob.id.in_(list(job_ids)),
+                        ScoringJob.locked_by == worker_id,
+                        ScoringJob.status == JobStatus.RUNNING,
+                    )
+                    .values(lease_expires_at=now + lease, updated_at=now)
+                ).rowcount
+                or 0
+            )
+
+    def requeue_expired_leases(self) -> int:
+        """Give back jobs whose worker died or stalled past its lease; returns how many."""
+        now = self.dialect.now()
+        with self.engine.begin() as conn:
+            count = (
+                conn.execute(
+                    update(ScoringJob)
+                    .where(
+                        ScoringJob.status == JobStatus.RUNNING,
+                        ScoringJob.lease_expires_at < now,
+                    )
+                    .values(
+                        status=JobStatus.QUEUED,
+                        locked_by=None,
+                        lease_expires_at=None,
+                        run_at=now,
+                        updated_at=now,
+                    )
+                ).rowcount
+                or 0
+            )
+            if count:
+                self.dialect.notify(conn)
+            return count
+
+    def release_jobs(self, worker_id: str, job_ids: Sequence[int]) -> int:
+        """Give back jobs ``worker_id`` holds but will not finish (graceful shutdown)."""
+        if not job_ids:
+            return 0
+        now = self.dialect.now()
+        with self.engine.begin() as conn:
+            count = (
+                conn.execute(
+                    update(ScoringJob)
+                    .where(
+                        ScoringJob.id.in_(list(job_ids)),
+                        ScoringJob.locked_by == worker_id,
+                        ScoringJob.status == JobStatus.RUNNING,
+                    )
+                    .values(
+                        status=JobStatus.QUEUED,
+                        locked_by=None,
+                        lease_expires_at=None,
+                        run_at=now,
+                        updated_at=now,
+                    )
+                ).rowcount
+                or 0
+            )
+            if count:
+                self.dialect.notify(conn)
+            return count
+
+    # -- jobs: outcomes -----------------------------------------------------------------
+    def finish_job(self, job: ClaimedJob, score: ScoreLike) -> bool:
+        """Write ``score`` and close ``job`` in one transaction; returns True if it was new.
+
+        Unique on (trace, metric, version): writing the same score twice changes nothing. A
+        ``scored`` result is final; a ``skipped`` one (e.g. a reference that came too late) or a
+        ``failed`` one (another run of the same job) is replaced by a result of another status.
+        """
+        return self.finish_jobs([(job, score)])[0]
+
+    def finish_jobs(self, outcomes: Sequence[tuple[ClaimedJob, ScoreLike]]) -> list[bool]:
+        """Write several scores and close their jobs in one transaction.
+
+        Returns, per outcome, whether its score row was new. Every job's score and its job
+        status change commit together or not at all. An outcome whose trace was deleted in the
+        meantime (its job went with it) is left out and reported as not new.
+        """
+        if not outcomes:
+            return []
+        for _, score in outcomes:
+            if score.value is not None and not math.isfinite(score.value):
+                raise ValueError(f"score value must be finite, got {score.value!r}")
+        scored_at = utcnow()
+        with self.engine.begin() as conn:
+            summary_cache.lock_for_score_writes(conn, self.dialect)
+            trace_ids = {job.trace_id for job, _ in outcomes}
+            traces = {
+                t.trace_id: t
+                for t in conn.execute(
+                    select(Trace.trace_id, Trace.app_name, Trace.started_at).where(
+                        Trace.trace_id.in_(trace_ids)
+                    )
+                )
+            }
+            # A trace deleted (by retention) while its job ran took the job with it: there is
+            # nothing left to close, and raising would block the other scores of the batch.
+            kept = [(job, score) for job, score in outcomes if job.trace_id in traces]
+            if not kept:
+                return [False] * len(outcomes)
+            rows = [
+                {
+                    "trace_id": job.trace_id,
+                    "metric": job.metric,
+                    "version": score.version,
+                    "app_name": traces[job.trace_id].app_name,
+                    "trace_started_at": traces[job.trace_id].started_at,
+                    "status": score.status,
+                    "value": score.value,
+                    # A judge's answer may carry characters no backend stores (NUL).
+                    "reason": storable_text(score.reason)[0],
+                    "details": storable_json(json_safe(dict(score.details)))[0],
+                    # Cut to the column: a long deployment name must not block every score.
+                    "model": (
+                        None if score.model is None else storable_text(score.model)[0][:MODEL_LIMIT]
+                    ),
+                    "prompt_tokens": score.prompt_tokens,
+                    "completion_tokens": score.completion_tokens,
+                    "cost_usd": score.cost_usd,
+                    "latency_ms": score.latency_ms,
+                    "scored_at": scored_at,
+                }
+                for job, score in kept
+            ]
+            # One statement for any number of rows, executed with the rows as parameters:
+            # SQLAlchemy sends them as multi-row VALUES ("insertmanyvalues") with RETURNING and
+            # compiles the statement once per batch, not once per row count. (The PostgreSQL
+            # dialect's INSERT never enters SQLAlchemy's compiled cache.)
+            written = {tuple(r) for r in conn.execute(self._score_upsert, rows)}
+            summary_cache.invalidate(
+                conn,
+                self.dialect,
+                ((job.metric, traces[job.trace_id].started_at) for job, _ in kept),
+            )
+            now = self.dialect.now()
+            by_status: dict[str, list[int]] = {}
+            failed_reasons: dict[int, str] = {}
+            for job, score in kept:
+                status = {"skipped": JobStatus.SKIPPED, "failed": JobStatus.FAILED}.get(
+                    score.status, JobStatus.DONE
+                )
+                by_status.setdefault(status, []).append(job.id)
+                if status == JobStatus.FAILED:
+                    failed_reasons[job.id] = storable_text(score.reason)[0]
+            for status, ids in by_status.items():
+                values: dict[str, Any] = {
+                    "status": status,
+                    "locked_by": None,
+                    "lease_expires_at": None,
+                    "updated_at": now,
+                }
+                if status != JobStatus.FAILED:
+                    values["last_error"] = None
+                    conn.execute(update(ScoringJob).where(ScoringJob.id.in_(ids)).values(values))
+                else:
+                    for job_id in ids:
+                        conn.execute(
+                            update(ScoringJob)
+                            .where(ScoringJob.id == job_id)
+                            .values({**values, "last_error": failed_reasons[job_id]})
+                        )
+        return [(job.trace_id, job.metric, score.version) in written for job, score in outcomes]
+
+    def reschedule_job(
+        self,
+        job: ClaimedJob,
+        *,
+        delay: timedelta,
+        error: str,
+        consume_attempt: bool,
+        max_attempts: int | None = None,
+    ) -> str:
+        """Put ``job`` back in the queue after ``delay``; returns its new status.
+
+        A consumed attempt that reaches ``max_attempts`` (the repository's unless given) fails
+        the job instead, keeping ``error``. Transient errors (``consume_attempt=False``)
+        remember when they started, so the worker can bound their total age.
+        """
+        attempts = job.attempts + (1 if consume_attempt else 0)
+        if attempts >= (self.max_attempts if max_attempts is None else max_attempts):
+            self.fail_job(job, error, attempts=attempts)
+            return JobStatus.FAILED
+        now = self.dialect.now()
+        values: dict[str, Any] = {
+            "status": JobStatus.QUEUED,
+            "attempts": attempts,
+            "run_at": now + delay,
+            "locked_by": None,
+            "lease_expires_at": None,
+            "last_error": storable_text(error)[0],
+            "updated_at": now,
+        }
+        if not consume_attempt and job.first_transient_at is None:
+            values["first_transient_at"] = now
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(ScoringJob)
+                .where(ScoringJob.id == job.id, ScoringJob.status == JobStatus.RUNNING)
+                .values(**values)
+            )
+        return JobStatus.QUEUED
+
+    def fail_job(self, job: ClaimedJob, error: str, *, attempts: int | None = None) -> None:
+        """Mark ``job`` failed for good, keeping ``error``."""
+        now = self.dialect.now()
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(ScoringJob)
+                .where(ScoringJob.id == job.id)
+                .values(
+                    status=JobStatus.FAILED,
+                    attempts=job.attempts if attempts is None else attempts,
+                    locked_by=None,
+                    lease_expires_at=None,
+                    last_error=storable_text(error)[0],
+                    updated_at=now,
+                )
+            )
+
+    def retry_jobs(self, *, job_ids: Sequence[int] | None = None, metric: str | None = None) -> int:
+        """Queue failed jobs again with fresh attempts; returns how many.
+
+        The failed results those jobs stored are deleted in the same transaction, so the next
+        run's result is stored whatever it is: a score, or a new failure with its own reason.
+        Until then the trace has no result of that variant, and the job is queued.
+        """
+        now = self.dialect.now()
+        stmt = update(ScoringJob).where(ScoringJob.status == JobStatus.FAILED)
+        if job_ids is not None:
+            stmt = stmt.where(ScoringJob.id.in_(list(job_ids)))
+        if metric is not None:
+            stmt = stmt.where(ScoringJob.metric == metric)
+        stmt = stmt.values(
+            status=JobStatus.QUEUED,
+            attempts=0,
+            first_transient_at=None,
+            run_at=now,
+            updated_at=now,
+        ).returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
+        with self.engine.begin() as conn:
+            requeued = [tuple(row) for row in conn.execute(stmt)]
+            if not requeued:
+                return 0
+            summary_cache.lock_for_score_writes(conn, self.dialect)
+            for start in range(0, len(requeued), 500):
+                dropped = (
+                    conn.execute(
+                        delete(Score)
+                        .where(
+                            tuple_(Score.trace_id, Score.metric, Score.version).in_(
+                                requeued[start : start + 500]
+                            ),
+                            Score.status == "failed",
+                        )
+                        .returning(Score.metric, Score.trace_started_at)
+                    )
+                    .tuples()
+                    .all()
+                )
+                summary_cache.invalidate(conn, self.dialect, dropped)
+            self.dialect.notify(conn)
+            return len(requeued)
+
+    # -- reading --------------------------------------------------------------------------
+    def load_inputs(self, trace_ids: Iterable[str]) -> dict[str, TraceInputs]:
+        """Load the traces behind a batch of jobs, shaped as scorer inputs (two queries)."""
+        ids = sorted(set(trace_ids))
+        if not ids:
+            return {}
+        with self.engine.connect() as conn:
+            traces = conn.execute(
+                select(
+                    Trace.trace_id,
+                    Trace.app_name,
+                    Trace.started_at,
+                    Trace.user_input,
+                    Trace.response,
+                    Trace.reference,
+                    Trace.reference_contexts,
+                    Trace.reference_context_ids,
+                ).where(Trace.trace_id.in_(ids))
+            ).all()
+            contexts = conn.execute(
+                select(
+                    RetrievedContext.trace_id,
+                    RetrievedContext.context_id,
+                    RetrievedContext.content,
+                    RetrievedContext.score,
+                    RetrievedContext.metadata_,
+                )
+                .where(RetrievedContext.trace_id.in_(ids))
+                .order_by(RetrievedContext.trace_id, RetrievedContext.position)
+            ).all()
+        by_trace: dict[str, list[ContextRecord]] = {}
+        for c in contexts:
+            by_trace.setdefault(c.trace_id, []).append(
+                ContextRecord(content=c.content, id=c.context_id, score=c.score, metadata=c[4])
+            )
+        result = {}
+        for t in traces:
+            ctx = by_trace.get(t.trace_id, [])
+            ids_known = [c.id for c in ctx if c.id is not None]
+            # No contexts at all is an empty retrieval (recall 0); contexts without ids mean
+            # the retriever gives no ids, so the id-based variant has nothing to compare.
+            retrieved_ids: list[str] | None = ids_known if (ids_known or not ctx) else None
+            result[t.trace_id] = TraceInputs(
+                trace_id=t.trace_id,
+                app_name=t.app_name,
+                started_at=t.started_at,
+                user_input=t.user_input,
+                response=t.response,
+                retrieved_contexts=[c.content for c in ctx],
+                retrieved_context_ids=retrieved_ids,
+                reference=t.reference,
+                reference_contexts=t.reference_contexts,
+                reference_context_ids=t.reference_context_ids,
+            )
+        return result
+
+    def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats:
+        """Counts of due, running, waiting and failed jobs, and the oldest due job's age.
+
+        ``metrics`` limits the figures to those variants (a worker reports the lag of what it
+        scores, not of variants nobody is configured to score).
+        """
+        only: list[ColumnElement[bool]] = []
+        if metrics is not None:
+            only.append(ScoringJob.metric.in_(list(metrics)))
+        with self.engine.connect() as conn:
+            counts: dict[str, int] = {}
+            for status, number in conn.execute(
+                select(ScoringJob.status, func.count())
+                .where(
+                    ScoringJob.status.in_(
+                        [
+                            JobStatus.QUEUED,
+                            JobStatus.RUNNING,
+                            JobStatus.WAITING,
+                            JobStatus.FAILED,
+                        ]
+                    ),
+                    *only,
+                )
+                .group_by(ScoringJob.status)
+            ).tuples():
+                counts[status] = int(number)
+            now = self.dialect.now()
+            oldest = conn.scalar(
+                select(func.min(ScoringJob.run_at)).where(
+                    ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now, *only
+                )
+            )
+        age = None
+        if oldest is not None:
+            if oldest.tzinfo is None:
+                oldest = oldest.replace(tzinfo=timezone.utc)
+            age = max(0.0, (utcnow() - oldest).total_seconds())
+        return QueueStats(
+            due=int(counts.get(JobStatus.QUEUED, 0)),
+            running=int(counts.get(JobStatus.RUNNING, 0)),
+            waiting=int(counts.get(JobStatus.WAITING, 0)),
+            failed=int(counts.get(JobStatus.FAILED, 0)),
+            oldest_due_age_s=age,
+        )

@@ -1,0 +1,160 @@
+"""The summary cache: per-bucket statistics of complete buckets, and the lock that keeps it true.
+
+History reads of a long window are dominated by buckets that can no longer change, so their
+rows (count, mean, percentiles, skipped and failed counts) are computed once and kept in
+``summary_cache`` (Postgres only). Both halves of the one lock that keeps a cached row equal to
+what the scores say live here:
+
+- every writer of scores takes :data:`SUMMARY_LOCK_KEY` *shared* (:func:`lock_for_score_writes`)
+  and drops the cached rows of the buckets it touched (:func:`invalidate`) in its transaction;
+- a fill takes it *exclusively* (:func:`lock_for_fill`) while it computes and stores rows, so no
+  score can be committed into a bucket between the computation and the row being stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+
+from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from recalltrace.storage._dialect import Dialect
+from recalltrace.storage.history_rows import Bucket, SummaryRow
+from recalltrace.storage.models import SummaryCache
+
+SUMMARY_LOCK_KEY = 0x7265_6361_6C6C
+"""Postgres advisory lock between score writers (shared) and summary-cache fills (exclusive)."""
+
+_STORED_COLUMNS = (
+    "n_scored",
+    "mean",
+    "p10",
+    "p50",
+    "p90",
+    "n_skipped",
+    "n_failed",
+    "computed_at",
+)
+
+
+def bucket_starts(moment: datetime) -> list[tuple[Bucket, datetime]]:
+    """The hour and day buckets (UTC) that contain ``moment``."""
+    utc = moment.astimezone(timezone.utc)
+    hour = utc.replace(minute=0, second=0, microsecond=0)
+    return [("hour", hour), ("day", hour.replace(hour=0))]
+
+
+# -- the writers' half ----------------------------------------------------------------------------
+def lock_for_score_writes(conn: Connection, dialect: Dialect) -> None:
+    """Shared side of :data:`SUMMARY_LOCK_KEY`: take it before writing or deleting scores."""
+    if dialect.postgres:
+        conn.execute(select(func.pg_advisory_xact_lock_shared(SUMMARY_LOCK_KEY)))
+
+
+def invalidate(conn: Connection, dialect: Dialect, touched: Iterable[tuple[str, datetime]]) -> None:
+    """Drop cached rows of the (metric, trace start) pairs just written."""
+    if not dialect.postgres:
+        return  # the cache is only used on Postgres
+    keys = {
+        (bucket, start, metric)
+        for metric, moment in touched
+        for bucket, start in bucket_starts(moment)
+    }
+    if keys:
+        conn.execute(
+            delete(SummaryCache).where(
+                tuple_(SummaryCache.bucket, SummaryCache.bucket_start, SummaryCache.metric).in_(
+                    sorted(keys)
+                )
+            )
+        )
+
+
+def invalidate_before(conn: Connection, dialect: Dialect, cutoff: datetime) -> None:
+    """Drop every cached row whose bucket starts before ``cutoff`` (traces were deleted)."""
+    if dialect.postgres:
+        conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= cutoff))
+
+
+# -- the fill's half ------------------------------------------------------------------------------
+def lock_for_fill(conn: Connection) -> None:
+    """Exclusive side of :data:`SUMMARY_LOCK_KEY`: hold it while computing rows to store."""
+    conn.execute(select(func.pg_advisory_xact_lock(SUMMARY_LOCK_KEY)))
+
+
+def read(
+    conn: Connection,
+    bucket: Bucket,
+    app_key: str,
+    versions: Mapping[str, str],
+    starts: Iterable[datetime],
+) -> dict[tuple[datetime, str], SummaryRow]:
+    """Cached rows of ``starts``, keyed by (bucket start, metric)."""
+    wanted = sorted(starts)
+    if not wanted:
+        return {}
+    cached: dict[tuple[datetime, str], SummaryRow] = {}
+    for r in conn.execute(
+        select(SummaryCache).where(
+            SummaryCache.bucket == bucket,
+            SummaryCache.app_name == app_key,
+            tuple_(SummaryCache.metric, SummaryCache.version).in_(list(versions.items())),
+            SummaryCache.bucket_start.in_(wanted),
+        )
+    ):
+        start = r.bucket_start
+        start = start.replace(tzinfo=timezone.utc) if start.tzinfo is None else start
+        start = start.astimezone(timezone.utc)
+        cached[(start, r.metric)] = SummaryRow(
+            bucket_start=start,
+            metric=r.metric,
+            version=r.version,
+            count=r.n_scored,
+            mean=r.mean,
+            p10=r.p10,
+            p50=r.p50,
+            p90=r.p90,
+            skipped=r.n_skipped,
+            failed=r.n_failed,
+        )
+    return cached
+
+
+def store(
+    conn: Connection,
+    bucket: Bucket,
+    app_key: str,
+    rows: Sequence[SummaryRow],
+    computed_at: datetime,
+) -> None:
+    """Store (or refresh) rows of complete buckets; call under :func:`lock_for_fill`."""
+    if not rows:
+        return
+    stmt = pg_insert(SummaryCache).values(
+        [
+            {
+                "bucket": bucket,
+                "bucket_start": r.bucket_start,
+                "metric": r.metric,
+                "version": r.version,
+                "app_name": app_key,
+                "n_scored": r.count,
+                "mean": r.mean,
+                "p10": r.p10,
+                "p50": r.p50,
+                "p90": r.p90,
+                "n_skipped": r.skipped,
+                "n_failed": r.failed,
+                "computed_at": computed_at,
+            }
+            for r in rows
+        ]
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["bucket", "bucket_start", "metric", "version", "app_name"],
+            set_={k: stmt.excluded[k] for k in _STORED_COLUMNS},
+        )
+    )

@@ -1,0 +1,55 @@
+"""Time specifications of history queries: ``7d``, ``30m``, ``now`` or an ISO timestamp.
+
+Pure functions on text; the command line and the Python API share them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, timedelta, timezone
+
+
+class TimeSpecError(ValueError):
+    """A ``--since``/``--until`` value is neither a duration nor a timestamp."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TIME_HELP = "use a duration like 30m, 1h, 7d, 2w or a timestamp like 2026-11-01T10:00:00Z"
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``30s``, ``30m``, ``1h``, ``7d`` or ``2w`` into a positive ``timedelta``."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise TimeSpecError(f"invalid duration {text!r}: use e.g. 30m, 1h, 7d or 2w")
+    amount = float(match.group(1))
+    if amount <= 0:
+        raise TimeSpecError(f"invalid duration {text!r}: it must be positive")
+    return timedelta(seconds=amount * _UNIT_SECONDS[match.group(2).lower()])
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> datetime:
+    """Turn ``now``, a duration (``7d``: that long before now) or an ISO timestamp into UTC.
+
+    Timestamps without an offset, and plain dates (midnight), are taken as UTC. Raises
+    :class:`TimeSpecError` naming the bad value.
+    """
+    stripped = text.strip()
+    if stripped.lower() == "now":
+        return (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    if _DURATION.match(stripped):
+        reference = now or datetime.now(timezone.utc)
+        return reference.astimezone(timezone.utc) - parse_duration(stripped)
+    iso = stripped[:-1] + "+00:00" if stripped[-1:] in ("Z", "z") else stripped
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", iso):
+            day = date.fromisoformat(iso)
+            parsed = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+        else:
+            parsed = datetime.fromisoformat(iso)
+    except ValueError:
+        raise TimeSpecError(f"invalid time {text!r}: {_TIME_HELP}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)

@@ -1,0 +1,61 @@
+"""The Postgres the tests and benchmarks share: where it is, how to reach it, how to empty it.
+
+Reached at ``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local server's ``test`` database).
+When it is unreachable, Postgres tests are skipped, except under ``CI=true`` where that is an
+error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from recalltrace.storage.db import create_engine_from_url
+
+DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+TABLES = ("summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")
+
+
+def base_url() -> str:
+    return os.environ.get("RECALLTRACE_TEST_DATABASE_URL", DEFAULT_TEST_URL)
+
+
+def admin_engine() -> Engine:
+    return create_engine_from_url(
+        make_url(base_url()).set(database="postgres").render_as_string(hide_password=False),
+        isolation_level="AUTOCOMMIT",
+        pool_size=1,
+    )
+
+
+def _postgres_reachable() -> str | None:
+    try:
+        engine = admin_engine()
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def require_postgres() -> None:
+    """Skip the calling test when Postgres is unreachable; fail it instead under CI=true."""
+    problem = _postgres_reachable()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Postgres is required under CI=true but unreachable: {problem}")
+        pytest.skip(f"Postgres unreachable: {problem}")
+
+
+def truncate_all(engine: Engine) -> None:
+    """Empty every recalltrace table."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in TABLES:
+                conn.execute(text(f"DELETE FROM {table}"))

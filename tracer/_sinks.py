@@ -1,0 +1,32 @@
+"""Which sink the writer opens when ``configure()`` is given none.
+
+The tracer does not know how the product stores records: the composition root
+(``import recalltrace``) registers the repository on the configured database URL here. This
+module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from recalltrace.tracer._config import TraceSink
+
+_factory: Callable[[str | None], TraceSink] | None = None
+
+
+def set_default_sink_factory(factory: Callable[[str | None], TraceSink]) -> None:
+    """Register what opens the default sink from the configured database URL."""
+    global _factory
+    _factory = factory
+
+
+def open_default_sink(database_url: str | None) -> TraceSink:
+    """Open the registered default sink; raises ``RuntimeError`` if none is registered."""
+    if _factory is None:
+        raise RuntimeError(
+            "no default trace sink is registered: import recalltrace (not only its tracer) "
+            "or pass sink= to configure()"
+        )
+    return _factory(database_url)
