@@ -220,12 +220,12 @@ def _print_results(
 ) -> None:
     from rich.table import Table
 
+    from recalltrace._wiring import history as open_history
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.storage.db import create_engine_from_url, redact_url
-    from recalltrace.storage.history import History
 
     engine = create_engine_from_url(url)
-    history = History(engine)
+    history = open_history(engine)
     table = Table(title=f"Context recall of {APP_NAME}, this run")
     table.add_column("variant", no_wrap=True)
     table.add_column("judge", no_wrap=True)

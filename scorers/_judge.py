@@ -37,12 +37,35 @@ OutputMode = Literal["auto", "json_schema", "json_object"]
 _litellm: Any = None
 
 
+JUDGE_EXTRA_HINT = (
+    "the LLM judge needs LiteLLM, which is not installed: pip install 'recalltrace[judge]'"
+)
+
+
+class JudgeBackendMissing(ImportError):
+    """LiteLLM is not installed: the judge lives in the ``recalltrace[judge]`` extra."""
+
+
+def require_judge_backend() -> None:
+    """Raise :class:`JudgeBackendMissing` (one line naming the extra) unless LiteLLM can be
+    imported. Cheap: it only looks the package up."""
+    import importlib.util
+
+    if _litellm is None and importlib.util.find_spec("litellm") is None:
+        raise JudgeBackendMissing(JUDGE_EXTRA_HINT)
+
+
 def _load_litellm() -> Any:
     """Import LiteLLM once, offline and quiet."""
     global _litellm
     if _litellm is None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        import litellm
+        try:
+            import litellm
+        except ImportError as exc:
+            if exc.name != "litellm":
+                raise
+            raise JudgeBackendMissing(JUDGE_EXTRA_HINT) from None
 
         litellm.suppress_debug_info = True
         for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):

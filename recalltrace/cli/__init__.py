@@ -1,4 +1,6 @@
-"""The ``recalltrace`` command line.
+"""The ``recalltrace`` command line, one module per command group: :mod:`.db`, :mod:`.scores`
+(with ``check``), :mod:`.trace`, :mod:`.jobs` (with ``backfill``) and :mod:`.worker`; shared
+argument parsing in :mod:`._args`, rendering in :mod:`._render`, charts in :mod:`._charts`.
 
 Every subcommand imports what it needs when it runs, so ``recalltrace --help`` stays fast and
 the tracer's import path stays light. Errors a user can fix (a wrong database URL, an
@@ -9,91 +11,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
+from recalltrace.cli._args import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    Handler,
+    _add_database_option,
+)
 
-
-class CommandError(Exception):
-    """A problem the user can fix; printed as one line without a traceback."""
-
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def _add_database_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url",
-        metavar="URL",
-        default=None,
-        help="database URL (default: $RECALLTRACE_DATABASE_URL or sqlite:///./recalltrace.db)",
-    )
-
-
-def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.migrate import current_revision, upgrade
-
-    url = resolve_database_url(args.database_url)
-    upgrade(url, args.revision)
-    print(f"{redact_url(url)}: at revision {current_revision(url)}")
-    return EXIT_OK
-
-
-def _cmd_db_current(args: argparse.Namespace) -> int:
-    from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.migrate import current_revision, head_revision
-
-    url = resolve_database_url(args.database_url)
-    current = current_revision(url)
-    head = head_revision()
-    if current is None:
-        print(f"{redact_url(url)}: not migrated (run `recalltrace db upgrade`); head is {head}")
-        return EXIT_CHECK_FAILED
-    state = "up to date" if current == head else f"behind head {head}"
-    print(f"{redact_url(url)}: at revision {current} ({state})")
-    return EXIT_OK if current == head else EXIT_CHECK_FAILED
-
-
-def _cmd_db_prune(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
-
-    from sqlalchemy import func, select
-
-    from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.history import TimeSpecError, parse_duration
-    from recalltrace.storage.models import Trace
-    from recalltrace.storage.repository import open_repository
-
-    try:
-        age = parse_duration(args.older_than)
-    except TimeSpecError as exc:
-        raise CommandError(str(exc)) from None
-    cutoff = datetime.now(timezone.utc) - age
-    url = resolve_database_url(args.database_url)
-    repo = open_repository(url, create_schema=False)
-    try:
-        if not args.yes:
-            with repo.engine.connect() as conn:
-                count = conn.scalar(
-                    select(func.count()).select_from(Trace).where(Trace.started_at < cutoff)
-                )
-            print(
-                f"{redact_url(url)}: {count} traces started before "
-                f"{cutoff:%Y-%m-%d %H:%M} UTC would be deleted with their contexts, jobs and "
-                "scores; run again with --yes to delete them"
-            )
-            return EXIT_OK
-        deleted = repo.delete_traces_before(cutoff)
-    finally:
-        repo.dispose()
-    print(
-        f"{redact_url(url)}: deleted {deleted} traces started before {cutoff:%Y-%m-%d %H:%M} UTC "
-        "with their contexts, jobs and scores"
-    )
-    return EXIT_OK
+__all__ = ["EXIT_CHECK_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandError", "build_parser", "main"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -112,25 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    db = sub.add_parser("db", help="database schema migrations and retention")
-    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
-    up = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
-    _add_database_option(up)
-    up.add_argument("--revision", default="head", help="target revision (default: head)")
-    up.set_defaults(handler=_cmd_db_upgrade)
-    cur = db_sub.add_parser("current", help="show the schema revision of the database")
-    _add_database_option(cur)
-    cur.set_defaults(handler=_cmd_db_current)
-    prune = db_sub.add_parser(
-        "prune", help="delete traces older than a duration, with their jobs and scores"
-    )
-    _add_database_option(prune)
-    prune.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90d, 12w, 36h")
-    prune.add_argument(
-        "--yes", action="store_true", help="delete (without it, only say how many would go)"
-    )
-    prune.set_defaults(handler=_cmd_db_prune)
+    from recalltrace.cli import db, jobs, scores, trace, worker
 
+    db.register(sub)
     demo = sub.add_parser(
         "demo", help="run a small traced RAG app on the embedded database and score it"
     )
@@ -140,21 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
-    from recalltrace.cli._history import register_history_commands
-
-    register_history_commands(sub)
-    from recalltrace.cli.worker import register_worker_commands
-
-    register_worker_commands(sub)
+    scores.register(sub)
+    trace.register(sub)
+    jobs.register(sub)
+    worker.register(sub)
 
     return parser
 
 
 def _friendly(exc: BaseException) -> str | None:
     """A one-line message for errors a user can fix, or None for real bugs."""
+    from recalltrace.scorers._judge import JudgeBackendMissing
     from recalltrace.storage.db import DatabaseURLError
 
-    if isinstance(exc, (CommandError, DatabaseURLError)):
+    if isinstance(exc, (CommandError, DatabaseURLError, JudgeBackendMissing)):
         return str(exc)
     try:
         from sqlalchemy.exc import OperationalError, ProgrammingError

@@ -1,4 +1,4 @@
-"""``recalltrace worker`` and ``recalltrace backfill``."""
+"""``recalltrace worker``: score stored traces, and the judge options it shares with the demo."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import os
 import sys
 from typing import Any
 
-from recalltrace.cli import CommandError, _add_database_option
-from recalltrace.cli._history import _positive_int, _stored_text
+from recalltrace.cli._args import CommandError, _add_database_option, _metrics_arg, _positive_int
 
 
 def _positive_float(text: str) -> float:
@@ -61,6 +60,12 @@ def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
     if not args.judge_model:
         return None
     from recalltrace.scorers import JudgeConfig
+    from recalltrace.scorers._judge import JudgeBackendMissing, require_judge_backend
+
+    try:
+        require_judge_backend()
+    except JudgeBackendMissing as exc:
+        raise CommandError(str(exc)) from None
 
     try:
         return JudgeConfig(
@@ -76,26 +81,7 @@ def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
         raise CommandError(f"bad judge configuration: {exc}") from None
 
 
-def _metrics_arg(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    from recalltrace.scorers.catalog import metric_info
-
-    keys: list[str] = []
-    for value in values:
-        for key in value.split(","):
-            key = key.strip()
-            if not key:
-                continue
-            try:
-                metric_info(key)
-            except KeyError as exc:
-                raise CommandError(str(exc.args[0])) from None
-            keys.append(key)
-    return keys
-
-
-def register_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``worker`` and ``backfill`` to the command line."""
     worker = sub.add_parser(
         "worker",
@@ -134,19 +120,6 @@ def register_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     add_judge_arguments(worker)
     worker.set_defaults(handler=_cmd_worker)
-
-    backfill = sub.add_parser(
-        "backfill",
-        help="create scoring jobs for traces already stored (e.g. after a new variant version)",
-    )
-    _add_database_option(backfill)
-    backfill.add_argument("--since", default=None, help="duration (7d) or timestamp")
-    backfill.add_argument("--until", default=None, help="duration (1h) or timestamp")
-    backfill.add_argument("--app", type=_stored_text, default=None, help="only traces of this app")
-    backfill.add_argument(
-        "--metric", action="append", metavar="KEY", help="variants (default: all six)"
-    )
-    backfill.set_defaults(handler=_cmd_backfill)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -241,32 +214,3 @@ def _run_with_progress(worker: Any) -> Any:
 
         worker.on_progress = update
         return asyncio.run(worker.run(once=True))
-
-
-def _cmd_backfill(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from rich.progress import Progress
-
-    from recalltrace.cli._history import _window
-    from recalltrace.storage.repository import open_repository
-
-    since, until = _window(args)
-    metrics = _metrics_arg(args.metric)
-    repo = open_repository(args.database_url)
-    progress = Progress(transient=True) if sys.stdout.isatty() else None
-    try:
-        keys = metrics or [m.key for m in repo.metrics]
-        total = 0
-        with progress or contextlib.nullcontext():
-            task = progress.add_task("creating jobs", total=len(keys)) if progress else None
-            for key in keys:
-                total += repo.create_jobs(
-                    metrics=[key], since=since, until=until, app_name=args.app
-                )
-                if progress is not None and task is not None:
-                    progress.advance(task)
-    finally:
-        repo.dispose()
-    print(f"created {total} scoring jobs for {', '.join(keys)}")
-    return 0

@@ -4,7 +4,6 @@ and a fixture that configures the tracer with an in-memory span exporter and sin
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,48 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import recalltrace
+from recalltrace.storage.contracts import TraceNotFound
 from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+from recalltrace.testing import MemorySink
 
-
-class TraceNotFound(LookupError):
-    """Raised by the sinks below like ``storage.TraceNotFound``."""
-
-
-class MemorySink:
-    """Keeps written records in memory; ``attach_reference`` works on what it holds."""
-
-    def __init__(self) -> None:
-        self.records: list[TraceRecord] = []
-        self.batches: list[int] = []
-        self.references: list[ReferenceUpdate] = []
-        self.lock = threading.Lock()
-
-    def write_traces(self, records: Sequence[TraceRecord]) -> None:
-        with self.lock:
-            known = {record.trace_id for record in self.records}
-            self.records.extend(record for record in records if record.trace_id not in known)
-            self.batches.append(len(records))
-
-    def attach_reference(self, update: ReferenceUpdate) -> int:
-        with self.lock:
-            for record in self.records:
-                if record.trace_id == update.trace_id:
-                    if update.reference is not None:
-                        record.reference = update.reference
-                    if update.reference_contexts is not None:
-                        record.reference_contexts = update.reference_contexts
-                    if update.reference_context_ids is not None:
-                        record.reference_context_ids = update.reference_context_ids
-                    self.references.append(update)
-                    return 1
-        raise TraceNotFound(update.trace_id)
-
-    def by_id(self, trace_id: str) -> TraceRecord:
-        with self.lock:
-            for record in self.records:
-                if record.trace_id == trace_id:
-                    return record
-        raise KeyError(trace_id)
+__all__ = ["FileSink", "FlakySink", "MemorySink", "Traced", "dropped", "make_traced"]
 
 
 class FlakySink(MemorySink):

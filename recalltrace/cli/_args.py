@@ -1,0 +1,237 @@
+"""Argument parsing shared by the command groups: option builders, value types, and the
+checked reading of windows, metrics and versions (one clear line for a bad value)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from recalltrace.cli._render import _when
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from recalltrace.storage.history import History
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandError(Exception):
+    """A problem the user can fix; printed as one line without a traceback."""
+
+
+def _add_database_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="database URL (default: $RECALLTRACE_DATABASE_URL or sqlite:///./recalltrace.db)",
+    )
+
+
+FORMATS = ("table", "json", "csv")
+
+
+DEFAULT_WINDOW = "7d"
+
+
+def _piped(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run ``handler``; a reader that stops early (``| head``) ends the output quietly."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result = handler(args)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            # Point stdout at /dev/null so the interpreter's final flush does not fail too.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_OK
+
+    return run
+
+
+def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
+    _add_database_option(parser)
+    parser.add_argument(
+        "--since",
+        default=DEFAULT_WINDOW,
+        metavar="WHEN",
+        help=f"window start: a duration before now (30m, 1h, 7d, 2w) or an ISO timestamp "
+        f"(2026-11-01, 2026-11-01T10:00:00Z); default: {DEFAULT_WINDOW}",
+    )
+    parser.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
+    parser.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
+    )
+    parser.add_argument("--metric", default=None, metavar="METRIC", help=metric_help)
+    _add_version(parser)
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--version",
+        dest="metric_version",
+        type=_stored_text,
+        default=None,
+        metavar="V",
+        help="read version V of --metric (default: each metric's current version; the scores "
+        "of other versions, kept after a backfill, are never pooled with them)",
+    )
+
+
+def _add_job_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metric", default=None, metavar="METRIC", help="only this metric")
+    parser.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app's traces"
+    )
+
+
+def _add_bucket(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bucket", choices=("hour", "day"), default="day", help="bucket size (default: day)"
+    )
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=FORMATS, default="table", help="output format (default: table)"
+    )
+
+
+# Largest count or id a command accepts: what a Postgres bigint holds (limits, job ids).
+_MAX_INT = 2**63 - 1
+
+
+def _stored_text(text: str) -> str:
+    """An argument compared with stored text: refuse characters stored text never holds (a
+    non-UTF-8 byte in the command line arrives as a lone surrogate)."""
+    from recalltrace.storage.history import unstorable_character
+
+    problem = unstorable_character(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text!r}")
+    if value > _MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected a number of at most {_MAX_INT}, got {text!r}")
+    return value
+
+
+def _unit_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+@contextmanager
+def _database(args: argparse.Namespace) -> Iterator[Engine]:
+    """An engine on ``--database-url``; refuses to create a SQLite file that does not exist."""
+    from recalltrace.storage.db import create_engine_from_url, redact_url, resolve_database_url
+
+    url = resolve_database_url(args.database_url)
+    engine = create_engine_from_url(url)
+    try:
+        if engine.dialect.name == "sqlite":
+            path = engine.url.database
+            # SQLite would silently create an empty file for a mistyped path.
+            in_file = bool(path) and path != ":memory:" and not str(path).startswith("file:")
+            if in_file and not Path(str(path)).exists():
+                raise CommandError(
+                    f"no database file at {redact_url(url)}: check --database-url, or "
+                    "create it with `recalltrace db upgrade`"
+                )
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _history(engine: Engine) -> History:
+    from recalltrace._wiring import history
+
+    return history(engine)
+
+
+def _metric(value: str | None) -> str | None:
+    from recalltrace.scorers.catalog import CATALOG
+    from recalltrace.storage.contracts import UnknownMetric, check_metric
+
+    if value is None:
+        return None
+    try:
+        return check_metric(value, CATALOG)
+    except UnknownMetric as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--metric`` and ``--version``, checked by History's own rule, in the flags' words."""
+    from recalltrace.scorers.catalog import current_versions
+    from recalltrace.storage.history import metric_versions
+
+    metric = _metric(args.metric)
+    version: str | None = args.metric_version
+    if version is not None and metric is None:
+        raise CommandError("--version needs --metric: versions are numbered per metric")
+    try:
+        metric_versions(current_versions(), metric, version)
+    except ValueError as exc:
+        raise CommandError(f"--version: {exc}") from None
+    return metric, version
+
+
+def _window(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]:
+    """``--since``/``--until`` as UTC times; one clear line for a bad value."""
+    from recalltrace.storage.history import TimeSpecError, parse_time
+
+    now = datetime.now(timezone.utc)
+    try:
+        since = None if args.since is None else parse_time(args.since, now=now)
+        until = None if args.until is None else parse_time(args.until, now=now)
+    except TimeSpecError as exc:
+        raise CommandError(str(exc)) from None
+    if since is not None and until is not None and since >= until:
+        raise CommandError(f"--since ({_when(since)}) must be before --until ({_when(until)})")
+    return since, until
+
+
+def _metrics_arg(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    from recalltrace.scorers.catalog import metric_info
+
+    keys: list[str] = []
+    for value in values:
+        for key in value.split(","):
+            key = key.strip()
+            if not key:
+                continue
+            try:
+                metric_info(key)
+            except KeyError as exc:
+                raise CommandError(str(exc.args[0])) from None
+            keys.append(key)
+    return keys

@@ -1,0 +1,143 @@
+"""Rendering shared by the command groups: times, numbers, rich tables, JSON and CSV output."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from recalltrace.storage.history import SummaryRow
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "now"
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _short_when(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _window_text(since: datetime | None, until: datetime | None) -> str:
+    start = "the beginning" if since is None else _when(since)
+    return f"traces started from {start} to {_when(until)}"
+
+
+def _bucket_text(value: datetime, bucket: str) -> str:
+    return value.strftime("%Y-%m-%d" if bucket == "day" else "%Y-%m-%d %H:00")
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    # Piped output gets a generous fixed width instead of rich's 80-column default, so
+    # tables are not squeezed when redirected to a file ($COLUMNS still wins).
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, soft_wrap=False, width=120)
+    return console
+
+
+def _print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+    sys.stdout.write("\n")
+
+
+def _print_csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(fields), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in fields})
+
+
+def _shorten(text: str, max_chars: int) -> str:
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    return text[:max_chars].rstrip() + f" … ({len(text) - max_chars} more characters)"
+
+
+def _label(key: str) -> str:
+    return key.replace("_", " ")
+
+
+def _plain(value: Any) -> str:
+    """One line of text for a detail value (lists comma-joined, objects as JSON)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    if isinstance(value, list):
+        if not value:
+            return "(none)"
+        if all(isinstance(v, list) for v in value):
+            return " | ".join(_plain(v) for v in value)
+        return ", ".join(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def _records_table(title: str, records: Sequence[Mapping[str, Any]]) -> RenderableType:
+    from rich.markup import escape
+    from rich.table import Table
+
+    columns: list[str] = []
+    for record in records:
+        columns.extend(k for k in record if k not in columns)
+    table = Table(title=escape(title), title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(
+            escape(_label(column)), ratio=1 if _is_text_column(records, column) else None
+        )
+    for record in records:
+        cells = []
+        for column in columns:
+            value = record.get(column)
+            if column in _VERDICT_KEYS and isinstance(value, (bool, int)):
+                cells.append("yes" if value else "no")
+            else:
+                cells.append(escape(_plain(value)))
+        table.add_row(*cells)
+    return table
+
+
+def _is_text_column(records: Sequence[Mapping[str, Any]], column: str) -> bool:
+    return any(isinstance(r.get(column), str) and len(r[column]) > 20 for r in records)
+
+
+SUMMARY_FIELDS = (
+    "bucket_start",
+    "metric",
+    "version",
+    "count",
+    "mean",
+    "p10",
+    "p50",
+    "p90",
+    "skipped",
+    "failed",
+)
+
+
+def _summary_stat_cells(r: SummaryRow) -> list[str]:
+    """A summary row's statistics as text, in the order of ``SUMMARY_FIELDS[3:]``."""
+    values = (r.mean, r.p10, r.p50, r.p90)
+    return [str(r.count), *(_num(v) for v in values), str(r.skipped), str(r.failed)]
+
+
+_VERDICT_KEYS = frozenset({"attributed", "is_relevant", "is_included", "found"})

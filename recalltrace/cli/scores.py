@@ -1,0 +1,307 @@
+"""``recalltrace scores summary|worst|plot`` and ``recalltrace check``: the score history.
+
+Each handler opens the database, runs one query of :mod:`recalltrace.storage.history` and
+prints the rows as a table, one JSON document, or CSV with a header row."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from recalltrace.cli._args import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    CommandError,
+    _add_bucket,
+    _add_common,
+    _add_database_option,
+    _add_format,
+    _add_version,
+    _database,
+    _history,
+    _metric_version,
+    _piped,
+    _positive_int,
+    _stored_text,
+    _unit_float,
+    _window,
+)
+from recalltrace.cli._charts import render_html, render_svg
+from recalltrace.cli._render import (
+    SUMMARY_FIELDS,
+    _bucket_text,
+    _console,
+    _num,
+    _print_csv,
+    _print_json,
+    _short_when,
+    _summary_stat_cells,
+    _window_text,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from recalltrace.storage.history import SummaryRow
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``scores summary|worst|plot`` and ``check``."""
+    scores = sub.add_parser("scores", help="query the history of stored scores")
+    scores_sub = scores.add_subparsers(dest="scores_command", metavar="ACTION", required=True)
+
+    summary = scores_sub.add_parser(
+        "summary",
+        help="per time bucket and metric: count, mean, p10/p50/p90, skipped and failed",
+        description="Per time bucket and metric: the number of scored traces, the mean, the "
+        "10th/50th/90th percentiles, and how many results were skipped or failed.",
+    )
+    _add_common(summary, metric_help="only this metric (default: every metric)")
+    _add_bucket(summary)
+    _add_format(summary)
+    summary.set_defaults(handler=_piped(_cmd_summary))
+
+    worst = scores_sub.add_parser(
+        "worst",
+        help="the lowest-scoring traces with their reasons",
+        description="The lowest scored results in the window, lowest first, with their reasons.",
+    )
+    _add_common(worst, metric_help="only this metric (default: the lowest of every metric)")
+    worst.add_argument(
+        "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
+    )
+    _add_format(worst)
+    worst.set_defaults(handler=_piped(_cmd_worst))
+
+    plot = scores_sub.add_parser(
+        "plot",
+        help="chart recall over time per metric (HTML page or SVG)",
+        description="Chart the mean recall per metric over time, with the number of scored "
+        "results per bucket, as a self-contained HTML page (.html) or an SVG image (.svg).",
+    )
+    _add_common(plot, metric_help="only this metric (default: every metric)")
+    _add_bucket(plot)
+    plot.add_argument(
+        "--out", required=True, metavar="FILE", help="output file: FILE.html or FILE.svg"
+    )
+    plot.set_defaults(handler=_piped(_cmd_plot))
+
+    check = sub.add_parser(
+        "check",
+        help="exit 1 when a metric's mean falls below a threshold (for cron and CI)",
+        description="Exit 0 with one OK line when the mean of METRIC over the window is at "
+        "least --min over at least --min-count scored traces; otherwise exit 1 with one line "
+        "saying why.",
+    )
+    _add_database_option(check)
+    check.add_argument("--metric", required=True, metavar="METRIC", help="the metric to check")
+    _add_version(check)
+    check.add_argument(
+        "--min", dest="minimum", required=True, type=_unit_float, metavar="X", help="lowest mean"
+    )
+    check.add_argument(
+        "--since", default="1h", metavar="WHEN", help="window start (default: 1h; see --help)"
+    )
+    check.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
+    check.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
+    )
+    check.add_argument(
+        "--min-count",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="fail when fewer than N traces were scored (default: 1)",
+    )
+    check.set_defaults(handler=_piped(_cmd_check))
+
+
+def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
+    metric, version = _metric_version(args)
+    since, until = _window(args)
+    rows = _history(engine).summary(
+        bucket=args.bucket, since=since, until=until, app=args.app, metric=metric, version=version
+    )
+    return rows, _window_text(since, until)
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    with _database(args) as engine:
+        rows, window = _summary_rows(args, engine)
+    if args.format == "json":
+        _print_json([r.as_dict() for r in rows])
+    elif args.format == "csv":
+        _print_csv(SUMMARY_FIELDS, [r.as_dict() for r in rows])
+    else:
+        from rich.markup import escape
+        from rich.table import Table
+
+        from recalltrace.storage.history import group_by_metric
+
+        console = _console()
+        if not rows:
+            console.print(f"No scores for {window}.")
+            return EXIT_OK
+        stats = SUMMARY_FIELDS[3:]
+        title = f"Scores by {args.bucket}, {window}"
+        table = Table(title=title, title_justify="left")
+        for name in (args.bucket, "metric", "v", *stats):
+            table.add_column(name, justify="left" if name in (args.bucket, "metric") else "right")
+        for r in rows:
+            when = _bucket_text(r.bucket_start, args.bucket)
+            table.add_row(when, r.metric, escape(r.version), *_summary_stat_cells(r))
+        unbounded = console.options.update_width(10_000)
+        if console.measure(table, options=unbounded).maximum <= console.width:
+            console.print(table)
+            return EXIT_OK
+        # Too narrow for one table (an 80-column terminal): one table per metric, which needs
+        # neither the metric nor the version column.
+        console.print(title)
+        for metric, series in group_by_metric(rows).items():
+            part = Table(
+                title=f"{metric} (version {escape(series[0].version)})", title_justify="left"
+            )
+            for name in (args.bucket, *stats):
+                part.add_column(name, justify="left" if name == args.bucket else "right")
+            for r in series:
+                part.add_row(_bucket_text(r.bucket_start, args.bucket), *_summary_stat_cells(r))
+            console.print(part)
+    return EXIT_OK
+
+
+#: ``scores worst`` shows each row as a block instead of a table when the reason column would
+#: be narrower than this.
+_MIN_REASON_WIDTH = 24
+
+
+WORST_FIELDS = (
+    "value",
+    "metric",
+    "trace_id",
+    "app_name",
+    "trace_started_at",
+    "reason",
+    "version",
+    "scored_at",
+)
+
+
+def _cmd_worst(args: argparse.Namespace) -> int:
+    metric, version = _metric_version(args)
+    since, until = _window(args)
+    with _database(args) as engine:
+        rows = _history(engine).worst(
+            metric=metric, limit=args.limit, since=since, until=until, app=args.app, version=version
+        )
+    if args.format == "json":
+        _print_json([r.as_dict() for r in rows])
+    elif args.format == "csv":
+        _print_csv(WORST_FIELDS, [r.as_dict() for r in rows])
+    else:
+        from rich.markup import escape
+        from rich.table import Table
+
+        console = _console()
+        window = _window_text(since, until)
+        if not rows:
+            console.print(f"No scored traces for {window}.")
+            return EXIT_OK
+        title = f"Lowest scores, {window}"
+        # Every column but the reason has a fixed width; the reason gets the rest (rich left to
+        # itself overshoots the console by a column or two and crops the right border).
+        metric_width = max(len(r.metric) for r in rows)
+        fixed = (5, metric_width, 32, 16)
+        reason_width = console.width - sum(fixed) - 2 * (len(fixed) + 1) - (len(fixed) + 2)
+        if reason_width < _MIN_REASON_WIDTH:
+            # Too narrow for the reason beside the other columns: each row as a short block.
+            console.print(title)
+            grid = Table.grid(padding=(0, 2, 0, 0))
+            grid.add_column(justify="right")
+            grid.add_column()
+            for index, r in enumerate(rows):
+                if index:
+                    grid.add_row("", "")  # a blank line between rows
+                grid.add_row(
+                    _num(r.value),
+                    f"[bold]{r.metric}[/bold] (version {escape(r.version)})\n"
+                    f"{r.trace_id}  [dim]{escape(r.app_name)}  "
+                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{escape(r.reason)}",
+                )
+            console.print(grid)
+            return EXIT_OK
+        table = Table(title=title, title_justify="left", show_lines=True)
+        table.add_column("value", justify="right", width=fixed[0])
+        table.add_column("metric", width=fixed[1])
+        table.add_column("trace id / app", width=fixed[2])
+        table.add_column("started (UTC)", width=fixed[3], no_wrap=True)
+        longest = max(len("reason"), *(len(r.reason) for r in rows))
+        table.add_column("reason", width=min(reason_width, longest))
+        for r in rows:
+            table.add_row(
+                _num(r.value),
+                r.metric,
+                f"{r.trace_id}\n[dim]{escape(r.app_name)}[/dim]",
+                _short_when(r.trace_started_at),
+                escape(r.reason),
+            )
+        console.print(table)
+    return EXIT_OK
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    suffix = out.suffix.lower()
+    if suffix not in (".html", ".htm", ".svg"):
+        if suffix == ".png":
+            raise CommandError(
+                "PNG output is not supported; write a self-contained page with --out "
+                f"{out.with_suffix('.html')} or an image with --out {out.with_suffix('.svg')}"
+            )
+        raise CommandError(f"cannot tell the chart format from {args.out!r}: use .html or .svg")
+    if not out.parent.exists():
+        raise CommandError(f"the folder of {args.out!r} does not exist")
+    with _database(args) as engine:
+        rows, window = _summary_rows(args, engine)
+    title = f"Context recall by {args.bucket}" + (f", app {args.app}" if args.app else "")
+    svg = render_svg(rows, bucket=args.bucket, title=title, subtitle=window)
+    if suffix == ".svg":
+        document = '<?xml version="1.0" encoding="UTF-8"?>\n' + svg
+    else:
+        document = render_html(rows, svg=svg, bucket=args.bucket, title=title, subtitle=window)
+    out.write_text(document, encoding="utf-8")
+    print(f"wrote {out} ({len(rows)} bucket rows, {window})")
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    metric, version = _metric_version(args)
+    assert metric is not None  # --metric is required
+    since, until = _window(args)
+    with _database(args) as engine:
+        stats = _history(engine).window(
+            metric=metric, since=since, until=until, app=args.app, version=version
+        )
+    scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")
+    if version is not None:
+        scope += f", version {version}"
+    if stats.count < args.min_count or stats.mean is None:
+        print(
+            f"FAIL {metric}: {stats.count} scored traces for {scope}, fewer than the "
+            f"{args.min_count} required ({stats.skipped} skipped, {stats.failed} failed)",
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    if stats.mean < args.minimum:
+        print(
+            f"FAIL {metric}: mean {stats.mean:.4f} is below {args.minimum:g} over "
+            f"{stats.count} scored traces for {scope}",
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    print(
+        f"OK {metric}: mean {stats.mean:.4f} is at least {args.minimum:g} over "
+        f"{stats.count} scored traces for {scope}"
+    )
+    return EXIT_OK
