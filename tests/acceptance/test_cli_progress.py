@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 from recalltrace import open_repository
+from tests.support import ROOT
 from tests.support.factories import make_trace
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_on_terminal(*args: str) -> tuple[int, str]:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from recalltrace.scorers import (
 )
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
 from recalltrace.scorers._prompts import SCHEMAS
+from tests.support import ROOT
 from tests.support.judge_server import JudgeServer, Reply
 
 MESSAGES = [
@@ -408,7 +408,7 @@ def test_the_server_runs_as_a_separate_process() -> None:
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=ROOT,
     )
     try:
         assert proc.stdout is not None

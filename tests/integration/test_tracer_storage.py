@@ -19,9 +19,8 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.history import History
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.storage.repository import Repository, TraceNotFound
+from tests.support import ROOT
 from tests.support.factories import make_history, make_repository
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

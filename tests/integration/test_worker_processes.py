@@ -14,7 +14,6 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +22,10 @@ from sqlalchemy import func, select
 
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
 from recalltrace.storage.repository import Repository
+from tests.support import ROOT
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import start_process
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.postgres
 
 

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, func, select, text
@@ -18,8 +17,7 @@ from sqlalchemy.engine import make_url
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 def with_application_name(url: str, name: str) -> str:

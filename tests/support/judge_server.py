@@ -44,7 +44,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -455,7 +454,8 @@ def start_process(*args: str) -> tuple[subprocess.Popen[str], str]:
 
     Returns the process and its base URL once it is listening; stop it with ``terminate()``.
     """
-    root = Path(__file__).resolve().parents[2]
+    from tests.support import ROOT as root
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.judge_server", *args],
         cwd=root,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 # folder -> the installed name of each part it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {

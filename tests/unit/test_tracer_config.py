@@ -12,8 +12,7 @@ import pytest
 
 import recalltrace
 from recalltrace.tracer._config import parse_sample_rates
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 def test_defaults_from_recalltrace_variables(monkeypatch: pytest.MonkeyPatch) -> None:

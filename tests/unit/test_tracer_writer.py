@@ -19,6 +19,7 @@ import pytest
 import recalltrace
 from recalltrace.storage.records import TraceRecord
 from recalltrace.tracer._runtime import stats
+from tests.support import ROOT
 from tests.support.tracer_helpers import (
     FileSink,
     FlakySink,
@@ -33,9 +34,6 @@ from tests.support.tracer_helpers import (
 @pytest.fixture
 def traced() -> Iterator[Traced]:
     yield from traced_session()
-
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @recalltrace.retrieval
