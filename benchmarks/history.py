@@ -6,8 +6,8 @@ server-side (``INSERT ... SELECT generate_series``) with traces spread over 30 d
 retrieved contexts, one score and one finished job per (trace, metric), then times the queries
 ``recalltrace`` runs, through :class:`storage.history.History`, and drops the database.
 
-    .venv/bin/python benchmarks/history.py                 # 1,000,000 scores
-    .venv/bin/python benchmarks/history.py --scores 200000
+    python -m benchmarks.history                 # 1,000,000 scores
+    python -m benchmarks.history --scores 200000
 
 Prints the median latency of each query and whether it meets the 100 ms target.
 """
@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._pg import scratch_database
 from recalltrace.scorers.catalog import CATALOG

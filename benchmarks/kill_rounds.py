@@ -6,7 +6,7 @@ in which two ``recalltrace worker`` processes are SIGKILLed at random moments, t
 worker until nothing is due. Passes when the final scores are exactly the expected set: each
 (trace, variant) once with the value the scorers give. The seed is the start time (printed).
 
-Run: ``.venv/bin/python benchmarks/kill_rounds.py [extra pytest arguments]``
+Run: ``python -m benchmarks.kill_rounds [extra pytest arguments]``
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def main() -> int:

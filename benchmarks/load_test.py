@@ -9,7 +9,7 @@ gives the reference for the overhead target. Prints the figures recorded in
 ``benchmarks/README.md`` (section *Reliability load test*) and exits non-zero when a guarantee
 does not hold (wrong results, an uncounted loss, a call blocked on storage).
 
-Run: ``.venv/bin/python benchmarks/load_test.py [--rate 2000] [--seconds 60]``
+Run: ``python -m benchmarks.load_test [--rate 2000] [--seconds 60]``
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from _pg import scratch_database  # noqa: E402
-
-from tests.reliability.load import rss_growth_mib, run_load  # noqa: E402
+from benchmarks._pg import scratch_database
+from tests.reliability.load import rss_growth_mib, run_load
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python benchmarks/scorers.py [--samples 1000] [--traces 4000] [--processes 4] [--repeats 3]
+    python -m benchmarks.scorers [--samples 1000] [--traces 4000] [--processes 4] [--repeats 3]
 
 1. non_llm_context_recall on samples of 10 retrieved x 5 reference contexts of 300 characters,
    against Ragas' NonLLMContextRecall on the same samples (scores must be identical).
@@ -40,15 +40,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from benchmarks._cpu import process_cpu_s  # noqa: E402
-from recalltrace import scorers  # noqa: E402
-from recalltrace.scorers._judge import LITELLM_HTTP_FLAG  # noqa: E402
-from tests.support.judge_server import JudgeServer, Reply, auto_answer  # noqa: E402
+from benchmarks._cpu import process_cpu_s
+from recalltrace import scorers
+from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
+from tests.support import ROOT
+from tests.support.judge_server import JudgeServer, Reply, auto_answer
 
 LATENCY_S = 0.2
 # A model in LiteLLM's price list, served by the local judge: a real deployment's cost path.
@@ -606,7 +605,8 @@ def multi_process(
         subprocess.Popen(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "benchmarks.scorers",
                 "--child",
                 key,
                 "--base-url",

@@ -5,19 +5,15 @@ rows (traces, contexts and the scoring jobs of all six variants) into the same P
 batches of the same size, one transaction per batch. The raw side is psycopg's COPY in its
 faster binary form, with nothing else around it.
 
-    python benchmarks/storage_ingest.py [--traces 20000] [--batch 500] [--rounds 3]
+    python -m benchmarks.storage_ingest [--traces 20000] [--batch 500] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 from psycopg.types.json import Jsonb

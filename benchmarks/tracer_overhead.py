@@ -17,7 +17,7 @@ discards, and the recalltrace sink discards the records too (unless ``--database
 so the figures are the tracing cost on the request path (including the writer thread's
 competition for the GIL: assembly and scrubbing run in the same process), not storage's.
 
-Run: ``.venv/bin/python benchmarks/tracer_overhead.py [--calls 20000] [--warmup 2000]``
+Run: ``python -m benchmarks.tracer_overhead [--calls 20000] [--warmup 2000]``
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -225,17 +223,13 @@ def main() -> None:
         help="write the records to real storage at this URL instead of discarding them",
     )
     args = parser.parse_args()
-    # Run as a script, this folder is first on sys.path, and benchmarks/scorers.py would shadow
-    # the scorers package that storage imports.
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
     trace.set_tracer_provider(provider)
     sink: Any = DiscardingSink()
     if args.database_url:
-        from recalltrace.storage import open_repository
+        from recalltrace import open_repository
 
         sink = CountingSink(open_repository(args.database_url))
 

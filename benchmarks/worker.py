@@ -6,7 +6,7 @@ the judge is the only slow part. Each configuration writes fresh traces, starts 
 which scores land in the database between 10% and 90% of the work (process start-up, which
 imports LiteLLM, is outside that window). The bound is N x concurrency / latency.
 
-    python benchmarks/worker.py [--latency 0.2] [--concurrency 16] [--seconds 15]
+    python -m benchmarks.worker [--latency 0.2] [--concurrency 16] [--seconds 15]
 
 Also measured: the non-LLM variants alone (database-bound), the workers' own figure of
 database time per job, and the CPU used inside the window: the whole machine's busy cores, and
@@ -23,17 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from sqlalchemy import func, select, text
 
-from sqlalchemy import func, select, text  # noqa: E402
-
-from benchmarks._cpu import machine_busy_s, process_cpu_s  # noqa: E402
-from benchmarks._pg import scratch_database  # noqa: E402
-from recalltrace.storage.db import create_engine_from_url  # noqa: E402
-from recalltrace.storage.models import Score  # noqa: E402
-from tests.support.factories import make_repository, make_trace  # noqa: E402
-from tests.support.judge_server import start_process  # noqa: E402
+from benchmarks._cpu import machine_busy_s, process_cpu_s
+from benchmarks._pg import scratch_database
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.models import Score
+from tests.support import ROOT
+from tests.support.factories import make_repository, make_trace
+from tests.support.judge_server import start_process
 
 
 def write_traces(url: str, metrics: list[str], count: int) -> None:
