@@ -57,27 +57,10 @@ def configure(
     Calling ``configure`` again drains the previous writer and replaces it. Without a call,
     the first decorated call configures from the environment.
     """
+    # Every keyword is a TracerConfig field of the same name (a test holds them together).
+    overrides = {name: value for name, value in locals().items() if name != "config"}
     from recalltrace.tracer import _runtime
 
-    overrides = {
-        "database_url": database_url,
-        "service_name": service_name,
-        "sample_rate": sample_rate,
-        "sample_rates": sample_rates,
-        "scrubbing": scrubbing,
-        "max_queue_size": max_queue_size,
-        "max_batch_size": max_batch_size,
-        "flush_interval": flush_interval,
-        "shutdown_timeout": shutdown_timeout,
-        "max_write_attempts": max_write_attempts,
-        "retry_backoff": retry_backoff,
-        "reference_wait": reference_wait,
-        "max_text_length": max_text_length,
-        "tracer_provider": tracer_provider,
-        "meter_provider": meter_provider,
-        "sink": sink,
-        "enabled": enabled,
-    }
     if config is None:
         config = TracerConfig.from_env(**overrides)
     else:

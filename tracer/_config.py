@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -70,41 +70,37 @@ class TraceSink(Protocol):
         ``LookupError``) when the trace is not stored yet."""
 
 
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    value = value.strip()
-    return value or None
+# -- the options table ---------------------------------------------------------------------------
+# Each option of :class:`TracerConfig` is written once: its field holds the default and the
+# documentation, and its metadata the environment variables it is read from (first one set
+# wins) with the parser of each. ``from_env`` and the docs' table (checked by a test) follow.
+
+_UNSET: Any = object()
+"""A parser's answer for "this value sets nothing" (``RECALLTRACE_SCRUBBING=1``)."""
+
+EnvSource = tuple[str, Callable[[str], Any]]
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
+def _float(raw: str) -> float:
     try:
         return float(raw)
     except ValueError:
-        logger.warning("ignoring %s=%r: not a number", name, raw)
-        return default
+        raise ValueError("not a number") from None
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = _env(name)
-    if raw is None:
-        return default
+def _int(raw: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        logger.warning("ignoring %s=%r: not an integer", name, raw)
-        return default
+        raise ValueError("not an integer") from None
 
 
-def _env_bool(name: str) -> bool | None:
-    raw = _env(name)
-    if raw is None:
-        return None
+def _truthy(raw: str) -> bool:
     return raw.lower() in ("1", "true", "yes", "on")
+
+
+def _text(raw: str) -> str:
+    return raw
 
 
 def parse_sample_rates(raw: str) -> dict[str, float]:
@@ -117,114 +113,144 @@ def parse_sample_rates(raw: str) -> dict[str, float]:
         name, sep, value = item.rpartition("=")
         if not sep or not name.strip():
             raise ValueError(f"expected app=rate, got {item!r}")
-        rates[name.strip()] = float(value)
+        rates[name.strip()] = _float(value)
     return rates
 
 
-def _service_name_from_env() -> str | None:
-    name = _env("RECALLTRACE_SERVICE_NAME") or _env("OTEL_SERVICE_NAME")
-    if name:
-        return name
-    resource_attributes = _env("OTEL_RESOURCE_ATTRIBUTES")
-    if resource_attributes:
-        for item in resource_attributes.split(","):
-            key, sep, value = item.partition("=")
-            if sep and key.strip() == "service.name" and value.strip():
-                return value.strip()
-    return None
+def _service_name_from_resource(raw: str) -> Any:
+    for item in raw.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "service.name" and value.strip():
+            return value.strip()
+    return _UNSET
+
+
+def _scrubbing_switch(raw: str) -> Any:
+    return _UNSET if _truthy(raw) else False
+
+
+def _provider_choice(raw: str) -> str:
+    if raw not in ("auto", "global", "own"):
+        raise ValueError("expected auto, global or own")
+    return raw
+
+
+def _enabled(raw: str) -> bool:
+    return _truthy(raw)
+
+
+def _otel_disabled(raw: str) -> Any:
+    return False if _truthy(raw) else _UNSET
+
+
+def option(default: Any = MISSING, *, env: Sequence[EnvSource] = (), factory: Any = MISSING) -> Any:
+    """A :class:`TracerConfig` field with the environment variables it is read from."""
+    metadata = {"env": tuple(env)}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def env_sources(name: str) -> tuple[EnvSource, ...]:
+    """The environment variables (with their parsers) option ``name`` is read from."""
+    return tuple(TracerConfig.__dataclass_fields__[name].metadata.get("env", ()))
 
 
 @dataclass(slots=True)
 class TracerConfig:
     """All tracer options. Build it with :meth:`from_env` to get the environment defaults."""
 
-    database_url: str | None = None
+    database_url: str | None = option(None, env=[("RECALLTRACE_DATABASE_URL", _text)])
     """Where records are stored. ``None`` means ``RECALLTRACE_DATABASE_URL``, else the SQLite
     file ``./recalltrace.db``."""
-    service_name: str | None = None
+    service_name: str | None = option(
+        None,
+        env=[
+            ("RECALLTRACE_SERVICE_NAME", _text),
+            ("OTEL_SERVICE_NAME", _text),
+            ("OTEL_RESOURCE_ATTRIBUTES", _service_name_from_resource),
+        ],
+    )
     """``service.name`` written on every record. ``None`` means ``RECALLTRACE_SERVICE_NAME``,
     ``OTEL_SERVICE_NAME``, ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, the resource of
     the joined TracerProvider, else ``unknown_service``."""
-    sample_rate: float = 1.0
-    """Share of traces stored for scoring, 0..1 (``RECALLTRACE_SAMPLE_RATE``). Decided once per
-    trace from its trace id, so the set sampled at a higher rate contains the lower one's."""
-    sample_rates: Mapping[str, float] = field(default_factory=dict)
+    sample_rate: float = option(1.0, env=[("RECALLTRACE_SAMPLE_RATE", _float)])
+    """Share of traces stored for scoring, 0..1. Decided once per trace from its trace id, so
+    the set sampled at a higher rate contains the lower one's."""
+    sample_rates: Mapping[str, float] = option(
+        factory=dict, env=[("RECALLTRACE_SAMPLE_RATES", parse_sample_rates)]
+    )
     """Per-app rates keyed by the root's name, overriding ``sample_rate``
     (``RECALLTRACE_SAMPLE_RATES="support-bot=0.5,search=1"``)."""
-    scrubbing: ScrubbingOptions | Literal[False] = field(default_factory=ScrubbingOptions)
+    scrubbing: ScrubbingOptions | Literal[False] = option(
+        factory=ScrubbingOptions, env=[("RECALLTRACE_SCRUBBING", _scrubbing_switch)]
+    )
     """Scrubbing options, or ``False`` to store text unchanged (``RECALLTRACE_SCRUBBING=0``)."""
-    max_queue_size: int = 2048
+    max_queue_size: int = option(2048, env=[("RECALLTRACE_MAX_QUEUE_SIZE", _int)])
     """Bound of the in-memory queue of records waiting for storage, including records kept for
-    a retry while storage is down (``RECALLTRACE_MAX_QUEUE_SIZE``). Beyond it records are
-    dropped and counted; the caller is never blocked."""
-    max_batch_size: int = 256
-    """Most records written in one transaction (``RECALLTRACE_MAX_BATCH_SIZE``)."""
-    flush_interval: float = 1.0
-    """Seconds the writer waits for a batch to fill before writing what it has
-    (``RECALLTRACE_FLUSH_INTERVAL``)."""
-    shutdown_timeout: float = 5.0
-    """Seconds :func:`shutdown` and the exit hook wait for the queue to drain
-    (``RECALLTRACE_SHUTDOWN_TIMEOUT``)."""
-    max_write_attempts: int = 5
+    a retry while storage is down. Beyond it records are dropped and counted; the caller is
+    never blocked."""
+    max_batch_size: int = option(256, env=[("RECALLTRACE_MAX_BATCH_SIZE", _int)])
+    """Most records written in one transaction."""
+    flush_interval: float = option(1.0, env=[("RECALLTRACE_FLUSH_INTERVAL", _float)])
+    """Seconds the writer waits for a batch to fill before writing what it has."""
+    shutdown_timeout: float = option(5.0, env=[("RECALLTRACE_SHUTDOWN_TIMEOUT", _float)])
+    """Seconds :func:`shutdown` and the exit hook wait for the queue to drain."""
+    max_write_attempts: int = option(5, env=[("RECALLTRACE_MAX_WRITE_ATTEMPTS", _int)])
     """Attempts to write a record that storage refuses, with exponential back-off, before it
-    is dropped as ``storage_error`` (``RECALLTRACE_MAX_WRITE_ATTEMPTS``). While storage cannot
-    be reached at all, records are kept within ``max_queue_size`` without using attempts."""
-    retry_backoff: float = 0.5
-    """First back-off in seconds after a failed write; doubled per failure, at most 30 s."""
-    reference_wait: float = 30.0
+    is dropped as ``storage_error``. While storage cannot be reached at all, records are kept
+    within ``max_queue_size`` without using attempts."""
+    retry_backoff: float = option(0.5)
+    """First back-off in seconds after a failed write; doubled per failure, at most 5 s."""
+    reference_wait: float = option(30.0, env=[("RECALLTRACE_REFERENCE_WAIT", _float)])
     """Seconds a late reference waits for its trace to be stored (it may still be in flight)
-    before it is dropped (``RECALLTRACE_REFERENCE_WAIT``)."""
-    max_text_length: int | None = 100_000
+    before it is dropped."""
+    max_text_length: int | None = option(100_000)
     """Longest text stored per field; longer text is cut and the cut noted on the record."""
-    tracer_provider: TracerProviderChoice | Any = "auto"
+    tracer_provider: TracerProviderChoice | Any = option(
+        "auto", env=[("RECALLTRACE_TRACER_PROVIDER", _provider_choice)]
+    )
     """``"global"``: join the application's global TracerProvider (its exporters get the spans).
     ``"own"``: create an SDK TracerProvider and install it globally if none is installed yet.
     ``"auto"`` (default): join if the application already installed one, else ``"own"``.
-    Or pass a TracerProvider instance to use it without touching the global one.
-    Environment: ``RECALLTRACE_TRACER_PROVIDER``. An own provider exports to the exporter named
-    by ``OTEL_TRACES_EXPORTER`` (``otlp`` or ``console``) when that is set."""
-    meter_provider: Any = None
+    Or pass a TracerProvider instance to use it without touching the global one. An own
+    provider exports to the exporter named by ``OTEL_TRACES_EXPORTER`` (``otlp`` or
+    ``console``) when that is set."""
+    meter_provider: Any = option(None)
     """MeterProvider for the tracer's own metrics; ``None`` means the global one (no metrics SDK
     is set up by the tracer)."""
-    sink: TraceSink | None = None
-    """Where records go; ``None`` means ``storage.open_repository(database_url)``, opened lazily
-    on the writer thread."""
-    enabled: bool = True
+    sink: TraceSink | None = option(None)
+    """Where records go; ``None`` means the repository on ``database_url`` (what
+    ``recalltrace.open_repository`` opens), opened lazily on the writer thread."""
+    enabled: bool = option(
+        True, env=[("RECALLTRACE_ENABLED", _enabled), ("OTEL_SDK_DISABLED", _otel_disabled)]
+    )
     """``False`` turns the decorators into plain calls (``RECALLTRACE_ENABLED=0`` or
     ``OTEL_SDK_DISABLED=true``)."""
-    register_atexit: bool = True
+    register_atexit: bool = option(True)
     """Drain the queue when the interpreter exits."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> TracerConfig:
-        """Defaults from ``RECALLTRACE_*`` and the standard ``OTEL_*`` variables, then
-        ``overrides`` (keyword arguments named like the fields; ``None`` values are ignored)."""
-        config = cls(
-            database_url=_env("RECALLTRACE_DATABASE_URL"),
-            service_name=_service_name_from_env(),
-            sample_rate=_env_float("RECALLTRACE_SAMPLE_RATE", 1.0),
-            max_queue_size=_env_int("RECALLTRACE_MAX_QUEUE_SIZE", 2048),
-            max_batch_size=_env_int("RECALLTRACE_MAX_BATCH_SIZE", 256),
-            flush_interval=_env_float("RECALLTRACE_FLUSH_INTERVAL", 1.0),
-            shutdown_timeout=_env_float("RECALLTRACE_SHUTDOWN_TIMEOUT", 5.0),
-            max_write_attempts=_env_int("RECALLTRACE_MAX_WRITE_ATTEMPTS", 5),
-            reference_wait=_env_float("RECALLTRACE_REFERENCE_WAIT", 30.0),
-        )
-        rates = _env("RECALLTRACE_SAMPLE_RATES")
-        if rates:
-            try:
-                config.sample_rates = parse_sample_rates(rates)
-            except ValueError as exc:
-                logger.warning("ignoring RECALLTRACE_SAMPLE_RATES: %s", exc)
-        if _env_bool("RECALLTRACE_SCRUBBING") is False:
-            config.scrubbing = False
-        provider = _env("RECALLTRACE_TRACER_PROVIDER")
-        if provider in ("auto", "global", "own"):
-            config.tracer_provider = provider
-        elif provider is not None:
-            logger.warning("ignoring RECALLTRACE_TRACER_PROVIDER=%r", provider)
-        if _env_bool("RECALLTRACE_ENABLED") is False or _env_bool("OTEL_SDK_DISABLED"):
-            config.enabled = False
+        """Defaults from ``RECALLTRACE_*`` and the standard ``OTEL_*`` variables (each
+        option's sources, in :attr:`dataclasses.Field.metadata`), then ``overrides`` (keyword
+        arguments named like the fields; ``None`` values are ignored). A variable that cannot
+        be read is ignored with one warning naming it."""
+        config = cls()
+        for name, spec in cls.__dataclass_fields__.items():
+            for variable, parse in spec.metadata.get("env", ()):
+                raw = os.environ.get(variable, "").strip()
+                if not raw:
+                    continue
+                try:
+                    value = parse(raw)
+                except ValueError as exc:
+                    logger.warning("ignoring %s=%r: %s", variable, raw, exc)
+                    continue
+                if value is _UNSET:
+                    continue
+                setattr(config, name, value)
+                break
         for name, value in overrides.items():
             if name not in cls.__dataclass_fields__:
                 raise TypeError(f"unknown tracer option {name!r}")
