@@ -1,4 +1,4 @@
-"""The four variants that ask a judge model: claims, entities, chunks and a holistic score.
+"""What the variants that ask a judge model share: asking, re-asking, parsing and accounting.
 
 Each answer is parsed and validated before it is scored. An invalid answer (not JSON, cut off,
 wrong shape, out-of-range score, wrong chunk ids, no claims) is asked again once with the
@@ -13,7 +13,6 @@ import asyncio
 import json
 import math
 import re
-import statistics
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from recalltrace.scorers import _prompts as prompts
 from recalltrace.scorers._base import BaseScorer, elapsed_ms
 from recalltrace.scorers._cache import DEFAULT_CACHE, ReferenceCache, cache_key
 from recalltrace.scorers._judge import JudgeClient, JudgeInputRejected, JudgeReply
+from recalltrace.scorers._prompts import JudgeTask
 from recalltrace.scorers._result import ScoreResult
 
 T = TypeVar("T")
@@ -204,21 +204,18 @@ class LLMScorer(BaseScorer):
 
     async def ask(
         self,
-        task: str,
-        system: str,
+        task: JudgeTask,
         user: str,
         parse: Callable[[dict[str, Any]], T],
         accounting: _Accounting,
     ) -> T:
-        """Ask the judge, validate with ``parse``; on an invalid answer ask once more.
-
-        Raises ``InvalidAnswer`` when both answers are invalid.
+        """Ask the judge ``task`` about ``user``, validate with ``parse``; on an invalid answer
+        ask once more. Raises ``InvalidAnswer`` when both answers are invalid.
         """
-        messages = prompts.messages(system, user)
-        schema = prompts.SCHEMAS[task]
+        messages = prompts.messages(task.system, user)
         problem: InvalidAnswer | None = None
         for attempt in range(2):
-            reply = await self.judge.chat(messages, schema_name=task, schema=schema)
+            reply = await self.judge.chat(messages, schema_name=task.name, schema=task.schema)
             accounting.add(reply)
             try:
                 return parse(parse_json_object(reply.content, reply.finish_reason))
@@ -235,8 +232,7 @@ class LLMScorer(BaseScorer):
 
     async def ask_reference(
         self,
-        task: str,
-        system: str,
+        task: JudgeTask,
         user: str,
         text: str,
         parse: Callable[[dict[str, Any]], T],
@@ -245,11 +241,11 @@ class LLMScorer(BaseScorer):
         """Like :meth:`ask` for work that depends only on ``text``: served from the cache."""
 
         async def compute() -> T:
-            return await self.ask(task, system, user, parse, accounting)
+            return await self.ask(task, user, parse, accounting)
 
         if self.cache is None:
             return await compute(), False
-        key = cache_key(task, self.judge.model, prompts.PROMPT_VERSION, text)
+        key = cache_key(task.name, self.judge.model, prompts.PROMPT_VERSION, text)
         return await self.cache.get_or_compute(key, compute)
 
     async def _ascore(self, clean: dict[str, Any], started: float) -> ScoreResult:
@@ -312,431 +308,3 @@ class LLMScorer(BaseScorer):
 
 def _contexts(clean: dict[str, Any]) -> list[str]:
     return [c for c in clean.get("retrieved_contexts") or [] if c.strip()]
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. llm_context_recall
-
-
-def _parse_claims_with_verdicts(data: dict[str, Any]) -> list[dict[str, Any]]:
-    claims = []
-    for index, item in enumerate(_list_field(data, "claims")):
-        if not isinstance(item, dict):
-            raise InvalidAnswer(f"Claim {index} is not an object.")
-        claims.append(
-            {
-                "statement": _text(
-                    item.get("statement"), f"claims[{index}].statement", allow_empty=False
-                ),
-                "reason": _text(item.get("reason"), f"claims[{index}].reason"),
-                "attributed": int(_flag(item.get("attributed"), f"claims[{index}].attributed")),
-            }
-        )
-    if not claims:
-        raise InvalidAnswer("The answer listed no claims; the reference has at least one.")
-    return claims
-
-
-def _parse_reference_claims(data: dict[str, Any]) -> list[str]:
-    claims = [
-        _text(item, f"claims[{index}]", allow_empty=False)
-        for index, item in enumerate(_list_field(data, "claims"))
-    ]
-    if not claims:
-        raise InvalidAnswer("The answer listed no claims; the reference has at least one.")
-    return claims
-
-
-def _verdicts_parser(count: int) -> Callable[[dict[str, Any]], list[tuple[int, str]]]:
-    def parse(data: dict[str, Any]) -> list[tuple[int, str]]:
-        found: dict[int, tuple[int, str]] = {}
-        for index, item in enumerate(_list_field(data, "verdicts")):
-            if not isinstance(item, dict):
-                raise InvalidAnswer(f"Verdict {index} is not an object.")
-            claim = _index(item.get("claim"), f"verdicts[{index}].claim")
-            if not 0 <= claim < count:
-                raise InvalidAnswer(f"Claim id {claim} does not exist (ids are 0 to {count - 1}).")
-            if claim in found:
-                raise InvalidAnswer(f"Claim id {claim} was judged twice.")
-            found[claim] = (
-                int(_flag(item.get("attributed"), f"verdicts[{index}].attributed")),
-                _text(item.get("reason"), f"verdicts[{index}].reason"),
-            )
-        missing = [i for i in range(count) if i not in found]
-        if missing:
-            raise InvalidAnswer(f"Claim ids {missing} have no verdict.")
-        return [found[i] for i in range(count)]
-
-    return parse
-
-
-class LLMContextRecall(LLMScorer):
-    """Share of the reference's claims that the retrieved contexts support (judge-based).
-
-    By default one call splits the reference into claims and judges each. With
-    ``split_claims=True`` (always when ``samples > 1``) the reference is split into claims by a
-    separate call whose result is cached per reference, then the claims are judged.
-    """
-
-    key = "llm_context_recall"
-
-    def __init__(
-        self,
-        judge: JudgeClient,
-        *,
-        samples: int = 1,
-        split_claims: bool = False,
-        cache: ReferenceCache | None = DEFAULT_CACHE,
-    ) -> None:
-        """See :class:`LLMScorer`; ``split_claims`` caches the reference's claims."""
-        super().__init__(judge, samples=samples, cache=cache)
-        self.split_claims = bool(split_claims) or samples > 1
-
-    async def _judge(
-        self, clean: dict[str, Any], accounting: _Accounting, started: float
-    ) -> ScoreResult:
-        reference: str = clean["reference"]
-        question: str = clean["user_input"]
-        contexts = _contexts(clean)
-        if not contexts:
-            return self.nothing_retrieved(accounting, started)
-        if not self.split_claims:
-            user = prompts.tagged(
-                question=question, context=prompts.joined(contexts), reference=reference
-            )
-            claims = await self.ask(
-                "claims_with_verdicts",
-                prompts.CLAIMS_WITH_VERDICTS,
-                user,
-                _parse_claims_with_verdicts,
-                accounting,
-            )
-            details: dict[str, Any] = {"claims": claims, "mode": "one_call"}
-        else:
-            statements, cached = await self.ask_reference(
-                "reference_claims",
-                prompts.REFERENCE_CLAIMS,
-                prompts.tagged(reference=reference),
-                reference,
-                _parse_reference_claims,
-                accounting,
-            )
-            user = prompts.tagged(
-                question=question,
-                context=prompts.joined(contexts),
-                claims=prompts.numbered(statements),
-            )
-            parse = _verdicts_parser(len(statements))
-            runs = await gather_all(
-                [
-                    self.ask("claim_verdicts", prompts.CLAIM_VERDICTS, user, parse, accounting)
-                    for _ in range(self.samples)
-                ]
-            )
-            claims = []
-            shares = []
-            for index, statement in enumerate(statements):
-                verdict, share = _majority([bool(run[index][0]) for run in runs])
-                reason = next(r for a, r in (run[index] for run in runs) if bool(a) == verdict)
-                claims.append(
-                    {"statement": statement, "reason": reason, "attributed": int(verdict)}
-                )
-                shares.append(share)
-            details = {"claims": claims, "mode": "split_claims", "reference_cache": cached}
-            if self.samples > 1:
-                details["agreement"] = round(statistics.fmean(shares), 4)
-        attributed = sum(c["attributed"] for c in claims)
-        total = len(claims)
-        return self.finish(
-            attributed / total,
-            f"{attributed} of {_plural(total, 'reference claim')} can be attributed to the "
-            "retrieved contexts.",
-            details,
-            accounting,
-            started,
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. context_entity_recall
-
-
-def _parse_entities(data: dict[str, Any], name: str = "entities") -> list[str]:
-    entities: dict[str, str] = {}
-    for index, item in enumerate(_list_field(data, name)):
-        text = _text(item, f"{name}[{index}]")
-        if text:
-            entities.setdefault(normalise_entity(text), text)
-    return list(entities.values())
-
-
-def _parse_both_entities(data: dict[str, Any]) -> tuple[list[str], list[str]]:
-    return _parse_entities(data, "reference_entities"), _parse_entities(data, "context_entities")
-
-
-class ContextEntityRecall(LLMScorer):
-    """Share of the reference's distinct entities that the retrieved contexts also mention.
-
-    Entities are compared case-folded with whitespace collapsed. By default one call lists the
-    entities of the reference and of the contexts together, so the judge names an entity the
-    same way in both lists. With ``split_reference=True`` (always when ``samples > 1``) the
-    reference's entities come from a call of their own, cached per reference text, and the
-    contexts' from another.
-    """
-
-    key = "context_entity_recall"
-
-    def __init__(
-        self,
-        judge: JudgeClient,
-        *,
-        samples: int = 1,
-        split_reference: bool = False,
-        cache: ReferenceCache | None = DEFAULT_CACHE,
-    ) -> None:
-        """See :class:`LLMScorer`; ``split_reference`` caches the reference's entities."""
-        super().__init__(judge, samples=samples, cache=cache)
-        self.split_reference = bool(split_reference) or samples > 1
-
-    async def _judge(
-        self, clean: dict[str, Any], accounting: _Accounting, started: float
-    ) -> ScoreResult:
-        reference: str = clean["reference"]
-        contexts = _contexts(clean)
-        context_text = prompts.joined(contexts)
-        runs: list[list[str]] = []
-        if contexts and not self.split_reference:
-            ref_entities, context_entities = await self.ask(
-                "reference_and_context_entities",
-                prompts.REFERENCE_AND_CONTEXT_ENTITIES,
-                prompts.tagged(reference=reference, context=context_text),
-                _parse_both_entities,
-                accounting,
-            )
-            runs = [context_entities]
-            details: dict[str, Any] = {"mode": "one_call"}
-        else:
-            reference_call = self.ask_reference(
-                "entities",
-                prompts.ENTITIES,
-                prompts.tagged(text=reference),
-                reference,
-                _parse_entities,
-                accounting,
-            )
-            # With nothing retrieved only the reference is asked about: a reference without
-            # entities is skipped rather than scored against nothing.
-            context_user = prompts.tagged(text=context_text)
-            context_calls = [
-                self.ask("entities", prompts.ENTITIES, context_user, _parse_entities, accounting)
-                for _ in range(self.samples if contexts else 0)
-            ]
-            (ref_entities, cached), *runs = await gather_all([reference_call, *context_calls])
-            details = {"mode": "split_reference", "reference_cache": cached}
-        if not ref_entities:
-            return self.skipped(
-                "The reference names no entities, so there is nothing to recall.",
-                details={**details, "reference_entities": []},
-                latency_ms=elapsed_ms(started),
-                **accounting.fields(),
-            )
-        if not runs:
-            return self.nothing_retrieved(
-                accounting, started, {**details, "reference_entities": ref_entities}
-            )
-        found_sets = [{normalise_entity(e) for e in run} for run in runs]
-        found: list[str] = []
-        missing: list[str] = []
-        shares = []
-        for entity in ref_entities:
-            verdict, share = _majority([normalise_entity(entity) in s for s in found_sets])
-            (found if verdict else missing).append(entity)
-            shares.append(share)
-        details.update(
-            {
-                "reference_entities": ref_entities,
-                "context_entities": runs[0] if len(runs) == 1 else runs,
-                "found_entities": found,
-                "missing_entities": missing,
-            }
-        )
-        if self.samples > 1:
-            details["agreement"] = round(statistics.fmean(shares), 4)
-        total = len(ref_entities)
-        return self.finish(
-            len(found) / total,
-            f"{len(found)} of {total} reference entities appear in the retrieved contexts.",
-            details,
-            accounting,
-            started,
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. chunk_context_recall
-
-
-def _chunks_parser(count: int) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
-    def parse(data: dict[str, Any]) -> list[dict[str, Any]]:
-        chunks: dict[int, dict[str, Any]] = {}
-        for index, item in enumerate(_list_field(data, "evaluated_chunks")):
-            if not isinstance(item, dict):
-                raise InvalidAnswer(f"Chunk verdict {index} is not an object.")
-            chunk = _index(item.get("id_chunk"), f"evaluated_chunks[{index}].id_chunk")
-            if not 0 <= chunk < count:
-                raise InvalidAnswer(f"Chunk id {chunk} does not exist (ids are 0 to {count - 1}).")
-            if chunk in chunks:
-                raise InvalidAnswer(f"Chunk id {chunk} was evaluated twice.")
-            relevant = _flag(item.get("is_relevant"), f"evaluated_chunks[{index}].is_relevant")
-            included = _flag(item.get("is_included"), f"evaluated_chunks[{index}].is_included")
-            missing = _text(item.get("missing_info"), f"evaluated_chunks[{index}].missing_info")
-            chunks[chunk] = {
-                "id_chunk": chunk,
-                "is_relevant": relevant,
-                "is_included": included,
-                "missing_info": missing if relevant and not included and missing else None,
-            }
-        absent = [i for i in range(count) if i not in chunks]
-        if absent:
-            raise InvalidAnswer(f"Chunk ids {absent} were not evaluated.")
-        return [chunks[i] for i in range(count)]
-
-    return parse
-
-
-class ChunkContextRecall(LLMScorer):
-    """Share of the relevant retrieved chunks whose key information the answer reflects.
-
-    Needs no reference: the direction is retrieved context -> generated answer.
-    """
-
-    key = "chunk_context_recall"
-
-    async def _judge(
-        self, clean: dict[str, Any], accounting: _Accounting, started: float
-    ) -> ScoreResult:
-        contexts = clean["retrieved_contexts"]
-        if not _contexts(clean):  # none, or only blank ones: no chunk has information to miss
-            return self.skipped("Nothing was retrieved, so no chunk's information can be missed.")
-        user = prompts.tagged(
-            question=clean["user_input"],
-            context=prompts.numbered(contexts),
-            answer=clean["response"],
-        )
-        parse = _chunks_parser(len(contexts))
-        runs = await gather_all(
-            [
-                self.ask("chunk_recall", prompts.CHUNK_RECALL, user, parse, accounting)
-                for _ in range(self.samples)
-            ]
-        )
-        chunks = runs[0]
-        shares: list[float] = []
-        if len(runs) > 1:
-            chunks = []
-            for index in range(len(contexts)):
-                relevant, share_r = _majority([run[index]["is_relevant"] for run in runs])
-                included, share_i = _majority([run[index]["is_included"] for run in runs])
-                missing = next(
-                    (run[index]["missing_info"] for run in runs if run[index]["missing_info"]),
-                    None,
-                )
-                chunks.append(
-                    {
-                        "id_chunk": index,
-                        "is_relevant": relevant,
-                        "is_included": included,
-                        "missing_info": missing if relevant and not included else None,
-                    }
-                )
-                shares.extend((share_r, share_i))
-        relevant_chunks = [c for c in chunks if c["is_relevant"]]
-        details: dict[str, Any] = {
-            "evaluated_chunks": chunks,
-            "missing_information": [
-                {"chunk_id": c["id_chunk"], "missing_info": c["missing_info"]}
-                for c in relevant_chunks
-                if not c["is_included"] and c["missing_info"]
-            ],
-        }
-        if shares:
-            details["agreement"] = round(statistics.fmean(shares), 4)
-        if not relevant_chunks:
-            return self.finish(
-                1.0,
-                f"None of the {_plural(len(chunks), 'retrieved chunk')} is relevant to the "
-                "question, so the answer misses nothing (1.0 by definition).",
-                details,
-                accounting,
-                started,
-            )
-        count = sum(1 for c in relevant_chunks if c["is_included"])
-        return self.finish(
-            count / len(relevant_chunks),
-            f"The answer reflects {count} of {_plural(len(relevant_chunks), 'relevant chunk')}.",
-            details,
-            accounting,
-            started,
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. judge_context_recall
-
-
-def _parse_judge(data: dict[str, Any]) -> tuple[float, str]:
-    score = data.get("context_recall_score")
-    if isinstance(score, str):
-        try:
-            score = float(score.strip())
-        except ValueError:
-            raise InvalidAnswer(f"context_recall_score {score!r} is not a number.") from None
-    if isinstance(score, bool) or not isinstance(score, (int, float)):
-        raise InvalidAnswer("The answer has no numeric context_recall_score.")
-    if math.isnan(score) or not 0.0 <= score <= 1.0:
-        raise InvalidAnswer(f"context_recall_score {score!r} is outside [0, 1].")
-    return float(score), _text(data.get("reason"), "reason")
-
-
-class JudgeContextRecall(LLMScorer):
-    """One holistic judge score in [0, 1] of how well the response matches the expected answer
-    given the retrieved context, with the judge's reason."""
-
-    key = "judge_context_recall"
-
-    async def _judge(
-        self, clean: dict[str, Any], accounting: _Accounting, started: float
-    ) -> ScoreResult:
-        contexts = _contexts(clean)
-        if not contexts:
-            return self.nothing_retrieved(accounting, started)
-        user = prompts.tagged(
-            question=clean["user_input"],
-            context=prompts.joined(contexts),
-            expected_answer=clean["reference"],
-            response=clean["response"],
-        )
-        runs = await gather_all(
-            [
-                self.ask("judge_recall", prompts.JUDGE_RECALL, user, _parse_judge, accounting)
-                for _ in range(self.samples)
-            ]
-        )
-        scores = [score for score, _ in runs]
-        value = statistics.median(scores)
-        reason = min(runs, key=lambda run: abs(run[0] - value))[1]
-        details: dict[str, Any] = {"judge_reason": reason}
-        if len(runs) > 1:
-            details["scores"] = scores
-            details["agreement"] = round(1.0 - (max(scores) - min(scores)), 4)
-        if not reason:
-            sentence = f"The judge rated the context recall {value:g}."
-        else:
-            sentence = reason if reason.endswith((".", "!", "?")) else f"{reason}."
-        return self.finish(
-            value,
-            sentence,
-            details,
-            accounting,
-            started,
-        )

@@ -6,28 +6,14 @@ from typing import Any
 
 from recalltrace.scorers._base import BaseScorer
 from recalltrace.scorers._judge import CONFIG_FIELDS, JudgeClient, JudgeConfig
-from recalltrace.scorers.catalog import CATALOG, metric_info
+from recalltrace.scorers.catalog import CATALOG, metric_info, variant_module
 
 
-def _classes() -> dict[str, type[BaseScorer]]:
-    # Imported here so that importing the package stays cheap.
-    from recalltrace.scorers._llm import (
-        ChunkContextRecall,
-        ContextEntityRecall,
-        JudgeContextRecall,
-        LLMContextRecall,
-    )
-    from recalltrace.scorers._non_llm import IDBasedContextRecall, NonLLMContextRecall
-
-    classes: tuple[type[BaseScorer], ...] = (
-        LLMContextRecall,
-        NonLLMContextRecall,
-        IDBasedContextRecall,
-        ContextEntityRecall,
-        ChunkContextRecall,
-        JudgeContextRecall,
-    )
-    return {cls.key: cls for cls in classes}
+def scorer_class(key: str) -> type[BaseScorer]:
+    """The scorer class of catalog ``key``, from its module (imported on first use, so that
+    importing the package stays cheap)."""
+    cls: type[BaseScorer] = variant_module(key).SCORER
+    return cls
 
 
 def available() -> list[str]:
@@ -60,7 +46,7 @@ def get(
         TypeError: an option the variant does not take.
     """
     info = metric_info(key)
-    cls = _classes()[key]
+    cls = scorer_class(key)
     judge_options = {name: options.pop(name) for name in list(options) if name in CONFIG_FIELDS}
     on_call = options.pop("on_call", None)
     if not info.uses_llm:

@@ -1,16 +1,24 @@
 """The catalog of context-recall variants: keys, versions and the inputs each one needs.
 
 Storage gets the job specifications from here through the caller (:func:`job_specs`); the
-catalog stays free of heavy imports. A variant's ``version`` changes whenever its prompt, parsing or
-formula changes; stored scores are keyed by (trace, metric, version).
+catalog stays free of heavy imports. Each row's variant lives in
+``recalltrace/scorers/variants/<key>.py``: a new variant is its module and its row here. A
+variant's ``version`` changes whenever its prompt, parsing or formula changes; stored scores
+are keyed by (trace, metric, version).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from recalltrace.storage.contracts import REFERENCE_INPUTS, JobSpec
+
+if TYPE_CHECKING:
+    from recalltrace.scorers._prompts import JudgeTask
 
 __all__ = [
     "CATALOG",
@@ -21,8 +29,10 @@ __all__ = [
     "MetricInfo",
     "current_versions",
     "job_specs",
+    "judge_tasks",
     "metric_info",
     "metrics_from_env",
+    "variant_module",
 ]
 
 
@@ -106,6 +116,21 @@ def metric_info(key: str) -> MetricInfo:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise KeyError(f"unknown metric {key!r}; known metrics: {known}") from None
+
+
+def variant_module(key: str) -> ModuleType:
+    """The module of variant ``key`` (``recalltrace.scorers.variants.<key>``)."""
+    metric_info(key)
+    return importlib.import_module(f"recalltrace.scorers.variants.{key}")
+
+
+def judge_tasks() -> dict[str, JudgeTask]:
+    """Every judge task of every LLM variant, by task name (what a test judge answers)."""
+    tasks: dict[str, JudgeTask] = {}
+    for key in LLM_METRICS:
+        for task in variant_module(key).TASKS:
+            tasks[task.name] = task
+    return tasks
 
 
 def job_specs() -> list[JobSpec]:

@@ -18,14 +18,14 @@ from recalltrace.scorers import (
     TransientJudgeError,
 )
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
-from recalltrace.scorers._prompts import SCHEMAS
+from recalltrace.scorers.catalog import judge_tasks
 from tests.support import ROOT
 from tests.support.judge_server import JudgeServer, Reply
 
 MESSAGES = [
     {
         "role": "system",
-        "content": 'Reply with JSON only: {"context_recall_score":0.0,"reason":"..."}',
+        "content": judge_tasks()["judge_recall"].system,
     },
     {"role": "user", "content": "<question>\nq\n</question>"},
 ]
@@ -74,7 +74,9 @@ def client(
 
 def chat(judge: JudgeClient):
     return asyncio.run(
-        judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+        judge.chat(
+            MESSAGES, schema_name="judge_recall", schema=judge_tasks()["judge_recall"].schema
+        )
     )
 
 
@@ -155,7 +157,7 @@ def test_schema_mode_sends_the_json_schema(server: JudgeServer) -> None:
     fmt = server.requests[0]["response_format"]
     assert fmt["type"] == "json_schema"
     assert fmt["json_schema"]["name"] == "judge_recall"
-    assert fmt["json_schema"]["schema"] == SCHEMAS["judge_recall"]
+    assert fmt["json_schema"]["schema"] == judge_tasks()["judge_recall"].schema
 
 
 @pytest.mark.usefixtures("route")
@@ -270,7 +272,11 @@ def test_concurrency_limit_holds(server: JudgeServer) -> None:
     async def many() -> None:
         await asyncio.gather(
             *(
-                judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+                judge.chat(
+                    MESSAGES,
+                    schema_name="judge_recall",
+                    schema=judge_tasks()["judge_recall"].schema,
+                )
                 for _ in range(9)
             )
         )
@@ -287,7 +293,11 @@ def test_requests_per_minute_limit_spaces_requests(server: JudgeServer) -> None:
         started = time.perf_counter()
         await asyncio.gather(
             *(
-                judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+                judge.chat(
+                    MESSAGES,
+                    schema_name="judge_recall",
+                    schema=judge_tasks()["judge_recall"].schema,
+                )
                 for _ in range(11)
             )
         )
@@ -305,7 +315,9 @@ def test_tokens_per_minute_limit_waits_for_tokens(server: JudgeServer) -> None:
     async def many() -> float:
         started = time.perf_counter()
         for _ in range(3):
-            await judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+            await judge.chat(
+                MESSAGES, schema_name="judge_recall", schema=judge_tasks()["judge_recall"].schema
+            )
         return time.perf_counter() - started
 
     assert asyncio.run(many()) >= 0.5
@@ -439,14 +451,19 @@ def test_a_cancelled_call_gives_its_concurrency_slot_back(server: JudgeServer) -
 
     async def main() -> str:
         slow = asyncio.ensure_future(
-            judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"])
+            judge.chat(
+                MESSAGES, schema_name="judge_recall", schema=judge_tasks()["judge_recall"].schema
+            )
         )
         await asyncio.sleep(0.3)
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
         reply = await asyncio.wait_for(
-            judge.chat(MESSAGES, schema_name="judge_recall", schema=SCHEMAS["judge_recall"]), 3
+            judge.chat(
+                MESSAGES, schema_name="judge_recall", schema=judge_tasks()["judge_recall"].schema
+            ),
+            3,
         )
         return reply.content
 

@@ -21,10 +21,11 @@ From a shell (for multi-process tests and benchmarks)::
 prints ``READY http://127.0.0.1:PORT/v1`` on one line, then answers with ``auto_answer`` until
 it is killed.
 
-``auto_answer`` gives a valid answer for each of the four LLM variants: every claim attributed,
-every chunk relevant and included, the capitalised words of a text as its entities, and a judge
-score of 0.8. It recognises the request from the schema name in ``response_format`` or, in JSON
-mode, from the output shape the system prompt spells out.
+``auto_answer`` gives a valid answer for every judge task of the LLM variants (the tasks come
+from the variants' own modules through the catalog): every claim attributed, every chunk
+relevant and included, the capitalised words of a text as its entities, and a judge score of
+0.8. It recognises the request from the schema name in ``response_format`` or, in JSON mode,
+from the task's system prompt.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from recalltrace.scorers.catalog import judge_tasks
 
 __all__ = ["JudgeServer", "Reply", "auto_answer", "detect_task"]
 
@@ -148,10 +151,10 @@ def _entities(text: str) -> list[str]:
 
 
 def detect_task(request: dict[str, Any]) -> str:
-    """Which judge task a request is: the ``response_format`` schema name, else the system
-    prompt's output shape. One of ``claims_with_verdicts``, ``reference_claims``,
-    ``claim_verdicts``, ``entities``, ``reference_and_context_entities``, ``chunk_recall``,
-    ``judge_recall`` or ``unknown``."""
+    """Which judge task a request is, by the variants' own task list
+    (:func:`recalltrace.scorers.catalog.judge_tasks`): the ``response_format`` schema name,
+    else, in JSON mode, the system prompt of the task. ``unknown`` when neither matches."""
+    tasks = judge_tasks()
     response_format = request.get("response_format") or {}
     name = (response_format.get("json_schema") or {}).get("name")
     if name:
@@ -159,17 +162,9 @@ def detect_task(request: dict[str, Any]) -> str:
     system = " ".join(
         str(m.get("content", "")) for m in request.get("messages", []) if m.get("role") == "system"
     )
-    for marker, task in (
-        ('"context_recall_score"', "judge_recall"),
-        ('"evaluated_chunks"', "chunk_recall"),
-        ('"verdicts"', "claim_verdicts"),
-        ('"reference_entities"', "reference_and_context_entities"),
-        ('"entities"', "entities"),
-        ('"attributed"', "claims_with_verdicts"),
-        ('"claims"', "reference_claims"),
-    ):
-        if marker in system:
-            return task
+    for task in tasks.values():
+        if task.system in system:
+            return task.name
     return "unknown"
 
 

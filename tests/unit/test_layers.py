@@ -106,3 +106,18 @@ def test_the_command_line_modules_import_without_cycles() -> None:
         visit(start, [])
     assert {"recalltrace.cli.db", "recalltrace.cli.scores", "recalltrace.cli.trace"} <= set(graph)
     assert {"recalltrace.cli.jobs", "recalltrace.cli.worker"} <= set(graph)
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject lists the packages one by one (the folders are mapped under recalltrace)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+    listed = set(config["setuptools"]["packages"])
+    mapping = config["setuptools"]["package-dir"]
+    found = set()
+    for package, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *relative)))
+    assert found == listed

@@ -309,3 +309,28 @@ def test_a_single_judge_call_stays_in_the_callers_task() -> None:
             await _within(asyncio.sleep(5), 0.01)
 
     asyncio.run(main())
+
+
+def test_the_test_judge_answers_every_task_of_every_variant_from_the_catalog() -> None:
+    """A seventh variant's tasks reach the scripted judge through its module's TASKS."""
+    import json
+
+    from recalltrace.scorers.catalog import LLM_METRICS, judge_tasks, variant_module
+    from tests.support.judge_server import auto_answer, detect_task
+
+    tasks = judge_tasks()
+    assert {t.name for key in LLM_METRICS for t in variant_module(key).TASKS} == set(tasks)
+    user = "<reference>\nParis is in France.\n</reference>\n<context>\n[0] Paris.\n</context>"
+    for name, task in tasks.items():
+        for response_format in ({"json_schema": {"name": name}}, None):
+            request = {
+                "messages": [
+                    {"role": "system", "content": task.system},
+                    {"role": "user", "content": user},
+                ],
+                "response_format": response_format,
+            }
+            assert detect_task(request) == name
+            reply = auto_answer(request)
+            answer = json.loads(reply.content)
+            assert set(answer) == set(task.schema["required"]), name

@@ -322,7 +322,7 @@ def test_long_texts_match_the_definition() -> None:
 
 
 def test_verbatim_references_need_no_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
-    import scorers._non_llm as module
+    import recalltrace.scorers.variants.non_llm_context_recall as module
 
     retrieved = [TOWER, PARIS, "An unrelated context.", PARIS]
     reference = [PARIS, TOWER, PARIS]
