@@ -117,9 +117,7 @@ class Captured:
     def spans(self, name: str | None = None) -> list[ReadableSpan]:
         """Finished spans (of one name, or all), in the order they ended."""
         return [
-            span
-            for span in self.exporter.get_finished_spans()
-            if name is None or span.name == name
+            span for span in self.exporter.get_finished_spans() if name is None or span.name == name
         ]
 
 
