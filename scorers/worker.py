@@ -55,9 +55,50 @@ logger = logging.getLogger("recalltrace.worker")
 T = TypeVar("T")
 
 
+def positive_int(raw: str) -> int:
+    """Parse a whole number of at least 1 (``ValueError`` naming the problem otherwise)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"expected a whole number of at least 1, got {raw!r}")
+    return value
+
+
+def positive_seconds(raw: str) -> float:
+    """Parse a positive, finite number of seconds (``ValueError`` otherwise)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {raw!r}") from None
+    if not 0 < value < 1e9:  # also refuses nan and inf
+        raise ValueError(f"expected a positive number of seconds, got {raw!r}")
+    return value
+
+
+def flag_option(
+    default: Any,
+    *,
+    flag: str,
+    parse: Callable[[str], Any],
+    metavar: str,
+    help: str,
+) -> Any:
+    """A :class:`WorkerOptions` field that is also a ``recalltrace worker`` flag: the command
+    line is built from these (name, parser, default and help are written here only)."""
+    return field(
+        default=default,
+        metadata={"flag": flag, "parse": parse, "metavar": metavar, "help": help},
+    )
+
+
 @dataclass
 class WorkerOptions:
-    """How a worker runs. Every field has a default fit for one laptop or one of many hosts."""
+    """How a worker runs. Every field has a default fit for one laptop or one of many hosts.
+
+    The fields made with :func:`flag_option` are the worker's command-line flags too.
+    """
 
     database_url: str | None = None
     """Database URL; ``None`` means ``$RECALLTRACE_DATABASE_URL`` or the SQLite default."""
@@ -67,15 +108,45 @@ class WorkerOptions:
     """The judge of the LLM variants (any LiteLLM model); ``None`` leaves them unscored."""
     scorer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Extra options per variant key, passed to ``scorers.get`` (e.g. a threshold)."""
-    concurrency: int = 16
+    concurrency: int = flag_option(
+        16,
+        flag="--concurrency",
+        parse=positive_int,
+        metavar="N",
+        help="most jobs scored at once by this process",
+    )
     """Most jobs being scored at once by this process."""
-    batch_size: int = 32
+    batch_size: int = flag_option(
+        32,
+        flag="--batch-size",
+        parse=positive_int,
+        metavar="N",
+        help="most jobs claimed in one statement",
+    )
     """Most jobs claimed in one statement."""
-    lease_s: float = 120.0
+    lease_s: float = flag_option(
+        120.0,
+        flag="--lease",
+        parse=positive_seconds,
+        metavar="S",
+        help="seconds a claimed job is held; extended while it runs, given back if the worker dies",
+    )
     """Lease of a claimed job; extended every third of it while the job runs."""
-    poll_interval_s: float = 2.0
+    poll_interval_s: float = flag_option(
+        2.0,
+        flag="--poll-interval",
+        parse=positive_seconds,
+        metavar="S",
+        help="longest sleep when no job is due (Postgres wakes the worker earlier)",
+    )
     """Longest sleep when no job is due (Postgres wakes earlier through LISTEN/NOTIFY)."""
-    max_attempts: int = 3
+    max_attempts: int = flag_option(
+        3,
+        flag="--max-attempts",
+        parse=positive_int,
+        metavar="N",
+        help="attempts (invalid answers, errors) before a job is failed for good",
+    )
     """Attempts (invalid answers, errors) before a job is failed for good."""
     retry_backoff_s: float = 5.0
     """First retry delay; doubled per attempt with jitter, capped at ``retry_backoff_max_s``."""
@@ -84,9 +155,23 @@ class WorkerOptions:
     """How long a job may keep failing transiently before it is failed."""
     terminal_pause_s: float = 300.0
     """How long the variants of a judge stay paused after a terminal (configuration) error."""
-    grace_period_s: float = 30.0
+    grace_period_s: float = flag_option(
+        30.0,
+        flag="--grace-period",
+        parse=positive_seconds,
+        metavar="S",
+        help="on SIGTERM/SIGINT, seconds running jobs may take to finish before the rest is "
+        "given back",
+    )
     """On SIGTERM/SIGINT: how long running jobs may finish before the rest is given back."""
-    reference_ttl_s: float | None = None
+    reference_ttl_s: float | None = flag_option(
+        None,
+        flag="--reference-ttl",
+        parse=positive_seconds,
+        metavar="S",
+        help="skip jobs that waited longer than S seconds for a late reference (default: the "
+        "deadline set when the trace was stored, one day unless configured)",
+    )
     """Skip jobs that have waited longer than this for a late reference; ``None`` keeps the
     deadline each job was created with (the writer's ``reference_ttl``, one day by default)."""
     maintenance_interval_s: float = 5.0

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from recalltrace.cli._args import CommandError, _add_database_option, _metrics_arg, _positive_int
+from recalltrace.cli._args import CommandError, _add_database_option, _metrics_arg
 
 
 def _positive_float(text: str) -> float:
@@ -97,17 +97,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument(
         "--once", action="store_true", help="score everything due, then exit (cron, tests)"
     )
-    worker.add_argument("--concurrency", type=_positive_int, default=16, metavar="N")
-    worker.add_argument("--batch-size", type=_positive_int, default=32, metavar="N")
-    worker.add_argument("--lease", type=_positive_float, default=120.0, metavar="S")
-    worker.add_argument("--poll-interval", type=_positive_float, default=2.0, metavar="S")
-    worker.add_argument("--max-attempts", type=_positive_int, default=3, metavar="N")
-    worker.add_argument("--grace-period", type=_positive_float, default=30.0, metavar="S")
-    worker.add_argument(
-        "--reference-ttl", type=_positive_float, default=None, metavar="S",
-        help="skip jobs that waited longer than S seconds for a late reference "
-        "(default: the deadline set when the trace was stored, one day unless configured)",
-    )  # fmt: skip
+    _add_option_flags(worker)
     worker.add_argument(
         "--prometheus-port", type=int, default=None, metavar="PORT",
         help="serve Prometheus metrics on this port (0: any free port)",
@@ -122,6 +112,51 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.set_defaults(handler=_cmd_worker)
 
 
+def _add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the WorkerOptions fields that declare one, with their parser and default."""
+    import dataclasses
+
+    from recalltrace.scorers.worker import WorkerOptions
+
+    for option in dataclasses.fields(WorkerOptions):
+        flag = option.metadata.get("flag")
+        if flag is None:
+            continue
+        default = option.default
+        shown = "" if default is None else f" (default: {default:g})"
+        parser.add_argument(
+            flag,
+            dest=option.name,
+            type=_argument_type(option.metadata["parse"]),
+            default=default,
+            metavar=option.metadata["metavar"],
+            help=option.metadata["help"] + shown,
+        )
+
+
+def _argument_type(parse: Any) -> Any:
+    def convert(raw: str) -> Any:
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _option_values(args: argparse.Namespace) -> dict[str, Any]:
+    import dataclasses
+
+    from recalltrace.scorers.worker import WorkerOptions
+
+    return {
+        option.name: getattr(args, option.name)
+        for option in dataclasses.fields(WorkerOptions)
+        if "flag" in option.metadata
+    }
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
@@ -134,16 +169,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     judge = judge_config_from_args(args, args.concurrency)
     try:
         options = WorkerOptions(
-            database_url=url,
-            metrics=metrics,
-            judge=judge,
-            concurrency=args.concurrency,
-            batch_size=args.batch_size,
-            lease_s=args.lease,
-            poll_interval_s=args.poll_interval,
-            max_attempts=args.max_attempts,
-            grace_period_s=args.grace_period,
-            reference_ttl_s=args.reference_ttl,
+            database_url=url, metrics=metrics, judge=judge, **_option_values(args)
         )
     except (ValueError, KeyError) as exc:
         raise CommandError(str(exc)) from None

@@ -86,3 +86,27 @@ def test_the_readme_table_is_a_subset_with_the_same_variables() -> None:
             continue  # the worker's rows of the same table
         documented = set(re.findall(r"`([A-Z][A-Z0-9_]+)", cell))
         assert documented <= {v for v, _ in env_sources(name)}, name
+
+
+def test_the_worker_flags_are_the_flagged_worker_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from recalltrace.cli import build_parser, main
+    from recalltrace.scorers.worker import WorkerOptions
+
+    flagged = {f.name: f for f in dataclasses.fields(WorkerOptions) if "flag" in f.metadata}
+    assert {"concurrency", "lease_s", "grace_period_s", "reference_ttl_s"} <= set(flagged)
+    args = build_parser().parse_args(["worker"])
+    for name, option in flagged.items():
+        assert getattr(args, name) == option.default, name
+    help_text = " ".join(
+        build_parser()._subparsers._group_actions[0].choices["worker"].format_help().split()
+    )  # type: ignore[union-attr]
+    for option in flagged.values():
+        assert option.metadata["flag"] in help_text
+        assert " ".join(option.metadata["help"].split()) in help_text
+    with pytest.raises(SystemExit) as exit_info:
+        main(["worker", "--lease", "nan"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "--lease: expected a positive number of seconds, got 'nan'" in line
