@@ -541,9 +541,35 @@ class History:
         ]
 
     # -- one trace -------------------------------------------------------------------------
+    def records_of_otel_trace(self, otel_trace_id: str) -> list[str]:
+        """The ids of the records stored for one OpenTelemetry trace id, oldest first (a
+        trace may hold several requests)."""
+        check_filter_text("otel_trace_id", otel_trace_id)
+        with self.engine.connect() as conn:
+            return list(
+                conn.scalars(
+                    select(Trace.trace_id)
+                    .where(Trace.otel_trace_id == otel_trace_id)
+                    .order_by(Trace.started_at, Trace.trace_id)
+                )
+            )
+
     def trace(self, trace_id: str) -> TraceDetail:
-        """Everything stored about one trace; raises :class:`TraceNotFound` if there is none."""
+        """Everything stored about one record, by its id or by the OpenTelemetry trace id it
+        ran in when that trace holds this one record; raises :class:`TraceNotFound` if there
+        is none, naming the records when the trace id matches several."""
         check_filter_text("trace_id", trace_id)
+        with self.engine.connect() as conn:
+            found = conn.scalar(select(Trace.trace_id).where(Trace.trace_id == trace_id))
+        if found is None:
+            records = self.records_of_otel_trace(trace_id)
+            if len(records) > 1:
+                raise TraceNotFound(
+                    f"the OpenTelemetry trace {trace_id} holds {len(records)} requests; show "
+                    f"one of their records: {', '.join(records)}"
+                )
+            if records:
+                trace_id = records[0]
         with self.engine.connect() as conn:
             trace = conn.execute(
                 select(
@@ -560,6 +586,8 @@ class History:
                     Trace.metadata_,
                     Trace.error,
                     Trace.notes,
+                    Trace.otel_trace_id,
+                    Trace.otel_span_id,
                 ).where(Trace.trace_id == trace_id)
             ).one_or_none()
             if trace is None:
@@ -614,6 +642,8 @@ class History:
             metadata=trace[10] or {},
             error=bool(trace.error),
             notes=trace.notes or [],
+            otel_trace_id=trace.otel_trace_id,
+            otel_span_id=trace.otel_span_id,
             contexts=tuple(
                 ContextRow(
                     position=c.position,

@@ -236,11 +236,17 @@ class TraceDetail:
     """Every stored result, by metric then version."""
     jobs: tuple[JobRow, ...]
     """Every scoring job of the trace, including those not finished yet."""
+    otel_trace_id: str | None = None
+    """The OpenTelemetry trace id the request ran in (records stored before 0005: none)."""
+    otel_span_id: str | None = None
+    """The span id of the request's root span."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary."""
         return {
             "trace_id": self.trace_id,
+            "otel_trace_id": self.otel_trace_id,
+            "otel_span_id": self.otel_span_id,
             "app_name": self.app_name,
             "service_name": self.service_name,
             "started_at": self.started_at.isoformat(),

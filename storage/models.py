@@ -78,7 +78,8 @@ class JobStatus:
 
 
 class Trace(Base):
-    """One finished RAG request."""
+    """One finished RAG request. ``trace_id`` is the record's own id (one per request); the
+    OpenTelemetry trace and span ids it ran under are kept beside it for linking."""
 
     __tablename__ = "traces"
 
@@ -96,10 +97,15 @@ class Trace(Base):
     error: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     notes: Mapped[list[str]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    otel_trace_id: Mapped[str | None] = mapped_column(String(32))
+    """The OpenTelemetry trace id the request ran in; several records may share one."""
+    otel_span_id: Mapped[str | None] = mapped_column(String(16))
+    """The span id of the request's root span."""
 
     __table_args__ = (
         Index("ix_traces_started_at", "started_at"),
         Index("ix_traces_app_started_at", "app_name", "started_at"),
+        Index("ix_traces_otel_trace_id", "otel_trace_id"),
     )
 
 

@@ -30,7 +30,8 @@ class TraceRecord:
     """One finished RAG request, as the tracer hands it to storage."""
 
     trace_id: str
-    """The OpenTelemetry trace id as 32 lowercase hex digits."""
+    """The record's own id, 32 lowercase hex digits: one per RAG request (an OpenTelemetry trace
+    may hold several requests, each stored as its own record)."""
     app_name: str
     """The name of the root (``@tracer.rag``) span."""
     service_name: str
@@ -51,6 +52,10 @@ class TraceRecord:
     """True when the root function raised."""
     notes: list[str] = field(default_factory=list)
     """What was changed on the way in (scrubbed keys, truncated documents), one line each."""
+    otel_trace_id: str | None = None
+    """The OpenTelemetry trace id of the request (32 hex digits), for finding it in a viewer."""
+    otel_span_id: str | None = None
+    """The span id of the request's root span (16 hex digits)."""
 
 
 @dataclass(slots=True)

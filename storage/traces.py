@@ -25,7 +25,7 @@ from recalltrace.storage.records import TraceRecord
 # Column types of the binary COPY statements below, in column order.
 _TRACE_COPY_TYPES = [
     "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
-    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz",
+    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
 ]  # fmt: skip
 _CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
 _JOB_COPY_TYPES = [
@@ -81,6 +81,8 @@ class TraceWrites:
                 "error": r.error,
                 "notes": list(r.notes),
                 "created_at": now,
+                "otel_trace_id": r.otel_trace_id,
+                "otel_span_id": r.otel_span_id,
             }
             for r in batch
         ]
@@ -122,7 +124,8 @@ class TraceWrites:
                 with cursor.copy(
                     "COPY traces (trace_id, app_name, service_name, started_at, duration_ms,"
                     " user_input, response, reference, reference_contexts,"
-                    " reference_context_ids, metadata, error, notes, created_at)"
+                    " reference_context_ids, metadata, error, notes, created_at,"
+                    " otel_trace_id, otel_span_id)"
                     " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
                     copy.set_types(_TRACE_COPY_TYPES)
@@ -143,6 +146,8 @@ class TraceWrites:
                                 bool(r.error),
                                 Jsonb(list(r.notes)),
                                 now,
+                                r.otel_trace_id,
+                                r.otel_span_id,
                             )
                         )
             except pg_errors.UniqueViolation:
@@ -240,7 +245,7 @@ _REPLACEABLE_SCORE_COLUMNS = (
 # Column types of the binary COPY statements above, in column order.
 _TRACE_COPY_TYPES = [
     "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
-    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz",
+    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
 ]  # fmt: skip
 _CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
 _JOB_COPY_TYPES = [

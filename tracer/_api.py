@@ -236,7 +236,7 @@ def set_reference(
     """Attach ground truth to a trace, now or later.
 
     ``trace_id`` is the 32-hex-digit id from :func:`current_trace_id` (or an int; ``None``
-    means the trace of the current context). While the trace is still in memory the values
+    means the request of the current context). While the trace is still in memory the values
     are merged into its record; once stored, they are attached by the writer thread, which
     retries for ``reference_wait`` seconds if the trace is still on its way to storage.
     Never raises for storage problems; raises ``ValueError`` for a malformed id.
@@ -252,7 +252,13 @@ def set_reference(
 
 
 def current_trace_id() -> str | None:
-    """The trace id of the current context as 32 lowercase hex digits, or ``None``."""
+    """The id of the request being traced in the current context (32 lowercase hex digits),
+    or ``None`` outside a decorated request.
+
+    It is the id the request's record is stored under, for :func:`set_reference` and
+    ``recalltrace trace show``. It is not the OpenTelemetry trace id: one OpenTelemetry trace
+    may hold several requests, each its own record (the record keeps the trace and span ids).
+    """
     from recalltrace.tracer import _runtime
 
     return _runtime.current_trace_id()

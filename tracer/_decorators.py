@@ -17,6 +17,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Mapping
+from os import urandom
 from typing import Any, NamedTuple, TypeVar
 
 from recalltrace.tracer._extract import (
@@ -199,7 +200,6 @@ class _Otel:
         self.TraceState = TraceState
         self.Status = Status
         self.ERROR = StatusCode.ERROR
-        self.random_trace_id = _runtime.random_trace_id
         self.loaded = True
 
 
@@ -242,13 +242,16 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         return None
     try:
         if state is None or state.closed:
-            trace_id = span.get_span_context().trace_id or otel.random_trace_id()
+            record_id = int.from_bytes(urandom(16), "big") or 1
+            span_context = span.get_span_context()
             state = otel.TraceState(
-                trace_id,
+                record_id,
                 spec.name,
-                runtime.sampler.should_sample(trace_id, spec.name),
+                runtime.sampler.should_sample(record_id, spec.name),
                 time.time_ns(),
                 time.perf_counter_ns(),
+                span_context.trace_id,
+                span_context.span_id,
             )
             ctx = otel.set_value(otel.state_key, state, otel.set_span_in_context(span, parent))
             outermost = True

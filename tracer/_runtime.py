@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import random
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -256,13 +255,10 @@ def current_state() -> TraceState | None:
 
 
 def current_trace_id() -> str | None:
-    """The current trace id (32 hex digits), or None outside any trace."""
+    """The id of the request being traced (32 hex digits), or None outside any request."""
     state = current_state()
     if state is not None:
         return state.hex_id()
-    span_context = otel_trace.get_current_span().get_span_context()
-    if span_context.is_valid:
-        return format(span_context.trace_id, "032x")
     return None
 
 
@@ -300,8 +296,3 @@ def set_reference(
         logger.debug("recalltrace: reference for unsampled trace %s ignored", hex_id)
         return
     runtime.writer.merge_reference(update, open_state)
-
-
-def random_trace_id() -> int:
-    """A random trace id for calls made while no OpenTelemetry SDK is recording."""
-    return random.getrandbits(128) or 1

@@ -29,6 +29,8 @@ class TraceState:
         "generations",
         "metadata",
         "notes",
+        "otel_span_id",
+        "otel_trace_id",
         "reference",
         "reference_context_ids",
         "reference_contexts",
@@ -44,9 +46,22 @@ class TraceState:
     )
 
     def __init__(
-        self, trace_id: int, app_name: str, sampled: bool, start_wall_ns: int, start_perf_ns: int
+        self,
+        trace_id: int,
+        app_name: str,
+        sampled: bool,
+        start_wall_ns: int,
+        start_perf_ns: int,
+        otel_trace_id: int = 0,
+        otel_span_id: int = 0,
     ) -> None:
+        # ``trace_id`` is the record's own id: one per request (outermost ``@rag`` call), drawn
+        # from the operating system's randomness, so requests sharing an OpenTelemetry trace
+        # (one application span around several requests, a propagated traceparent, a process
+        # that seeded ``random``) never share it. The OpenTelemetry ids are kept for linking.
         self.trace_id = trace_id
+        self.otel_trace_id = otel_trace_id
+        self.otel_span_id = otel_span_id
         self.trace_hex: str | None = None
         self.app_name = app_name
         self.sampled = sampled
@@ -71,7 +86,7 @@ class TraceState:
         self.notes: list[str] = []
 
     def hex_id(self) -> str:
-        """The trace id as 32 lowercase hex digits."""
+        """The record's id as 32 lowercase hex digits."""
         if self.trace_hex is None:
             self.trace_hex = format(self.trace_id, "032x")
         return self.trace_hex
@@ -184,6 +199,8 @@ def assemble_record(
         ]
     record = TraceRecord(
         trace_id=state.hex_id(),
+        otel_trace_id=format(state.otel_trace_id, "032x") if state.otel_trace_id else None,
+        otel_span_id=format(state.otel_span_id, "016x") if state.otel_span_id else None,
         app_name=state.app_name,
         service_name=state.service_name,
         started_at=datetime.fromtimestamp(state.start_wall_ns / 1e9, tz=timezone.utc),

@@ -96,6 +96,11 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
     head.add_column(style="bold")
     head.add_column()
     head.add_row("trace", detail.trace_id)
+    if detail.otel_trace_id:
+        head.add_row(
+            "OpenTelemetry",
+            f"trace {detail.otel_trace_id}, span {detail.otel_span_id or '(unknown)'}",
+        )
     head.add_row("app", f"{detail.app_name} (service {detail.service_name})")
     head.add_row("started", f"{_when(detail.started_at)}, took {detail.duration_ms:.0f} ms")
     if detail.error:

@@ -122,7 +122,7 @@ def test_auto_joins_the_applications_provider(tmp_path: Path) -> None:
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["search"].parent.span_id == spans["app.work"].context.span_id
     assert spans["app.work"].parent.span_id == spans["answer"].context.span_id
-    assert sink.records[0].trace_id == format(spans["answer"].context.trace_id, "032x")
+    assert sink.records[0].otel_trace_id == format(spans["answer"].context.trace_id, "032x")
     print(sorted(spans))
     """,
         tmp_path,
