@@ -40,6 +40,8 @@ def configure(
     max_batch_size: int | None = None,
     flush_interval: float | None = None,
     shutdown_timeout: float | None = None,
+    flush_timeout: float | None = None,
+    handle_signals: bool | None = None,
     max_write_attempts: int | None = None,
     retry_backoff: float | None = None,
     reference_wait: float | None = None,
@@ -266,7 +268,8 @@ def current_trace_id() -> str | None:
 
 def flush(timeout: float | None = None) -> bool:
     """Block until every record queued so far is stored or dropped. Returns ``False`` when
-    ``timeout`` seconds passed first (e.g. storage is down)."""
+    ``timeout`` seconds (default: the ``flush_timeout`` option, 30 s) passed first, e.g. while
+    storage is down, and then logs how many records still wait. Never waits forever."""
     from recalltrace.tracer import _runtime
 
     return _runtime.flush(timeout)

@@ -195,7 +195,15 @@ class TracerConfig:
     flush_interval: float = option(1.0, env=[("RECALLTRACE_FLUSH_INTERVAL", _float)])
     """Seconds the writer waits for a batch to fill before writing what it has."""
     shutdown_timeout: float = option(5.0, env=[("RECALLTRACE_SHUTDOWN_TIMEOUT", _float)])
-    """Seconds :func:`shutdown` and the exit hook wait for the queue to drain."""
+    """Seconds :func:`shutdown`, the exit hook and a stopping signal wait for the queue to
+    drain; what is still queued then is counted as dropped (``shutdown``) and logged."""
+    flush_timeout: float = option(30.0, env=[("RECALLTRACE_FLUSH_TIMEOUT", _float)])
+    """Seconds :func:`flush` waits when called without a timeout (it never waits forever, e.g.
+    while the database is down); it returns False and logs what is still waiting."""
+    handle_signals: bool = option(True, env=[("RECALLTRACE_HANDLE_SIGNALS", _truthy)])
+    """Drain the queue on SIGTERM and SIGINT before the process ends, chaining to the handlers
+    already installed (uvicorn's, gunicorn's, the application's) without changing what they do.
+    Installed from the main thread only."""
     max_write_attempts: int = option(5, env=[("RECALLTRACE_MAX_WRITE_ATTEMPTS", _int)])
     """Attempts to write a record that storage refuses, with exponential back-off, before it
     is dropped as ``storage_error``. While storage cannot be reached at all, records are kept
@@ -271,6 +279,8 @@ class TracerConfig:
             raise ValueError("max_batch_size must be at least 1")
         if self.flush_interval <= 0:
             raise ValueError("flush_interval must be positive")
+        if not self.flush_timeout > 0 or not self.shutdown_timeout >= 0:
+            raise ValueError("flush_timeout must be positive and shutdown_timeout not negative")
         if self.max_write_attempts < 1:
             raise ValueError("max_write_attempts must be at least 1")
         if self.max_text_length is not None and self.max_text_length < 1:

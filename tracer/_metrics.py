@@ -30,7 +30,7 @@ class TracerStats:
         self.sampled: dict[str, int] = {}
         self.dropped: dict[tuple[str, str], int] = {}
         self._last_drop_log = 0.0
-        self._drops_since_log = 0
+        self._unreported: dict[str, int] = {}
         self.queue_size: Callable[[], int] = lambda: 0
 
     def reset(self) -> None:
@@ -39,7 +39,7 @@ class TracerStats:
         self.captured = {}
         self.sampled = {}
         self.dropped = {}
-        self._drops_since_log = 0
+        self._unreported = {}
 
     def trace_finished(self, app: str, sampled: bool) -> None:
         """Count one finished trace."""
@@ -48,21 +48,36 @@ class TracerStats:
             if sampled:
                 self.sampled[app] = self.sampled.get(app, 0) + 1
 
-    def drop(self, reason: str, app: str, count: int = 1) -> None:
-        """Count dropped records and log about it at most every ten seconds."""
+    def drop(self, reason: str, app: str, count: int = 1, *, report: bool = True) -> None:
+        """Count dropped records; say so at once, then at most every ten seconds, with the
+        exact number of each reason since the last line (see :meth:`report_drops`).
+        ``report=False`` leaves the line to the caller's :meth:`report_drops` (bulk drops)."""
         with self._lock:
             key = (reason, app)
             self.dropped[key] = self.dropped.get(key, 0) + count
-            self._drops_since_log += count
-            now = time.monotonic()
-            if now - self._last_drop_log < 10.0:
+            self._unreported[reason] = self._unreported.get(reason, 0) + count
+            due = report and time.monotonic() - self._last_drop_log >= 10.0
+        if due:
+            self.report_drops()
+
+    def report_drops_when_due(self) -> None:
+        """:meth:`report_drops` if ten seconds passed since the last line (writer cycles)."""
+        if self._unreported and time.monotonic() - self._last_drop_log >= 10.0:
+            self.report_drops()
+
+    def report_drops(self) -> None:
+        """Log the drops not yet reported, exactly, in one line (nothing when there are none)."""
+        with self._lock:
+            if not self._unreported:
                 return
-            self._last_drop_log = now
-            dropped, self._drops_since_log = self._drops_since_log, 0
+            pending, self._unreported = self._unreported, {}
+            self._last_drop_log = time.monotonic()
+        total = sum(pending.values())
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(pending.items()))
         logger.warning(
-            "recalltrace dropped %d trace record(s) recently (last reason: %s); see the %s metric",
-            dropped,
-            reason,
+            "recalltrace dropped %d trace record(s) (%s); see the %s metric",
+            total,
+            reasons,
             DROPPED,
         )
 

@@ -17,6 +17,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
 from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import TracerStats, register_instruments
@@ -186,6 +187,10 @@ def configure(config: TracerConfig) -> Runtime:
         if config.register_atexit and not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
+        if config.handle_signals:
+            _signals.install(_drain_on_signal, _write_eagerly)
+        else:
+            _signals.uninstall()
     if previous is not None:
         previous.writer.shutdown(previous.config.shutdown_timeout)
     return runtime
@@ -214,11 +219,50 @@ def _at_exit() -> None:
 
 
 def flush(timeout: float | None = None) -> bool:
-    """Wait until every record queued so far is stored (or dropped)."""
+    """Wait until every record queued so far is stored (or dropped), at most ``timeout``
+    seconds (default: ``flush_timeout``); on a timeout, say how many still wait."""
     runtime = current
     if runtime is None:
         return True
-    return runtime.writer.flush(timeout)
+    limit = runtime.config.flush_timeout if timeout is None else timeout
+    done = runtime.writer.flush(limit)
+    if not done:
+        waiting = runtime.writer.queue_size()
+        logger.warning(
+            "recalltrace: flush gave up after %g s with %d record(s) not stored yet%s; they "
+            "stay queued (bounded by max_queue_size) and are retried",
+            limit,
+            waiting,
+            runtime.writer.last_failure_text(),
+        )
+    return done
+
+
+def _drain_on_signal(why: str, final: bool) -> None:
+    runtime = current
+    if runtime is None:
+        return
+    timeout = runtime.config.shutdown_timeout
+    if final:
+        before = runtime.stats.dropped_total()
+        waiting = runtime.writer.queue_size()
+        runtime.writer.shutdown(timeout)
+        lost = runtime.stats.dropped_total() - before
+        if waiting or lost:
+            logger.warning(
+                "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
+                why,
+                max(waiting - lost, 0),
+                lost,
+            )
+    else:
+        runtime.writer.flush(timeout)
+
+
+def _write_eagerly() -> None:
+    runtime = current
+    if runtime is not None:
+        runtime.writer.write_eagerly()
 
 
 def shutdown(timeout: float | None = None) -> bool:

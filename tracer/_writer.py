@@ -121,6 +121,8 @@ class BatchWriter:
         self._next_attempt = 0.0
         self._backoff = 0.0
         self._last_failure_log = 0.0
+        self._last_error: str | None = None
+        self._eager = False
 
     def _after_fork_in_child(self) -> None:
         if self._sink is not None:
@@ -135,6 +137,15 @@ class BatchWriter:
         self._reset()
 
     # -- request path ----------------------------------------------------------------------
+
+    def write_eagerly(self) -> None:
+        """Write each record as soon as it is queued (the process is stopping)."""
+        self._eager = True
+        self._wake.set()
+
+    def last_failure_text(self) -> str:
+        """``" (last storage error: ...)"`` when a write failed since the last success."""
+        return f" (last storage error: {self._last_error})" if self._last_error else ""
 
     def offer(self, state: TraceState) -> bool:
         """Queue a finished, sampled trace; never blocks. False when it was dropped."""
@@ -154,7 +165,7 @@ class BatchWriter:
             return False
         if self._thread is None:
             self._ensure_thread()
-        if queued >= self._max_batch_size:
+        if queued >= self._max_batch_size or self._eager:
             self._wake.set()
         return True
 
@@ -245,20 +256,25 @@ class BatchWriter:
             self._references.clear()
             thread_alive = self._thread is not None and self._thread.is_alive()
         for state in states:
-            self._stats.drop(reason, state.app_name)
+            self._stats.drop(reason, state.app_name, report=False)
         if references:
-            self._stats.drop(reason, "", references)
+            self._stats.drop(reason, "", references, report=False)
+        # Records the writer holds (assembled, awaiting a retry while storage is down) are lost
+        # with the process too. A writer thread still stuck in a write is abandoned: what it
+        # holds is counted now rather than never.
+        ready, orphans = list(self._ready), list(self._orphans)
+        for pending in ready:
+            self._stats.drop(reason, pending.record.app_name, report=False)
+        if orphans:
+            self._stats.drop(reason, "", len(orphans), report=False)
         if not thread_alive:
-            for pending in self._ready:
-                self._stats.drop(reason, pending.record.app_name)
-            if self._orphans:
-                self._stats.drop(reason, "", len(self._orphans))
             self._ready = []
             self._orphans = []
         with self._lock:
             self._completed = self._accepted
             self._held = 0
             self._progress.notify_all()
+        self._stats.report_drops()
 
     # -- the writer thread -----------------------------------------------------------------
 
@@ -301,7 +317,9 @@ class BatchWriter:
         if self._orphans:
             timeout = min(timeout, min(orphan.next_try for orphan in self._orphans) - now)
         with self._lock:
-            if (self._flush_waiters or self._stopping) and (self._queue or self._references):
+            if (self._flush_waiters or self._stopping or self._eager) and (
+                self._queue or self._references
+            ):
                 return 0.0
         return max(timeout, 0.0)
 
@@ -333,6 +351,7 @@ class BatchWriter:
             self._write_ready()
         if self._orphans:
             self._deliver_orphans()
+        self._stats.report_drops_when_due()
 
     def _take_traces(self) -> None:
         with self._lock:
@@ -415,10 +434,15 @@ class BatchWriter:
                 return
             del self._ready[: len(chunk)]
             self._backoff = 0.0
+            self._last_error = None
             self._complete(len(chunk), held=len(chunk))
 
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
         now = time.monotonic()
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        self._last_error = (
+            f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+        )
         if now - self._last_failure_log >= 30.0:
             self._last_failure_log = now
             logger.warning(

@@ -1,0 +1,141 @@
+"""Stopping without losing records silently: bounded flush, counted shutdown, signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import recalltrace
+from tests.support import ROOT
+from tests.support.tracer_helpers import FlakySink, dropped, make_traced
+
+
+@recalltrace.rag
+def answer(question: str) -> str:
+    return "ok"
+
+
+def test_flush_without_a_timeout_gives_up_while_storage_is_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = FlakySink(down=True)
+    make_traced(sink, flush_timeout=0.5)
+    try:
+        for index in range(7):
+            answer(f"q{index}")
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="recalltrace"):
+            assert recalltrace.flush() is False
+        assert time.monotonic() - started < 5
+        lines = [r.getMessage() for r in caplog.records if "flush gave up" in r.getMessage()]
+        assert len(lines) == 1
+        assert "7 record(s) not stored yet" in lines[0]
+        assert "ConnectionError" in lines[0]
+    finally:
+        sink.down = False
+        recalltrace.shutdown(2)
+
+
+def test_shutdown_while_storage_is_down_counts_and_says_the_exact_number(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = FlakySink(down=True)
+    make_traced(sink, flush_interval=0.05)
+    before = dropped("shutdown")
+    for index in range(50):
+        answer(f"q{index}")
+    time.sleep(0.3)  # the writer has taken them and is retrying against the down sink
+    with caplog.at_level(logging.WARNING, logger="recalltrace"):
+        assert recalltrace.shutdown(0.5) is False
+    assert dropped("shutdown") - before == 50
+    lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert any("dropped 50 trace record(s) (shutdown 50)" in line for line in lines), lines
+
+
+SCRIPT = """
+import os, signal, sys, time
+import recalltrace
+
+url = sys.argv[1]
+mode = sys.argv[2]
+if mode == "app-handler":
+    def own(signum, frame):
+        print("own handler ran", flush=True)
+    signal.signal(signal.SIGTERM, own)
+recalltrace.configure(database_url=url, flush_interval=60.0, sample_rate=1.0)
+
+@recalltrace.rag
+def answer(question):
+    return "ok"
+
+for i in range(25):
+    answer(f"q{i}")
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("still running", flush=True)
+recalltrace.flush(10)
+"""
+
+
+def stored(url: str) -> int:
+    from sqlalchemy import func, select
+
+    from recalltrace.storage.db import create_engine_from_url
+    from recalltrace.storage.models import Trace
+
+    engine = create_engine_from_url(url)
+    with engine.connect() as conn:
+        count = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
+    engine.dispose()
+    return count
+
+
+def run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), url, mode],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_sigterm_with_the_default_action_drains_then_ends_as_before(tmp_path: Path) -> None:
+    done = run(tmp_path, "default")
+    # Killed by SIGTERM as without recalltrace, and nothing queued was lost.
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "still running" not in done.stdout
+    assert stored(f"sqlite:///{tmp_path / 'stop.db'}") == 25
+
+
+def test_sigterm_goes_to_the_applications_own_handler_unchanged(tmp_path: Path) -> None:
+    done = run(tmp_path, "app-handler")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["own handler ran", "still running"]
+    assert stored(f"sqlite:///{tmp_path / 'stop.db'}") == 25
+
+
+def test_handle_signals_false_leaves_signals_alone() -> None:
+    from recalltrace.tracer import _signals
+
+    make_traced(handle_signals=False)
+    original = signal.getsignal(signal.SIGTERM)
+    assert original is not _signals._handle
+    try:
+        make_traced()
+        assert signal.getsignal(signal.SIGTERM) is _signals._handle
+        make_traced(handle_signals=False)
+        assert signal.getsignal(signal.SIGTERM) is original  # given back as it was
+    finally:
+        recalltrace.shutdown(1)
