@@ -20,6 +20,7 @@ Scorers on their own: :mod:`recalltrace.scorers`. Importing this package is chea
 neither OpenTelemetry's SDK, nor SQLAlchemy, nor LiteLLM.
 """
 
+from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository
 from recalltrace.tracer import (
@@ -38,7 +39,7 @@ from recalltrace.tracer import (
 )
 from recalltrace.tracer._sinks import set_default_sink_factory as _set_default_sink_factory
 
-_set_default_sink_factory(_default_sink)
+_set_default_sink_factory(_default_sink, _check_default_sink)
 
 __all__ = [
     "ScrubMatch",

@@ -83,3 +83,11 @@ def open_history(url: str | None = None) -> History:
 def default_sink(database_url: str | None) -> Any:
     """The tracer's default sink: the repository on ``database_url``."""
     return open_repository(database_url)
+
+
+def check_default_sink() -> None:
+    """What ``configure()`` checks before any trace is written: the variants named by
+    ``$RECALLTRACE_METRICS`` exist (a typo would otherwise fail every write)."""
+    from recalltrace.scorers.catalog import metrics_from_env
+
+    metrics_from_env()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -151,11 +152,24 @@ def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from recalltrace.cli.worker import judge_config_from_args
-    from recalltrace.storage.db import redact_url, resolve_database_url
+    from recalltrace.storage.db import (
+        DATABASE_URL_ENV,
+        DEFAULT_DATABASE_URL,
+        redact_url,
+        resolve_database_url,
+    )
     from recalltrace.storage.migrate import upgrade
 
     console = Console()
-    url = resolve_database_url(args.database_url)
+    # The demo writes its own traces and scores whatever is due where it writes: it never
+    # follows an exported RECALLTRACE_DATABASE_URL (a real deployment's database) unasked.
+    url = resolve_database_url(args.database_url or DEFAULT_DATABASE_URL)
+    exported = os.environ.get(DATABASE_URL_ENV)
+    if args.database_url is None and exported:
+        console.print(
+            f"Not using {DATABASE_URL_ENV} ({redact_url(resolve_database_url(exported))}): the "
+            "demo writes to its own file; pass --database-url to choose the database."
+        )
     if args.top_k < 1:
         from recalltrace.cli import CommandError
 

@@ -23,7 +23,7 @@ from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import TracerStats, register_instruments
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
-from recalltrace.tracer._sinks import open_default_sink
+from recalltrace.tracer._sinks import check_default_sink, open_default_sink
 from recalltrace.tracer._state import TraceState, assemble_record
 from recalltrace.tracer._writer import BatchWriter
 
@@ -179,6 +179,8 @@ def configure(config: TracerConfig) -> Runtime:
     """Install ``config`` as the process's tracer, replacing (and draining) a previous one."""
     global current, _atexit_registered
     config.validate()
+    if config.sink is None:
+        check_default_sink()
     with _lock:
         previous = current
         runtime = Runtime(config)
@@ -273,8 +275,12 @@ def shutdown(timeout: float | None = None) -> bool:
     return runtime.writer.shutdown(runtime.config.shutdown_timeout if timeout is None else timeout)
 
 
+_ID_HELP = "a record id is 32 hex digits, as recalltrace.current_trace_id() returns it"
+
+
 def normalize_trace_id(trace_id: str | int) -> str:
-    """A trace id as 32 lowercase hex digits (accepts an int or hex, with or without 0x)."""
+    """A record id as 32 lowercase hex digits (accepts an int, or hex with or without ``0x``
+    and dashes); ``ValueError`` naming the problem otherwise."""
     if isinstance(trace_id, int) and not isinstance(trace_id, bool):
         value = trace_id
     elif isinstance(trace_id, str):
@@ -282,13 +288,13 @@ def normalize_trace_id(trace_id: str | int) -> str:
         if text.startswith("0x"):
             text = text[2:]
         text = text.replace("-", "")
-        if not text or len(text) > 32:
-            raise ValueError(f"not an OpenTelemetry trace id: {trace_id!r}")
+        if not text or len(text) > 32 or any(c not in "0123456789abcdef" for c in text):
+            raise ValueError(f"{trace_id!r} is not a record id: {_ID_HELP}")
         value = int(text, 16)
     else:
         raise TypeError(f"trace_id must be a hex string or an int, not {type(trace_id).__name__}")
     if not 0 < value < (1 << 128):
-        raise ValueError(f"not an OpenTelemetry trace id: {trace_id!r}")
+        raise ValueError(f"{trace_id!r} is not a record id: {_ID_HELP}")
     return format(value, "032x")
 
 

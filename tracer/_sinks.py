@@ -14,12 +14,23 @@ if TYPE_CHECKING:
     from recalltrace.tracer._config import TraceSink
 
 _factory: Callable[[str | None], TraceSink] | None = None
+_check: Callable[[], None] | None = None
 
 
-def set_default_sink_factory(factory: Callable[[str | None], TraceSink]) -> None:
-    """Register what opens the default sink from the configured database URL."""
-    global _factory
-    _factory = factory
+def set_default_sink_factory(
+    factory: Callable[[str | None], TraceSink], check: Callable[[], None] | None = None
+) -> None:
+    """Register what opens the default sink from the configured database URL, and ``check``,
+    which ``configure()`` runs at once to refuse (``ValueError``) what would make every later
+    write fail (an unknown metric in the environment, say)."""
+    global _factory, _check
+    _factory, _check = factory, check
+
+
+def check_default_sink() -> None:
+    """Run the registered check; raises ``ValueError`` with a one-line reason."""
+    if _check is not None:
+        _check()
 
 
 def open_default_sink(database_url: str | None) -> TraceSink:

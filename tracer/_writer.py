@@ -57,6 +57,9 @@ class _Orphan:
     deadline: float
     next_try: float
     delay: float
+    released: bool = False
+    """No longer holds flush(): its record was not found once (it may be another process's,
+    still on its way); it is retried in the background until ``deadline``."""
 
 
 class BatchWriter:
@@ -404,9 +407,9 @@ class BatchWriter:
             self._orphans.append(_Orphan(update, now + self._reference_wait, now, 0.05))
         excess = len(self._orphans) - self._max_queue_size
         if excess > 0:
-            del self._orphans[:excess]
+            dropped, self._orphans = self._orphans[:excess], self._orphans[excess:]
             self._stats.drop("queue_full", "", excess)
-            self._complete(excess)
+            self._complete(sum(1 for orphan in dropped if not orphan.released))
 
     def _merge_into_ready(self, update: ReferenceUpdate) -> bool:
         for pending in self._ready:
@@ -477,7 +480,7 @@ class BatchWriter:
                 continue
             if self._merge_into_ready(orphan.update):
                 self._orphans.remove(orphan)
-                self._complete(1)
+                self._finish_orphan(orphan)
                 continue
             try:
                 self._get_sink().attach_reference(orphan.update)
@@ -487,10 +490,20 @@ class BatchWriter:
                 if now >= orphan.deadline:
                     self._orphans.remove(orphan)
                     self._stats.drop("reference_not_found", "")
-                    self._complete(1)
+                    self._finish_orphan(orphan)
                 else:
+                    if is_trace_not_found(exc) and not orphan.released:
+                        # flush() does not wait reference_wait for a record that may never
+                        # come; the reference keeps being retried, and is counted if it never
+                        # finds its record.
+                        orphan.released = True
+                        self._complete(1)
                     orphan.delay = min(orphan.delay * 2, _MAX_REFERENCE_BACKOFF)
                     orphan.next_try = min(now + orphan.delay, orphan.deadline)
                 continue
             self._orphans.remove(orphan)
+            self._finish_orphan(orphan)
+
+    def _finish_orphan(self, orphan: _Orphan) -> None:
+        if not orphan.released:
             self._complete(1)

@@ -19,7 +19,6 @@ from recalltrace.cli._args import (
     EXIT_USAGE,
     CommandError,
     Handler,
-    _add_database_option,
 )
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandError", "build_parser", "main"]
@@ -47,7 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="run a small traced RAG app on the embedded database and score it"
     )
-    _add_database_option(demo)
+    demo.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="database URL (default: sqlite:///./recalltrace.db; the demo does not follow "
+        "$RECALLTRACE_DATABASE_URL)",
+    )
     from recalltrace.demo import add_demo_arguments
 
     add_demo_arguments(demo)

@@ -114,3 +114,14 @@ def test_demo_on_postgres(tmp_path: Path, postgres_url: str) -> None:
     counts = score_counts(postgres_url)
     assert counts["traces"] == 12
     assert counts["id_based_context_recall"] == 12
+
+
+def test_the_demo_does_not_follow_an_exported_database_url(tmp_path: Path) -> None:
+    """An exported RECALLTRACE_DATABASE_URL is a real deployment's database: the demo must not
+    write its traces there nor score that database's pending jobs."""
+    production = tmp_path / "production.db"
+    url = f"sqlite:///{production}"
+    out = run_demo(cwd=tmp_path, extra_env={"RECALLTRACE_DATABASE_URL": url})
+    assert "Not using RECALLTRACE_DATABASE_URL" in out
+    assert not production.exists()
+    assert (tmp_path / "recalltrace.db").exists()

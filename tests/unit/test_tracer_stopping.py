@@ -139,3 +139,11 @@ def test_handle_signals_false_leaves_signals_alone() -> None:
         assert signal.getsignal(signal.SIGTERM) is original  # given back as it was
     finally:
         recalltrace.shutdown(1)
+
+
+def test_a_typo_in_recalltrace_metrics_is_refused_at_configure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RECALLTRACE_METRICS", "id_based_context_recall,llm_contex_recall")
+    with pytest.raises(ValueError, match="unknown metric 'llm_contex_recall'; known metrics"):
+        recalltrace.configure(database_url=f"sqlite:///{tmp_path / 'x.db'}")

@@ -336,17 +336,44 @@ def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
         duration_ms=1.0,
     )
     traced.sink.write_traces([record])  # stored meanwhile, e.g. by another process
-    assert recalltrace.flush(5)
-    assert traced.sink.by_id(trace_id).reference == "gold"
+    # flush() does not wait for it (the record might never come), but the writer keeps trying.
+    deadline = time.monotonic() + 5
+    while traced.sink.by_id(trace_id).reference != "gold":
+        assert time.monotonic() < deadline, "the late reference was never attached"
+        time.sleep(0.02)
 
 
 def test_reference_for_an_unknown_trace_is_dropped_after_waiting() -> None:
-    make_traced(reference_wait=0.2)
+    make_traced(reference_wait=0.5)
     before = dropped("reference_not_found")
     try:
         recalltrace.set_reference("cd" * 16, reference="nobody")
-        assert recalltrace.flush(5)
+        assert dropped("reference_not_found") == before
+        deadline = time.monotonic() + 5
+        while dropped("reference_not_found") == before:
+            assert time.monotonic() < deadline, "the orphan reference was never counted"
+            time.sleep(0.02)
         assert dropped("reference_not_found") == before + 1
+    finally:
+        recalltrace.shutdown(1)
+
+
+def test_an_unknown_reference_does_not_hold_flush_for_reference_wait() -> None:
+    make_traced(reference_wait=30.0)
+    try:
+        recalltrace.set_reference("cd" * 16, reference="nobody")
+        started = time.monotonic()
+        assert recalltrace.flush(10)
+        assert time.monotonic() - started < 2  # it used to wait the full 30 s
+    finally:
+        recalltrace.shutdown(1)
+
+
+def test_a_malformed_reference_id_says_what_an_id_is() -> None:
+    make_traced()
+    try:
+        with pytest.raises(ValueError, match="'not-a-hex-id' is not a record id: a record"):
+            recalltrace.set_reference("not-a-hex-id", reference="x")
     finally:
         recalltrace.shutdown(1)
 
