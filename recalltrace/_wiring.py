@@ -80,9 +80,9 @@ def open_history(url: str | None = None) -> History:
     return history(create_engine_from_url(url))
 
 
-def default_sink(database_url: str | None) -> Any:
+def default_sink(database_url: str | None, *, create_schema: bool | None = None) -> Any:
     """The tracer's default sink: the repository on ``database_url``."""
-    return open_repository(database_url)
+    return open_repository(database_url, create_schema=create_schema)
 
 
 def check_default_sink() -> None:

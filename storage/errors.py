@@ -30,3 +30,20 @@ def is_database_unavailable(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def is_schema_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the recalltrace tables do not
+    exist: a database nobody ran ``recalltrace db upgrade`` on. Worth keeping the records for:
+    they can be written once the schema is there."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if "UndefinedTable" in type(current).__name__ or "no such table" in text:
+            return True
+        if "relation" in text and "does not exist" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False

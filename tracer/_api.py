@@ -40,6 +40,7 @@ def configure(
     max_batch_size: int | None = None,
     flush_interval: float | None = None,
     shutdown_timeout: float | None = None,
+    auto_migrate: bool | None = None,
     flush_timeout: float | None = None,
     handle_signals: bool | None = None,
     max_write_attempts: int | None = None,

@@ -92,7 +92,9 @@ class Runtime:
         if self.config.sink is not None:
             return self.config.sink
         # Called here, on the writer thread: opening the repository pulls in SQLAlchemy.
-        return open_default_sink(self.config.database_url)
+        return open_default_sink(
+            self.config.database_url, create_schema=True if self.config.auto_migrate else None
+        )
 
     def _assemble(self, state: TraceState) -> TraceRecord:
         return assemble_record(state, self.scrubber, self.config.max_text_length)

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from recalltrace.tracer._config import TraceSink
 
-_factory: Callable[[str | None], TraceSink] | None = None
+_factory: Callable[..., TraceSink] | None = None
 _check: Callable[[], None] | None = None
 
 
 def set_default_sink_factory(
-    factory: Callable[[str | None], TraceSink], check: Callable[[], None] | None = None
+    factory: Callable[..., TraceSink], check: Callable[[], None] | None = None
 ) -> None:
     """Register what opens the default sink from the configured database URL, and ``check``,
     which ``configure()`` runs at once to refuse (``ValueError``) what would make every later
@@ -33,11 +33,12 @@ def check_default_sink() -> None:
         _check()
 
 
-def open_default_sink(database_url: str | None) -> TraceSink:
-    """Open the registered default sink; raises ``RuntimeError`` if none is registered."""
+def open_default_sink(database_url: str | None, *, create_schema: bool | None = None) -> TraceSink:
+    """Open the registered default sink (``create_schema``: run the migrations first, ``None``
+    for the backend's default); raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "
             "or pass sink= to configure()"
         )
-    return _factory(database_url)
+    return _factory(database_url, create_schema=create_schema)

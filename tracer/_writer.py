@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from recalltrace.storage.errors import is_database_unavailable
+from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
 from recalltrace.tracer._metrics import TracerStats
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
@@ -443,22 +443,30 @@ class BatchWriter:
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
         now = time.monotonic()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-        self._last_error = (
-            f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
-        )
+        name = type(exc).__name__
+        self._last_error = f"{name}: {first_line}" if first_line else name
+        schema_missing = is_schema_missing(exc)
         if now - self._last_failure_log >= 30.0:
             self._last_failure_log = now
-            logger.warning(
-                "recalltrace writer: storing %d trace record(s) failed (%s: %s); will retry",
-                len(chunk),
-                type(exc).__name__,
-                exc,
-            )
+            if schema_missing:
+                logger.warning(
+                    "recalltrace writer: the database has no recalltrace tables; run "
+                    "`recalltrace db upgrade --database-url URL` (or configure "
+                    "auto_migrate=True). %d record(s) are kept, up to max_queue_size, until "
+                    "the tables exist",
+                    len(self._ready),
+                )
+            else:
+                logger.warning(
+                    "recalltrace writer: storing %d trace record(s) failed (%s); will retry",
+                    len(chunk),
+                    self._last_error,
+                )
         given_up = []
         # While storage is unreachable the records keep their place (they count against the
         # queue bound, so new traces are dropped as queue_full instead); only failures where
         # storage refused the records use up attempts.
-        if not is_database_unavailable(exc):
+        if not (is_database_unavailable(exc) or schema_missing):
             for pending in chunk:
                 pending.attempts += 1
                 if pending.attempts >= self._max_write_attempts:

@@ -494,7 +494,7 @@ def test_repository_opened_by_the_tracer_is_closed_at_shutdown(
 
     opened: list[tuple[str | None, DisposableSink]] = []
 
-    def open_repository(url: str | None = None) -> DisposableSink:
+    def open_repository(url: str | None = None, **options: Any) -> DisposableSink:
         opened.append((url, DisposableSink()))
         return opened[-1][1]
 
