@@ -541,6 +541,21 @@ class History:
         ]
 
     # -- one trace -------------------------------------------------------------------------
+    def record_ids_starting_with(self, prefix: str, limit: int = 20) -> list[str]:
+        """Stored record ids that start with ``prefix`` (lowercase hex), at most ``limit``."""
+        check_filter_text("prefix", prefix)
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+            raise ValueError(f"{prefix!r} is not the start of a record id (lowercase hex)")
+        with self.engine.connect() as conn:
+            return list(
+                conn.scalars(
+                    select(Trace.trace_id)
+                    .where(Trace.trace_id >= prefix, Trace.trace_id < prefix + "g")
+                    .order_by(Trace.trace_id)
+                    .limit(limit)
+                )
+            )
+
     def records_of_otel_trace(self, otel_trace_id: str) -> list[str]:
         """The ids of the records stored for one OpenTelemetry trace id, oldest first (a
         trace may hold several requests)."""

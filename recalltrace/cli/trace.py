@@ -42,7 +42,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_database_option(show)
     show.add_argument(
-        "trace_id", type=_stored_text, metavar="TRACE_ID", help="the 32-hex-digit trace id"
+        "trace_id",
+        type=_stored_text,
+        metavar="TRACE_ID",
+        help="the trace's 32 hex digits (dashes allowed), the first 8 or more of them, or the "
+        "OpenTelemetry trace id of a one-request trace",
     )
     show.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     show.add_argument(
@@ -74,12 +78,31 @@ _DETAIL_ORDER = (
 def _cmd_trace_show(args: argparse.Namespace) -> int:
     from recalltrace.storage.repository import TraceNotFound
 
-    trace_id = args.trace_id.strip().lower()
+    trace_id = args.trace_id.strip().lower().removeprefix("0x").replace("-", "")
+    if not trace_id or any(c not in "0123456789abcdef" for c in trace_id) or len(trace_id) > 32:
+        raise CommandError(
+            f"{args.trace_id!r} is not a trace id: give the 32 hex digits (dashes allowed), "
+            "or at least the first 8 of them"
+        )
+    if len(trace_id) < 8:
+        raise CommandError(f"{args.trace_id!r} is too short: give at least 8 hex digits")
     with _database(args) as engine:
+        history = _history(engine)
+        if len(trace_id) < 32:
+            matches = history.record_ids_starting_with(trace_id)
+            if not matches:
+                raise CommandError(f"no trace is stored with an id starting {trace_id}")
+            if len(matches) > 1:
+                raise CommandError(
+                    f"{len(matches)}{'+' if len(matches) == 20 else ''} traces start with "
+                    f"{trace_id}: {', '.join(matches[:5])}{' ...' if len(matches) > 5 else ''}; "
+                    "give more digits"
+                )
+            trace_id = matches[0]
         try:
-            detail = _history(engine).trace(trace_id)
-        except TraceNotFound:
-            raise CommandError(f"no trace is stored with id {args.trace_id!r}") from None
+            detail = history.trace(trace_id)
+        except TraceNotFound as exc:
+            raise CommandError(str(exc)) from None
     if args.format == "json":
         _print_json(detail.as_dict())
         return EXIT_OK

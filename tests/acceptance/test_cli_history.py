@@ -606,6 +606,20 @@ def test_unknown_trace_id_is_one_line(seeded: Seeded) -> None:
     missing = "f" * 32
     message = one_line_error(run("trace", "show", missing, url=seeded.url))
     assert message == f"recalltrace: error: no trace is stored with id '{missing}'"
+    message = one_line_error(run("trace", "show", "not-hex!", url=seeded.url))
+    assert "is not a trace id: give the 32 hex digits" in message
+
+
+def test_trace_show_takes_the_dashed_and_the_short_forms(seeded: Seeded) -> None:
+    trace_id = seeded.trace(0).trace_id
+    dashed = "-".join(
+        (trace_id[:8], trace_id[8:12], trace_id[12:16], trace_id[16:20], trace_id[20:])
+    )
+    for given in (dashed, dashed.upper(), trace_id[:12]):
+        shown = json.loads(ok(run("trace", "show", given, "--format", "json", url=seeded.url)))
+        assert shown["trace_id"] == trace_id, given
+    message = one_line_error(run("trace", "show", trace_id[:5], url=seeded.url))
+    assert "too short: give at least 8 hex digits" in message
 
 
 def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
