@@ -92,21 +92,28 @@ def _text(seed: int, length: int) -> str:
     return " ".join(out)[:length]
 
 
-DOCUMENTS = [
-    {
-        "id": f"doc-{i}",
-        "content": _text(i, DOCUMENT_CHARS),
-        "score": 1.0 - i / 20,
-        "metadata": {"source": f"handbook/section-{i}.md"},
-    }
-    for i in range(DOCUMENT_COUNT)
-]
+SPAN_ATTRIBUTE_LIMIT = 128  # the SDK's default OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT
+
+
+def make_documents(count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"doc-{i}",
+            "content": _text(i, DOCUMENT_CHARS),
+            "score": 1.0 - i / (count * 2),
+            "metadata": {"source": f"handbook/section-{i}.md"},
+        }
+        for i in range(count)
+    ]
+
+
+DOCUMENTS = make_documents(DOCUMENT_COUNT)
 ANSWER = _text(99, ANSWER_CHARS)
 QUESTION = "How does the tracer measure context recall in production?"
 
 
 def _search(query: str) -> list[dict[str, Any]]:
-    return list(DOCUMENTS)
+    return list(DOCUMENTS)  # a retriever hands back a fresh list each time
 
 
 def _generate(prompt: str) -> str:
@@ -142,7 +149,13 @@ def otel_search(query: str) -> list[dict[str, Any]]:
         "gen_ai.operation.name": "retrieval",
         "input.value": query,
     }
-    for i, doc in enumerate(docs):
+    # Respect the span's attribute limit as a careful hand-written integration would: only the
+    # documents that fit after the span's own attributes (the record-free baseline).
+    fit = (SPAN_ATTRIBUTE_LIMIT - len(attributes) - 10) // 4
+    if len(docs) > fit:
+        attributes["recalltrace.retrieval.documents"] = len(docs)
+        attributes["recalltrace.retrieval.documents_on_span"] = fit
+    for i, doc in enumerate(docs[:fit]):
         prefix = f"retrieval.documents.{i}.document."
         attributes[prefix + "id"] = doc["id"]
         attributes[prefix + "content"] = doc["content"]
@@ -218,11 +231,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2_000, help="warm-up calls per variant")
     parser.add_argument("--blocks", type=int, default=40, help="interleaved blocks")
     parser.add_argument(
+        "--documents",
+        type=int,
+        default=DOCUMENT_COUNT,
+        help="documents the retriever returns (10; try 100, 1000, 10000)",
+    )
+    parser.add_argument(
         "--database-url",
         default=None,
         help="write the records to real storage at this URL instead of discarding them",
     )
     args = parser.parse_args()
+    global DOCUMENTS
+    DOCUMENTS = make_documents(args.documents)
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple, TypeVar
 from recalltrace.tracer._extract import (
     Doc,
     Usage,
+    document_list,
     metadata_json,
     read_answer,
     read_chunk_text,
     read_document,
-    read_documents,
     read_generation_text,
     read_model,
     read_usage,
@@ -52,6 +52,12 @@ GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+DOCUMENTS_TOTAL = "recalltrace.retrieval.documents"
+DOCUMENTS_ON_SPAN = "recalltrace.retrieval.documents_on_span"
+
+# Attributes kept free on a retrieval span for what is set after the documents (an output, the
+# two counts above, an error status's exception attributes).
+_ATTRIBUTE_RESERVE = 8
 
 _DOC_KEY_CACHE = 256
 
@@ -302,20 +308,64 @@ def _capture_references(spec: _Spec, state: Any, args: tuple[Any, ...], kwargs: 
             state.reference_context_ids = value
 
 
-def _docs_of(spec: _Spec, result: Any) -> list[Doc]:
+def _docs_of(spec: _Spec, result: Any, limit: int | None = None) -> tuple[list[Doc], int]:
+    """The documents of ``result`` read (the first ``limit`` only, when given), and how many
+    there are."""
+    docs, rest, total = _split_docs(spec, result, limit)
+    if rest:
+        docs.extend(_read_rest(spec, rest))
+    return docs, total
+
+
+def _split_docs(
+    spec: _Spec, result: Any, limit: int | None, keep_rest: bool = True
+) -> tuple[list[Doc], list[Any], int]:
+    """The first ``limit`` documents read, the rest as the retriever gave them (a shallow
+    copy of the list, read later; empty unless ``keep_rest``), and the total."""
     try:
         if spec.extractor is not None:
-            extracted = spec.extractor(result)
-            return [read_document(item) for item in (extracted or ())]
-        return read_documents(result)
+            items = list(spec.extractor(result) or ())
+        else:
+            items = document_list(result) or []
+        if limit is None or limit >= len(items):
+            return [read_document(item) for item in items], [], len(items)
+        rest = items[limit:] if keep_rest else []
+        return [read_document(item) for item in items[:limit]], rest, len(items)
+    except Exception:
+        user_code_error(f"reading the documents returned by {spec.qualname}")
+        return [], [], 0
+
+
+def _read_rest(spec: _Spec, items: list[Any]) -> list[Doc]:
+    try:
+        return [read_document(item) for item in items]
     except Exception:
         user_code_error(f"reading the documents returned by {spec.qualname}")
         return []
 
 
-def _document_attributes(call: _Call, docs: list[Doc], attributes: dict[str, Any]) -> None:
+def _attribute_room(span: Any) -> int | None:
+    """How many more attributes the span keeps before the SDK starts evicting the oldest ones
+    (the span kind and the input): ``None`` when the provider sets no limit we can read."""
+    limit = getattr(getattr(span, "_limits", None), "max_span_attributes", None)
+    if not isinstance(limit, int):
+        return None
+    present = getattr(span, "_attributes", None)
+    return limit - (len(present) if present is not None else 0) - _ATTRIBUTE_RESERVE
+
+
+def _document_attributes(
+    call: _Call, docs: list[Doc], attributes: dict[str, Any], room: int | None
+) -> int:
+    """Put the documents on ``attributes`` in rank order while they fit in ``room``; returns
+    how many were put (the record keeps every document whatever fits on the span)."""
     scrub = call.runtime.span_scrub
     for index, doc in enumerate(docs):
+        if room is not None:
+            needed = 1 + (doc.id is not None) + (doc.score is not None) + bool(doc.metadata)
+            if needed > room:
+                return index
+            room -= needed
         keys = _DOC_KEYS[index] if index < _DOC_KEY_CACHE else _doc_keys(index)
         if doc.id is not None:
             attributes[keys[0]] = doc.id
@@ -324,12 +374,47 @@ def _document_attributes(call: _Call, docs: list[Doc], attributes: dict[str, Any
             attributes[keys[2]] = doc.score
         if doc.metadata:
             attributes[keys[3]] = metadata_json(doc.metadata)
+    return len(docs)
 
 
-def _finish_retrieval(call: _Call, docs: list[Doc]) -> None:
+def _finish_retrieval(call: _Call, result: Any) -> None:
+    room = _attribute_room(call.span) if call.recording else None
+    if room is not None:
+        room -= 2  # the two counts below
+    # A span takes only the documents that fit (at most one per attribute): those are read
+    # now. The record needs every document: the rest are kept as a shallow copy of the
+    # retriever's list and read on the writer thread, so k documents cost the request path
+    # a list copy, not k reads.
+    if not call.recording:
+        limit: int | None = 0
+    else:
+        limit = None if room is None else max(room, 0)
+    docs, rest, total = _split_docs(call.spec, result, limit, keep_rest=call.sampled)
+    _finish_documents(call, docs, total, room)
+    if call.sampled and rest:
+        call.state.contexts.append(_DeferredDocs(call.spec, rest))
+
+
+class _DeferredDocs:
+    """Documents past what a span holds, read when the record is assembled."""
+
+    __slots__ = ("items", "spec")
+
+    def __init__(self, spec: _Spec, items: list[Any]) -> None:
+        self.spec = spec
+        self.items = items
+
+    def read(self) -> list[Doc]:
+        return _read_rest(self.spec, self.items)
+
+
+def _finish_documents(call: _Call, docs: list[Doc], total: int, room: int | None) -> None:
     if call.recording and docs:
         attributes: dict[str, Any] = {}
-        _document_attributes(call, docs, attributes)
+        shown = _document_attributes(call, docs, attributes, room)
+        if shown < total:
+            attributes[DOCUMENTS_TOTAL] = total
+            attributes[DOCUMENTS_ON_SPAN] = shown
         call.span.set_attributes(attributes)
     if call.sampled and docs:
         call.state.contexts.extend(docs)
@@ -408,7 +493,7 @@ def _succeeded(call: _Call, result: Any) -> None:
         kind = call.spec.kind
         if call.recording or call.sampled:
             if kind == RETRIEVAL:
-                _finish_retrieval(call, _docs_of(call.spec, result))
+                _finish_retrieval(call, result)
             elif kind == GENERATION:
                 text, model, usage = _generation_of(result)
                 _finish_generation(call, text, model, usage)
@@ -474,7 +559,7 @@ def _stream_item(call: _Call, stream: _Stream, item: Any) -> None:
         kind = call.spec.kind
         if kind == RETRIEVAL:
             if call.spec.extractor is not None:
-                stream.docs.extend(_docs_of(call.spec, item))
+                stream.docs.extend(_docs_of(call.spec, item)[0])
             elif isinstance(item, (list, tuple)) and not (
                 len(item) == 2 and isinstance(item[1], (int, float))
             ):
@@ -507,7 +592,10 @@ def _stream_record(call: _Call, stream: _Stream) -> None:
     if call.recording or call.sampled:
         kind = call.spec.kind
         if kind == RETRIEVAL:
-            _finish_retrieval(call, stream.docs)
+            room = _attribute_room(call.span) if call.recording else None
+            _finish_documents(
+                call, stream.docs, len(stream.docs), None if room is None else room - 2
+            )
         elif kind == GENERATION:
             text = "".join(stream.texts) if stream.texts else None
             _finish_generation(call, text, stream.model, stream.usage)

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
-from recalltrace.tracer._extract import Doc, Usage, to_id_list, to_text, to_text_list
+from recalltrace.tracer._extract import Usage, to_id_list, to_text, to_text_list
 
 if TYPE_CHECKING:
     from recalltrace.tracer._scrub import Scrubber
@@ -77,7 +77,9 @@ class TraceState:
         self.user_input: Any = None
         self.response: str | None = None
         self.response_chunks: list[str] | None = None
-        self.contexts: list[Doc] = []
+        # Documents in rank order; a retrieval's documents past what its span holds are kept
+        # unread (an object with ``read()``) and read here, on the writer thread.
+        self.contexts: list[Any] = []
         self.generations: list[tuple[str | None, str | None, Usage | None]] = []
         self.reference: Any = None
         self.reference_contexts: Any = None
@@ -185,7 +187,13 @@ def assemble_record(
         metadata["llm"] = llm_calls
     limit = max_text_length if max_text_length is not None else -1
     contexts = []
-    for index, (content, doc_id, score, doc_metadata) in enumerate(state.contexts):
+    read: list[Any] = []
+    for item in state.contexts:
+        if isinstance(item, tuple):
+            read.append(item)
+        else:
+            read.extend(item.read())
+    for index, (content, doc_id, score, doc_metadata) in enumerate(read):
         if limit >= 0 and len(content) > limit:
             content = _cut(content, limit, f"retrieved_contexts[{index}]", notes) or ""
         contexts.append(

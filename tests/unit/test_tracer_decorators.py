@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import logging
 import sys
 import threading
 import traceback
@@ -16,7 +17,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import recalltrace
-from tests.support.tracer_helpers import Traced, traced_session
+from tests.support.tracer_helpers import Traced, make_traced, traced_session
 
 
 @pytest.fixture
@@ -777,3 +778,42 @@ def test_name_positionally_or_by_keyword(traced: Traced) -> None:
     assert sorted(s.name for s in traced.spans()) == ["by-keyword", "by-position"]
     with pytest.raises(TypeError, match="given twice"):
         recalltrace.generation("one", name="two")
+
+
+def test_many_documents_never_push_the_span_kind_and_input_off_the_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past about 30 documents a span used to exceed the SDK's 128-attribute limit, which
+    evicts the oldest attributes: the span kind and input.value, with a warning per request."""
+    traced = make_traced()  # an SDK provider with the default limits
+
+    @recalltrace.retrieval
+    def search(query: str) -> list[dict[str, Any]]:
+        return [
+            {"id": f"doc-{i}", "content": f"text {i}", "score": 1 / (i + 1), "metadata": {"i": i}}
+            for i in range(1000)
+        ]
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        search(question)
+        return "ok"
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            answer("which documents?")
+        span = traced.span("search")
+        attributes = dict(span.attributes or {})
+        assert attributes["openinference.span.kind"] == "RETRIEVER"
+        assert attributes["input.value"] == "which documents?"
+        shown = attributes["recalltrace.retrieval.documents_on_span"]
+        assert attributes["recalltrace.retrieval.documents"] == 1000
+        assert 20 <= shown < 40
+        assert attributes[f"retrieval.documents.{shown - 1}.document.id"] == f"doc-{shown - 1}"
+        assert f"retrieval.documents.{shown}.document.id" not in attributes
+        assert span.dropped_attributes == 0
+        assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+        record = traced.record()
+        assert [c.id for c in record.retrieved_contexts] == [f"doc-{i}" for i in range(1000)]
+    finally:
+        recalltrace.shutdown(2)
