@@ -89,7 +89,26 @@ def _doc_from_str(obj: Any) -> Doc:
     return _new_doc((obj, None, None, _EMPTY))
 
 
+def _doc_from_search_hit(obj: Mapping[str, Any], source: Mapping[str, Any]) -> Doc:
+    """An Elasticsearch/OpenSearch hit: ``_id``, ``_score`` and the indexed ``_source``."""
+    content_key = next((key for key in _CONTENT_KEYS if key in source), None)
+    if content_key is None:
+        # No conventional text field: the source's string fields, in their order.
+        texts = [value for value in source.values() if isinstance(value, str)]
+        content = "\n".join(texts)
+        metadata = {k: v for k, v in source.items() if not isinstance(v, str)}
+    else:
+        content = _as_text(source[content_key])
+        metadata = {k: v for k, v in source.items() if k != content_key}
+    if obj.get("_index") is not None:
+        metadata = {**metadata, "_index": obj["_index"]}
+    return Doc(content, _as_id(obj.get("_id")), _as_score(obj.get("_score")), metadata or _EMPTY)
+
+
 def _doc_from_mapping(obj: Any) -> Doc:
+    source = obj.get("_source")
+    if isinstance(source, Mapping):
+        return _doc_from_search_hit(obj, source)
     content: Any = obj.get("content")
     if content is None:
         for key in _CONTENT_KEYS:
@@ -236,6 +255,9 @@ def document_list(result: Any) -> list[Any] | None:
     if isinstance(result, (str, ContextRecord)):
         return [result]
     if isinstance(result, Mapping):
+        hits = result.get("hits")
+        if isinstance(hits, Mapping) and isinstance(hits.get("hits"), (list, tuple)):
+            return list(hits["hits"])  # an Elasticsearch/OpenSearch search response
         for key in _DOC_LIST_KEYS:
             value = result.get(key)
             if isinstance(value, (list, tuple)):

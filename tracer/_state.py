@@ -193,6 +193,13 @@ def assemble_record(
             read.append(item)
         else:
             read.extend(item.read())
+    blank = [i for i, doc in enumerate(read) if not doc[0] and doc[1] is None]
+    if blank:
+        shown = ", ".join(str(i) for i in blank[:10]) + (" ..." if len(blank) > 10 else "")
+        notes.append(
+            f"{len(blank)} retrieved document(s) had neither text nor an id (positions {shown}): "
+            "their shape was not recognised; pass extractor= to @retrieval"
+        )
     for index, (content, doc_id, score, doc_metadata) in enumerate(read):
         if limit >= 0 and len(content) > limit:
             content = _cut(content, limit, f"retrieved_contexts[{index}]", notes) or ""

@@ -320,3 +320,53 @@ def test_response_extractor(traced: Traced) -> None:
 
     answer("q")
     assert traced.record().response == "the answer"
+
+
+def test_elasticsearch_hits_are_read_with_id_score_and_source() -> None:
+    from recalltrace.tracer._extract import document_list, read_document
+
+    response = {
+        "took": 3,
+        "hits": {
+            "total": {"value": 2},
+            "hits": [
+                {
+                    "_index": "kb",
+                    "_id": "kb-12",
+                    "_score": 7.5,
+                    "_source": {"title": "Passwords", "body": "Reset it from Settings.", "v": 2},
+                },
+                {"_index": "kb", "_id": "kb-7", "_score": 3.0, "_source": {"summary": "Expiry"}},
+            ],
+        },
+    }
+    docs = [read_document(hit) for hit in document_list(response) or []]
+    assert [(d.id, d.score) for d in docs] == [("kb-12", 7.5), ("kb-7", 3.0)]
+    assert docs[0].content == "Reset it from Settings."
+    assert docs[0].metadata == {"title": "Passwords", "v": 2, "_index": "kb"}
+    assert docs[1].content == "Expiry"  # no conventional text field: its string fields
+
+
+def test_documents_of_an_unknown_shape_are_noted_on_the_record() -> None:
+    from tests.support.tracer_helpers import make_traced
+
+    traced = make_traced()
+
+    @recalltrace.retrieval
+    def search(query: str) -> list[dict[str, object]]:
+        return [{"weird": 1}, {"content": "fine", "id": "a"}, {"other": 2}]
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        search(question)
+        return "ok"
+
+    try:
+        answer("q")
+        record = traced.record()
+        assert any(
+            note.startswith("2 retrieved document(s) had neither text nor an id (positions 0, 2)")
+            for note in record.notes
+        ), record.notes
+    finally:
+        recalltrace.shutdown(2)
