@@ -487,9 +487,54 @@ def _end(call: _Call) -> None:
         call.runtime.finish_trace(state)
 
 
+def _streams_later(call: _Call, result: Any) -> bool:
+    """Whether ``result`` is a response whose body is produced after the function returned
+    (Starlette's and FastAPI's ``StreamingResponse``): the request is not over yet."""
+    if call.spec.kind != RAG or not call.outermost:
+        return False
+    body = getattr(result, "body_iterator", None)
+    return body is not None and hasattr(body, "__anext__")
+
+
+async def _follow_stream(call: _Call, body: Any) -> Any:
+    """The response body, passed through unchanged, inside the request's context; the request
+    ends (and its record is made, with the streamed text as the answer) when the body does."""
+    stream = _Stream()
+    try:
+        while True:
+            token = _otel.attach(call.ctx)
+            try:
+                item = await body.__anext__()
+            except StopAsyncIteration:
+                _detach(token)
+                break
+            except BaseException as exc:
+                _detach(token)
+                _failed(call, exc, stream)
+                raise
+            _detach(token)
+            if isinstance(item, (bytes, bytearray)):
+                try:
+                    text: Any = bytes(item).decode("utf-8")
+                except UnicodeDecodeError:
+                    text = None
+            else:
+                text = item
+            if text is not None:
+                _stream_item(call, stream, text)
+            yield item
+    except GeneratorExit:
+        _stream_finished(call, stream, closed_early=True)
+        raise
+    _stream_finished(call, stream, closed_early=False)
+
+
 def _succeeded(call: _Call, result: Any) -> None:
     """Record a returned value and end the span (never raises)."""
     try:
+        if _streams_later(call, result):
+            result.body_iterator = _follow_stream(call, result.body_iterator)
+            return
         kind = call.spec.kind
         if call.recording or call.sampled:
             if kind == RETRIEVAL:
