@@ -308,29 +308,36 @@ def _capture_references(spec: _Spec, state: Any, args: tuple[Any, ...], kwargs: 
             state.reference_context_ids = value
 
 
-def _docs_of(spec: _Spec, result: Any, limit: int | None = None) -> tuple[list[Doc], int]:
-    """The documents of ``result`` read (the first ``limit`` only, when given), and how many
-    there are."""
-    docs, rest, total = _split_docs(spec, result, limit)
-    if rest:
-        docs.extend(_read_rest(spec, rest))
+def _docs_of(spec: _Spec, result: Any) -> tuple[list[Doc], int]:
+    """Every document of ``result``, read, and how many there are."""
+    docs, _rest, total = _split_docs(spec, result, None)
     return docs, total
 
 
 def _split_docs(
-    spec: _Spec, result: Any, limit: int | None, keep_rest: bool = True
+    spec: _Spec, result: Any, room: int | None, keep_rest: bool = True
 ) -> tuple[list[Doc], list[Any], int]:
-    """The first ``limit`` documents read, the rest as the retriever gave them (a shallow
-    copy of the list, read later; empty unless ``keep_rest``), and the total."""
+    """The leading documents that fit in ``room`` span attributes, read (all of them when
+    ``room`` is None); the rest as the retriever gave them (a shallow copy of its list, read
+    later; empty unless ``keep_rest``); and the total."""
     try:
         if spec.extractor is not None:
             items = list(spec.extractor(result) or ())
         else:
             items = document_list(result) or []
-        if limit is None or limit >= len(items):
+        if room is None:
             return [read_document(item) for item in items], [], len(items)
-        rest = items[limit:] if keep_rest else []
-        return [read_document(item) for item in items[:limit]], rest, len(items)
+        docs: list[Doc] = []
+        for item in items:
+            if room <= 0:
+                break
+            doc = read_document(item)
+            room -= 1 + (doc.id is not None) + (doc.score is not None) + bool(doc.metadata)
+            if room < 0:
+                break
+            docs.append(doc)
+        rest = items[len(docs) :] if keep_rest else []
+        return docs, rest, len(items)
     except Exception:
         user_code_error(f"reading the documents returned by {spec.qualname}")
         return [], [], 0
@@ -386,11 +393,9 @@ def _finish_retrieval(call: _Call, result: Any) -> None:
     # retriever's list and read on the writer thread, so k documents cost the request path
     # a list copy, not k reads.
     if not call.recording:
-        limit: int | None = 0
-    else:
-        limit = None if room is None else max(room, 0)
-    docs, rest, total = _split_docs(call.spec, result, limit, keep_rest=call.sampled)
-    _finish_documents(call, docs, total, room)
+        room = 0
+    docs, rest, total = _split_docs(call.spec, result, room, keep_rest=call.sampled)
+    _finish_documents(call, docs, total, None)
     if call.sampled and rest:
         call.state.contexts.append(_DeferredDocs(call.spec, rest))
 
