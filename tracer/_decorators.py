@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from os import urandom
@@ -666,6 +668,36 @@ def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
 # -- wrappers -----------------------------------------------------------------------------------
 
 
+# A decorated call adds one Python frame (the wrapper) to the stack, so a decorated recursive
+# function would hit the recursion limit at half the depth. Past _DEEP nested decorated calls in
+# a thread, the limit is raised by exactly the frames the wrappers add, and given back when the
+# outermost call returns (unless the application changed it meanwhile).
+_DEEP = 32
+_nesting = threading.local()
+
+
+def _deeper() -> None:
+    depth = getattr(_nesting, "depth", 0) + 1
+    _nesting.depth = depth
+    if depth == 1:
+        _nesting.base = sys.getrecursionlimit()
+        _nesting.raised = 0
+    elif depth > _DEEP:
+        wanted = _nesting.base + depth + 8
+        if sys.getrecursionlimit() < wanted:
+            sys.setrecursionlimit(wanted)
+            _nesting.raised = wanted
+
+
+def _shallower() -> None:
+    depth = _nesting.depth - 1
+    _nesting.depth = depth
+    if depth == 0 and _nesting.raised:
+        if sys.getrecursionlimit() == _nesting.raised:
+            sys.setrecursionlimit(_nesting.base)
+        _nesting.raised = 0
+
+
 def _wrap_function(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -673,12 +705,15 @@ def _wrap_function(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
         if call is None:
             return fn(*args, **kwargs)
         token = _otel.attach(call.ctx)
+        _deeper()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
+            _shallower()
             _detach(token)
             _failed(call, exc)
             raise
+        _shallower()
         _detach(token)
         _succeeded(call, result)
         return result

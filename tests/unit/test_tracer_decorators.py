@@ -817,3 +817,26 @@ def test_many_documents_never_push_the_span_kind_and_input_off_the_span(
         assert [c.id for c in record.retrieved_contexts] == [f"doc-{i}" for i in range(1000)]
     finally:
         recalltrace.shutdown(2)
+
+
+def test_a_decorated_recursive_function_reaches_the_same_depth(traced: Traced) -> None:
+    import sys
+
+    reached = {"plain": 0, "decorated": 0}
+
+    def plain(n: int) -> int:
+        reached["plain"] = n
+        return plain(n + 1)
+
+    @recalltrace.rag
+    def decorated(n: int) -> int:
+        reached["decorated"] = n
+        return decorated(n + 1)
+
+    limit = sys.getrecursionlimit()
+    for fn in (plain, decorated):
+        with pytest.raises(RecursionError):
+            fn(1)
+    assert sys.getrecursionlimit() == limit  # given back
+    # One wrapper frame per level used to halve the depth (495 against 997).
+    assert reached["plain"] - reached["decorated"] <= 10, reached
