@@ -564,7 +564,12 @@ def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> N
             _stream_record(call, stream)
         if isinstance(exc, Exception):
             if call.recording:
-                call.span.record_exception(exc)
+                # An exception passing up through nested decorated calls is recorded, with
+                # its stack trace, on the span it left first; the outer ones get the status
+                # (formatting the trace at every level costs depth squared).
+                if call.state.last_error is not exc:
+                    call.span.record_exception(exc)
+                    call.state.last_error = exc
                 call.span.set_status(call_status(exc))
             if call.outermost:
                 call.state.error = True

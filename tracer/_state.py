@@ -27,6 +27,7 @@ class TraceState:
         "duration_ms",
         "error",
         "generations",
+        "last_error",
         "metadata",
         "notes",
         "otel_span_id",
@@ -71,6 +72,7 @@ class TraceState:
         self.service_name = ""
         self.error = False
         self.closed = False
+        self.last_error: BaseException | None = None
         if not sampled:
             # Nothing is captured for an unsampled trace; its capture fields stay unset.
             return

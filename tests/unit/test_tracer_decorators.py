@@ -840,3 +840,21 @@ def test_a_decorated_recursive_function_reaches_the_same_depth(traced: Traced) -
     assert sys.getrecursionlimit() == limit  # given back
     # One wrapper frame per level used to halve the depth (495 against 997).
     assert reached["plain"] - reached["decorated"] <= 10, reached
+
+
+def test_an_exception_is_recorded_once_on_the_span_it_left_first(traced: Traced) -> None:
+    @recalltrace.retrieval
+    def search(query: str) -> list[str]:
+        raise TimeoutError("vector store timed out")
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        return str(search(question))
+
+    with pytest.raises(TimeoutError):
+        answer("q")
+    inner, outer = traced.span("search"), traced.span("answer")
+    assert [e.name for e in inner.events] == ["exception"]
+    assert outer.events == ()  # the same exception, already on the inner span
+    assert outer.status.description == "TimeoutError: vector store timed out"
+    assert traced.record().error is True
