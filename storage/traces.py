@@ -229,19 +229,6 @@ class TraceWrites:
         self.engine.dispose()
 
 
-_REPLACEABLE_SCORE_COLUMNS = (
-    "status",
-    "value",
-    "reason",
-    "details",
-    "model",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "latency_ms",
-    "scored_at",
-)
-
 # Column types of the binary COPY statements above, in column order.
 _TRACE_COPY_TYPES = [
     "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",

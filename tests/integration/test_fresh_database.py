@@ -8,35 +8,24 @@ it.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from sqlalchemy import func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import func, select
 
 import recalltrace
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace
-from tests.support.postgres import admin_engine, base_url, require_postgres
+from tests.support.postgres import empty_database as empty_database_on_server
 from tests.support.tracer_helpers import dropped
 
 
 @pytest.fixture
 def empty_database() -> Iterator[str]:
-    require_postgres()
-    name = f"rt_fresh_{uuid.uuid4().hex[:10]}"
-    admin = admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base_url()).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database_on_server("rt_fresh") as url:
+        yield url
 
 
 @recalltrace.rag

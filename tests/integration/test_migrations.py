@@ -2,34 +2,23 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import inspect
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
 from recalltrace.storage.models import Base
-from tests.support.postgres import admin_engine, base_url, require_postgres
+from tests.support.postgres import empty_database as empty_database_on_server
 
 
 @pytest.fixture
 def empty_postgres_url() -> Iterator[str]:
-    require_postgres()
-    name = f"rt_migr_{uuid.uuid4().hex[:10]}"
-    admin = admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base_url()).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database_on_server("rt_migr") as url:
+        yield url
 
 
 def _diff(url: str) -> list[object]:

@@ -8,6 +8,9 @@ error.
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import Engine, text
@@ -59,3 +62,19 @@ def truncate_all(engine: Engine) -> None:
         else:
             for table in TABLES:
                 conn.execute(text(f"DELETE FROM {table}"))
+
+
+@contextmanager
+def empty_database(prefix: str = "rt_empty") -> Iterator[str]:
+    """The URL of a new, empty database on the test server (no tables), dropped afterwards."""
+    require_postgres()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base_url()).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
