@@ -48,6 +48,9 @@ ATTR_ERROR_TYPE = "error.type"
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 
+#: Every value of ``rag.job.outcome``.
+JOB_OUTCOMES: tuple[str, ...] = ("scored", "skipped", "failed", "retried")
+
 
 @dataclass
 class WorkerTelemetry:
@@ -98,9 +101,11 @@ class WorkerTelemetry:
             unit="{pause}",
             description="Times scoring with a judge model was paused by a configuration error.",
         )
+        # The currency in the name and as an annotation unit: Prometheus names are lower case,
+        # and an exporter appends a plain unit as it is ("_USD").
         self.judge_cost = meter.create_counter(
-            "rag.judge.cost",
-            unit="USD",
+            "rag.judge.cost.usd",
+            unit="{USD}",
             description="Judge cost from LiteLLM's price list (calls of unknown price excluded).",
         )
         self.token_usage = meter.create_histogram(
@@ -148,6 +153,15 @@ class WorkerTelemetry:
         return [Observation(self.queue.oldest_due_age_s or 0.0)]
 
     # -- recording ----------------------------------------------------------------------
+    def initialise(self, metrics: Iterable[str], judge_model: str | None) -> None:
+        """Create every known series at zero before the first event, so that ``increase()``
+        sees the first pause and failure ratios are 0 rather than empty."""
+        for metric in metrics:
+            for outcome in JOB_OUTCOMES:
+                self.jobs.add(0, {ATTR_OUTCOME: outcome, ATTR_METRIC: metric})
+        if judge_model:
+            self.judge_paused.add(0, {ATTR_REQUEST_MODEL: judge_model})
+
     def record_job(self, outcome: str, metric: str) -> None:
         """Count one job outcome: ``scored``, ``skipped``, ``failed`` or ``retried``."""
         self.jobs.add(1, {ATTR_OUTCOME: outcome, ATTR_METRIC: metric})
@@ -225,11 +239,11 @@ class WorkerTelemetry:
             self.judge_cost.add(call.cost_usd, base)
 
     def record_pause(self, model: str, error_type: str | None) -> None:
-        """Count a pause of ``model`` after a terminal error."""
-        attrs: dict[str, Any] = {ATTR_REQUEST_MODEL: model}
-        if error_type:
-            attrs[ATTR_ERROR_TYPE] = error_type
-        self.judge_paused.add(1, attrs)
+        """Count a pause of ``model`` after a terminal error. One series per model (the one
+        :meth:`initialise` creates at 0): the error type is in the worker's log line, not a
+        label, so that ``increase()`` sees the first pause of a bad key at deploy time."""
+        del error_type  # said in the log line; a label would start a new series at 1
+        self.judge_paused.add(1, {ATTR_REQUEST_MODEL: model})
 
 
 @dataclass

@@ -268,6 +268,9 @@ class Worker:
         self._scorers: dict[str, Any] = {}
         self._not_configured: list[str] = []
         self._build_scorers()
+        self.telemetry.initialise(
+            self._scorers, self.options.judge.model if self.options.judge is not None else None
+        )
         self._paused_until = 0.0
         self._running: dict[int, _Running] = {}
         # Claimed jobs with their traces loaded, waiting for a free slot: a slot that frees up
