@@ -797,12 +797,29 @@ class Worker:
             requeued = await self._db_call(self.repo.requeue_expired_leases)
             if requeued:
                 logger.warning("took back %d jobs whose worker's lease expired", requeued)
-            await self._db_call(self.repo.expire_waiting_jobs, self._reference_ttl)
+            skipped = await self._db_call(self.repo.skip_expired_waits, self._reference_ttl)
+            self._count_skipped_waits(skipped)
             stats = await self._db_call(self.repo.queue_stats, self.metrics)
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
         self.telemetry.queue = stats
+
+    def _count_skipped_waits(self, skipped: Sequence[Any]) -> None:
+        """Jobs skipped because their reference never came are outcomes like any other: in
+        the stats (the exit line), ``rag.worker.jobs`` and one evaluation event each."""
+        for job in skipped:
+            self.stats.skipped += 1
+            self.telemetry.record_job("skipped", job.metric)
+            result = ScoreResult(
+                metric=job.metric,
+                value=None,
+                status="skipped",
+                reason=job.reason,
+                details={"skipped_by": "reference_ttl"},
+                version=job.version,
+            )
+            self.telemetry.emit_evaluation(result, app_name=job.app_name, trace_id=job.trace_id)
 
     async def _maintenance_loop(self) -> None:
         while True:

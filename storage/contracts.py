@@ -153,6 +153,17 @@ class QueueStats:
     oldest_due_age_s: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedJob:
+    """A job skipped without running: its reference did not arrive in time."""
+
+    trace_id: str
+    metric: str
+    version: str
+    app_name: str
+    reason: str
+
+
 class JobStore(Protocol):
     """What a scoring worker needs of storage (:class:`~.repository.Repository` is one)."""
 
@@ -186,6 +197,7 @@ class JobStore(Protocol):
     ) -> str: ...
     def fail_job(self, job: ClaimedJob, error: str, *, attempts: int | None = None) -> None: ...
     def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int: ...
+    def skip_expired_waits(self, older_than: timedelta | None = None) -> list[SkippedJob]: ...
     def load_inputs(self, trace_ids: Iterable[str]) -> dict[str, TraceInputs]: ...
     def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats: ...
     def dispose(self) -> None: ...

@@ -41,6 +41,7 @@ from recalltrace.storage.contracts import (
     JobSpec,
     QueueStats,
     ScoreLike,
+    SkippedJob,
     TraceInputs,
     TraceNotFound,
     check_metric,
@@ -303,7 +304,12 @@ class JobQueue:
             return released or 0
 
     def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int:
-        """Skip jobs whose reference did not arrive in time; returns how many.
+        """Skip jobs whose reference did not arrive in time; returns how many (see
+        :meth:`skip_expired_waits`)."""
+        return len(self.skip_expired_waits(older_than))
+
+    def skip_expired_waits(self, older_than: timedelta | None = None) -> list[SkippedJob]:
+        """Skip jobs whose reference did not arrive in time; returns them.
 
         A waiting job expires at the deadline it was created with (``reference_ttl`` of the
         repository that wrote it) or, when ``older_than`` is given, once it is older than that.
@@ -327,7 +333,7 @@ class JobQueue:
                 .returning(ScoringJob.trace_id, ScoringJob.metric, ScoringJob.version)
             ).all()
             if not rows:
-                return 0
+                return []
             traces = {
                 t.trace_id: t
                 for t in conn.execute(
@@ -338,6 +344,10 @@ class JobQueue:
             }
             ttl = older_than if older_than is not None else self.reference_ttl
             ttl_hours = ttl.total_seconds() / 3600
+            reason = (
+                "No reference arrived within the reference time-to-live "
+                f"({ttl_hours:g} h), so there was nothing to compare against."
+            )
             scored_at = utcnow()
             conn.execute(
                 self.dialect.insert(Score.__table__).on_conflict_do_nothing(),
@@ -350,10 +360,7 @@ class JobQueue:
                         "trace_started_at": traces[r.trace_id].started_at,
                         "status": "skipped",
                         "value": None,
-                        "reason": (
-                            "No reference arrived within the reference time-to-live "
-                            f"({ttl_hours:g} h), so there was nothing to compare against."
-                        ),
+                        "reason": reason,
                         "details": {"skipped_by": "reference_ttl"},
                         "scored_at": scored_at,
                     }
@@ -363,7 +370,10 @@ class JobQueue:
             summary_cache.invalidate(
                 conn, self.dialect, ((r.metric, traces[r.trace_id].started_at) for r in rows)
             )
-            return len(rows)
+            return [
+                SkippedJob(r.trace_id, r.metric, r.version, traces[r.trace_id].app_name, reason)
+                for r in rows
+            ]
 
     # -- jobs: claiming and leases ------------------------------------------------------
     def claim_jobs(

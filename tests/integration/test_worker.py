@@ -284,12 +284,27 @@ def test_late_reference_is_scored_after_it_arrives(database_url: str) -> None:
 def test_reference_ttl_ends_waiting_jobs_skipped(sqlite_url: str) -> None:
     repo = make_repository(create_engine_from_url(sqlite_url), metrics=["llm_context_recall"])
     repo.write_traces([make_trace(reference=None)])
-    worker = worker_for(sqlite_url, metrics=["non_llm_context_recall"], reference_ttl_s=0.1)
+    telemetry = Telemetry()
+    worker = worker_for(
+        sqlite_url, telemetry, metrics=["non_llm_context_recall"], reference_ttl_s=0.1
+    )
     time.sleep(0.2)
-    asyncio.run(worker.run(once=True))
+    stats = asyncio.run(worker.run(once=True))
     worker.close()
     assert job_counts(sqlite_url) == {JobStatus.SKIPPED: 1}
     assert scores_by_metric(sqlite_url) == {"llm_context_recall": [("skipped", None)]}
+    # The normal skip is counted like any outcome: the exit line, the metric, an event.
+    assert stats.skipped == 1
+    skipped = [
+        p.value
+        for _, p in telemetry.points("rag.worker.jobs")
+        if p.attributes == {"rag.job.outcome": "skipped", "rag.metric": "llm_context_recall"}
+    ]
+    assert skipped == [1]
+    events = [r.log_record for r in telemetry.logs.get_finished_logs()]
+    (event,) = [e for e in events if e.event_name == "gen_ai.evaluation.result"]
+    assert event.attributes["rag.score.status"] == "skipped"
+    assert event.attributes["gen_ai.evaluation.name"] == "llm_context_recall"
     repo.dispose()
 
 
