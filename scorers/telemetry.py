@@ -276,7 +276,7 @@ def _otlp_wanted(signal: str) -> bool:
 def setup_telemetry(
     *,
     prometheus_port: int | None = None,
-    prometheus_host: str = "0.0.0.0",
+    prometheus_host: str = "127.0.0.1",
     console: bool = False,
     otlp: bool | None = None,
     extra_metric_readers: Sequence[Any] = (),
@@ -286,7 +286,8 @@ def setup_telemetry(
 
     OTLP over HTTP is used when ``otlp`` is true, or when it is ``None`` and the standard
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_METRICS_EXPORTER=otlp`` variables ask for it.
-    ``prometheus_port`` serves a scrape endpoint (``0`` picks a free port, reported back).
+    ``prometheus_port`` serves a scrape endpoint on ``prometheus_host`` (loopback by default;
+    ``0`` picks a free port, reported back); a busy port raises ``OSError``.
     The resource honours ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``.
     """
     from opentelemetry.sdk._logs import LoggerProvider

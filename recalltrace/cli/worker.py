@@ -55,6 +55,16 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return value
+
+
 def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
     """A ``scorers.JudgeConfig`` from the judge options, or ``None`` without a model."""
     if not args.judge_model:
@@ -99,7 +109,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_option_flags(worker)
     worker.add_argument(
-        "--prometheus-port", type=int, default=None, metavar="PORT",
+        "--prometheus-host", default="127.0.0.1", metavar="HOST",
+        help="address the scrape port binds (default 127.0.0.1, this host only; 0.0.0.0 for "
+        "every interface, e.g. in a container scraped from outside)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--prometheus-port", type=_port, default=None, metavar="PORT",
         help="serve Prometheus metrics on this port (0: any free port)",
     )  # fmt: skip
     worker.add_argument(
@@ -176,10 +191,23 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     from recalltrace.scorers.telemetry import WorkerTelemetry, setup_telemetry
 
-    setup = setup_telemetry(prometheus_port=args.prometheus_port, console=args.console_metrics)
+    try:
+        setup = setup_telemetry(
+            prometheus_port=args.prometheus_port,
+            prometheus_host=args.prometheus_host,
+            console=args.console_metrics,
+        )
+    except OSError as exc:
+        raise CommandError(
+            f"cannot serve Prometheus metrics on {args.prometheus_host}:{args.prometheus_port}: "
+            f"{exc.strerror or exc}; choose another --prometheus-port (0 picks a free one)"
+        ) from None
     telemetry = WorkerTelemetry(setup.meter_provider, setup.logger_provider)
     if setup.prometheus_port is not None:
-        print(f"Prometheus metrics on port {setup.prometheus_port}", flush=True)
+        print(
+            f"Prometheus metrics on port {setup.prometheus_port} ({args.prometheus_host})",
+            flush=True,
+        )
     try:
         worker = Worker(options, telemetry=telemetry)
     except ValueError as exc:

@@ -15,6 +15,7 @@ import logging
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +223,24 @@ def test_the_database_password_appears_in_no_output(
             conn.execute(text("SELECT 1"))
     assert PASSWORD not in str(failure.value)
     assert PASSWORD not in caplog.text
+
+
+def test_a_busy_prometheus_port_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url,
+             "--prometheus-port", str(port)],
+            cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"recalltrace: error: cannot serve Prometheus metrics on 127.0.0.1:{port}"
+    )
+    assert "choose another --prometheus-port" in line
