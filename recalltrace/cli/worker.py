@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from recalltrace.cli._args import CommandError, _add_database_option, _metrics_arg
+from recalltrace.cli._args import EXIT_OK, CommandError, _add_database_option, _metrics_arg
 
 
 def _positive_float(text: str) -> float:
@@ -53,6 +53,12 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "--judge-max-retries", type=int, default=5, metavar="N",
         help="retries of rate limits, 5xx and timeouts per judge call (default 5)",
     )  # fmt: skip
+
+
+EXIT_JUDGE_PAUSED = 3
+"""``worker --once``: the judge was paused (a configuration error or an unreachable judge)."""
+EXIT_JOBS_FAILED = 4
+"""``worker --once``: some jobs failed for good (after their attempts)."""
 
 
 def _port(text: str) -> int:
@@ -242,7 +248,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         f"retried {stats.retried}, given back {stats.released}; database time per job {per_job}",
         flush=True,
     )
-    return 0
+    if not args.once:
+        return EXIT_OK
+    # A scheduler (cron, a CI job) must be able to tell a run that did its work from one that
+    # did not: the judge paused (a bad key, an unreachable judge) or jobs failed for good.
+    if stats.paused:
+        print(
+            f"exit {EXIT_JUDGE_PAUSED}: the judge was paused {stats.paused} time(s); see the "
+            "JUDGE PAUSED line above",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_JUDGE_PAUSED
+    if stats.failed:
+        print(
+            f"exit {EXIT_JOBS_FAILED}: {stats.failed} job(s) failed for good; "
+            "see recalltrace jobs list",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_JOBS_FAILED
+    return EXIT_OK
 
 
 def _run_with_progress(worker: Any) -> Any:
