@@ -36,6 +36,11 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
     :class:`TimeSpecError` naming the bad value.
     """
     stripped = text.strip()
+    if stripped.startswith("-") and _DURATION.match(stripped[1:]):
+        raise TimeSpecError(
+            f"invalid time {text!r}: a duration already counts back from now; "
+            f"use {stripped[1:]} for {stripped[1:]} ago"
+        )
     if stripped.lower() == "now":
         return (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     if _DURATION.match(stripped):

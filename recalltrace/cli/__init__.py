@@ -90,12 +90,33 @@ def _friendly(exc: BaseException) -> str | None:
     return None
 
 
+_TIME_OPTIONS = ("--since", "--until", "--older-than", "--stuck-after")
+
+
+def _attach_dash_values(argv: list[str]) -> list[str]:
+    """``--since -1h`` would read ``-1h`` as an option ("expected one argument"): pass such a
+    value as ``--since=-1h`` so that the time parser can say what is wrong with it."""
+    fixed: list[str] = []
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        dash_value = following is not None and following[:1] == "-" and following[1:2].isdigit()
+        if item in _TIME_OPTIONS and dash_value:
+            fixed.append(f"{item}={following}")
+            index += 2
+            continue
+        fixed.append(item)
+        index += 1
+    return fixed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``recalltrace`` command."""
     import logging
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_dash_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -215,6 +215,10 @@ def _window(args: argparse.Namespace) -> tuple[datetime | None, datetime | None]
         raise CommandError(str(exc)) from None
     if since is not None and until is not None and since >= until:
         raise CommandError(f"--since ({_when(since)}) must be before --until ({_when(until)})")
+    if since is not None and since > now:
+        raise CommandError(
+            f"--since ({_when(since)}) is in the future: nothing can have been scored since then"
+        )
     return since, until
 
 

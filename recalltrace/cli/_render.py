@@ -56,11 +56,20 @@ def _print_json(document: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        # Twelve significant digits: a mean of 0.1 prints as 0.1, not 0.10000000000000009.
+        return f"{value:.12g}"
+    return value
+
+
 def _print_csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
     writer = csv.DictWriter(sys.stdout, fieldnames=list(fields), lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row[k] is None else row[k] for k in fields})
+        writer.writerow({k: _csv_cell(row[k]) for k in fields})
 
 
 def _shorten(text: str, max_chars: int) -> str:

@@ -175,10 +175,9 @@ def _cmd_jobs_retry(args: argparse.Namespace) -> int:
     print(message)
     if args.job_ids and failed < len(set(args.job_ids)):
         missing = len(set(args.job_ids)) - failed
-        print(
+        raise CommandError(
             f"{missing} of the given job ids {'were' if missing != 1 else 'was'} not failed "
-            "(see `recalltrace jobs list`)",
-            file=sys.stderr,
+            "jobs, so not queued again (see `recalltrace jobs list`)"
         )
     return EXIT_OK
 

@@ -587,8 +587,10 @@ def test_jobs_list_and_retry(seeded: Seeded) -> None:
         url=seeded.url,
     )
     assert "context_entity_recall" in ok(table)
-    assert ok(by_id) == "queued again: 1 failed job\n"
-    assert "1 of the given job ids was not failed" in by_id.stderr
+    # The known failed job is queued again; the unknown id makes the command fail, in one line.
+    assert by_id.returncode == 2
+    assert by_id.stdout == "queued again: 1 failed job\n"
+    assert "1 of the given job ids was not failed" in one_line_error(by_id)
     assert ok(other_app) == "queued again: 0 failed jobs\n"
     narrowed = run(
         "jobs", "retry", "--metric", "context_entity_recall", "--app", "docs-search", url=seeded.url
@@ -695,3 +697,21 @@ def _no_stray_default_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # The commands default to ./recalltrace.db; run from a scratch folder so none is created.
     monkeypatch.chdir(tmp_path)
     yield
+
+
+def test_first_hour_papercuts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'papercuts.db'}"
+    upgrade(url)
+    negative = one_line_error(run("scores", "summary", "--since", "-1h", url=url))
+    assert "a duration already counts back from now; use 1h for 1h ago" in negative
+    future = one_line_error(run("scores", "summary", "--since", "2099-01-01", url=url))
+    assert "is in the future" in future
+
+
+def test_csv_numbers_are_not_float_noise(seeded: Seeded) -> None:
+    from recalltrace.cli._render import _csv_cell
+
+    assert _csv_cell(0.1 + 0.2 - 0.2) == "0.1"
+    assert _csv_cell(1 / 3) == "0.333333333333"
+    text = ok(run("scores", "summary", "--since", "30d", "--format", "csv", url=seeded.url))
+    assert "0000000000" not in text and "9999999999" not in text
