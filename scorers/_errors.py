@@ -46,12 +46,35 @@ class TransientJudgeError(JudgeError):
         error_type: str | None = None,
         retry_after_s: float | None = None,
         attempts: int = 0,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message, model=model, status_code=status_code, error_type=error_type)
         self.retry_after_s = retry_after_s
         """Seconds the provider asked to wait before the next request, if it said."""
         self.attempts = attempts
         """HTTP attempts made before giving up."""
+        self.unreachable = unreachable
+        """No attempt got any answer: nothing listens there, or the host is unknown."""
+
+
+_NO_ANSWER = frozenset(
+    {"ConnectError", "APIConnectionError", "ConnectionRefusedError", "ConnectTimeout", "gaierror"}
+)
+
+
+def nothing_answered(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it came from) says no connection could be made at all.
+
+    LiteLLM reports a refused connection as an ``InternalServerError`` with status 500; the
+    httpx or OpenAI error underneath names what happened."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or type(current).__name__ in _NO_ANSWER:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class TerminalJudgeError(JudgeError):

@@ -20,7 +20,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar
 
-from recalltrace.scorers._errors import JudgeError, TerminalJudgeError, TransientJudgeError
+from recalltrace.scorers._errors import (
+    JudgeError,
+    TerminalJudgeError,
+    TransientJudgeError,
+    nothing_answered,
+)
 
 logger = logging.getLogger("scorers.judge")
 
@@ -577,14 +582,16 @@ class JudgeClient:
                     failures > self.config.max_retries
                     or waited + delay > self.config.max_retry_wait_s
                 ):
+                    unreachable = nothing_answered(exc)
                     raise TransientJudgeError(
                         f"the judge {self.model} still failed after {failures} attempt(s) "
-                        f"({message})",
+                        f"({'nothing answered: ' if unreachable else ''}{message})",
                         model=self.model,
                         status_code=status if status is not None else _timeout_status(exc),
                         error_type=type(exc).__name__,
                         retry_after_s=hint,
                         attempts=failures,
+                        unreachable=unreachable,
                     ) from exc
                 logger.debug("judge call failed (%s); retrying in %.2fs", message, delay)
                 await asyncio.sleep(delay)

@@ -584,6 +584,11 @@ class Worker:
             self.telemetry.record_job("retried", job.metric)
 
     async def _on_transient(self, job: Any, exc: TransientJudgeError, app: str) -> None:
+        if exc.unreachable:
+            # Nothing answered at all after the client's retries (nothing listening, a wrong
+            # host): waiting job by job would hang silently; pause as a bad key does.
+            await self._pause(job, exc, "cannot reach the judge")
+            return
         now = datetime.now(timezone.utc)
         first = job.first_transient_at or now
         if (now - first).total_seconds() > self.options.transient_max_age_s:
@@ -598,18 +603,25 @@ class Worker:
         await self._retry(job, f"transient: {exc}", consume_attempt=False, delay=delay)
 
     async def _on_terminal(self, job: Any, exc: TerminalJudgeError) -> None:
+        await self._pause(job, exc, "fix the judge configuration (API key, model name, budget)")
+
+    async def _pause(self, job: Any, exc: Exception, advice: str) -> None:
         already_paused = self._paused_until > time.monotonic()
         self._paused_until = time.monotonic() + self.options.terminal_pause_s
+        model = getattr(exc, "model", None)
         if not already_paused:
             self.stats.paused += 1
-            self.telemetry.record_pause(exc.model or "unknown", exc.error_type)
+            self.telemetry.record_pause(model or "unknown", getattr(exc, "error_type", None))
+            judge = self.options.judge
+            where = f" at {judge.api_base}" if judge is not None and judge.api_base else ""
             logger.error(
-                "JUDGE PAUSED for %.0f s: %s (model %s). LLM variants are not claimed until "
-                "then; non-LLM variants go on. Fix the judge configuration (API key, model "
-                "name, budget).",
+                "JUDGE PAUSED for %.0f s: %s: %s (model %s%s). LLM variants are not claimed "
+                "until then; non-LLM variants go on.",
                 self.options.terminal_pause_s,
+                advice,
                 exc,
-                exc.model,
+                model,
+                where,
             )
         await self._give_back(job)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,22 @@ def test_jobs_failed_for_good_exit_4(tmp_path: Path, judge: JudgeServer) -> None
     done = run_once(tmp_path, judge, "--max-attempts", "1")
     assert done.returncode == 4, done.stderr
     assert "exit 4: 3 job(s) failed for good" in done.stderr
+
+
+def test_a_judge_nothing_listens_for_pauses_in_one_line_and_exits_3(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends: nothing listens
+
+    class Nowhere:
+        base_url = f"http://127.0.0.1:{port}/v1"
+
+    started = time.monotonic()
+    done = run_once(tmp_path, Nowhere(), "--judge-timeout", "5")  # type: ignore[arg-type]
+    assert time.monotonic() - started < 90
+    assert done.returncode == 3, done.stderr
+    paused = [line for line in done.stderr.splitlines() if "JUDGE PAUSED for" in line]
+    assert len(paused) == 1
+    assert "cannot reach the judge" in paused[0] and f"127.0.0.1:{port}" in paused[0]
