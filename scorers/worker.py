@@ -443,6 +443,9 @@ class Worker:
         refill_at = max(1, min(opts.batch_size, opts.concurrency // 4))
         claim_failures = 0
         while not self._stop.is_set():
+            # Cleared before the state is read, not when waiting: a job that finishes in
+            # between sets it again, and the wait then returns at once (no lost wake-up).
+            self._wake.clear()
             self._launch_ready()
             room = opts.concurrency + prefetch - len(self._running) - len(self._ready)
             idle = not self._running and not self._ready
@@ -470,12 +473,17 @@ class Worker:
                 if claimed:
                     await self._prepare(claimed)
                     continue
-            if once and not claimed and idle and not self._writes_outstanding():
-                return
+            if once and not claimed and idle:
+                if not self._writes_outstanding():
+                    return
+                # Only the last scores are left to write: have them written now and look
+                # again soon, rather than idling a poll interval at the end of every run.
+                self._flush_now.set()
+                await self._sleep(0.02)
+                continue
             await self._wait_for_work()
 
     async def _wait_for_work(self) -> None:
-        self._wake.clear()
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._wake.wait())]
         waiters.extend(r.task for r in self._running.values())
         await asyncio.wait(

@@ -484,3 +484,19 @@ def test_an_idle_worker_wakes_on_notify_not_on_its_poll_interval(pg_engine: Any)
         worker.close()
     assert len(scores_by_metric(url)["id_based_context_recall"]) == 3
     assert waited < 5, f"scored after {waited:.1f} s: the worker slept through the NOTIFY"
+
+
+def test_once_does_not_wait_a_poll_interval_after_its_last_job(sqlite_url: str) -> None:
+    """A job that finished between the loop's look at the state and its wait used to be a
+    lost wake-up: the run idled a whole poll interval before ending (an hour here)."""
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["id_based_context_recall"])
+    repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(5)])
+    worker = worker_for(sqlite_url, metrics=["id_based_context_recall"], poll_interval_s=3600)
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(worker.run(once=True), timeout=60)
+
+    stats = asyncio.run(bounded())
+    worker.close()
+    assert stats.scored == 5
+    repo.dispose()
