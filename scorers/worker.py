@@ -414,6 +414,11 @@ class Worker:
             await self._maintain_once()
             await self._claim_loop(once)
             await self._drain()
+            if once:
+                # The final export of a one-shot run reports the queue it leaves behind, not
+                # the one it found (a cron user's lag alert would fire after every good run).
+                await self._flush_finished()
+                await self._maintain_once()
         finally:
             # Scores already computed are written before anything else stops; the finisher
             # is never cancelled in the middle of a write.

@@ -500,3 +500,15 @@ def test_once_does_not_wait_a_poll_interval_after_its_last_job(sqlite_url: str) 
     worker.close()
     assert stats.scored == 5
     repo.dispose()
+
+
+def test_once_leaves_the_queue_gauges_of_the_queue_it_leaves(sqlite_url: str) -> None:
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["id_based_context_recall"])
+    repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(4)])
+    telemetry = Telemetry()
+    worker = worker_for(sqlite_url, telemetry, metrics=["id_based_context_recall"])
+    asyncio.run(worker.run(once=True))
+    worker.close()
+    depth = {p.attributes["rag.job.state"]: p.value for _, p in telemetry.points("rag.queue.depth")}
+    assert depth["due"] == 0  # the run emptied the queue; it found 4 due
+    repo.dispose()
