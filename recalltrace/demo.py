@@ -222,6 +222,13 @@ def run_demo(args: argparse.Namespace) -> int:
         stats = asyncio.run(worker.run(once=True))
     finally:
         worker.close()
+    if worker.stopped_by is not None:
+        # Interrupted: what was scored is stored, but the run did not finish.
+        console.print(
+            f"Interrupted by {worker.stopped_by}: scored {stats.scored} before stopping; "
+            "the rest stays queued for `recalltrace worker`."
+        )
+        return 130 if worker.stopped_by == "SIGINT" else 143
     console.print(
         f"Scored {stats.scored} results ({stats.skipped} skipped, {stats.failed} failed)."
     )

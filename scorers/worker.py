@@ -283,6 +283,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._stop_requested = threading.Event()
+        self.stopped_by: str | None = None
+        """The signal that stopped the last run (``SIGINT``, ``SIGTERM``), if one did."""
         self._db: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -377,6 +379,7 @@ class Worker:
         return installed
 
     def _on_signal(self, sig: int) -> None:
+        self.stopped_by = signal.Signals(sig).name
         logger.warning(
             "received %s: no new jobs; finishing running ones within %.0f s",
             signal.Signals(sig).name,

@@ -125,3 +125,28 @@ def test_the_demo_does_not_follow_an_exported_database_url(tmp_path: Path) -> No
     assert "Not using RECALLTRACE_DATABASE_URL" in out
     assert not production.exists()
     assert (tmp_path / "recalltrace.db").exists()
+
+
+def test_an_interrupted_demo_exits_non_zero(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    with JudgeServer(latency=10.0) as judge:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+        env["OPENAI_API_KEY"] = "test-key"
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "recalltrace", "demo", "--judge-model", "openai/test-judge",
+             "--judge-api-base", judge.base_url],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert demo.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = demo.stdout.readline()
+            if line.startswith("Traced") or not line:
+                break
+        time.sleep(6.0)  # scoring by now (LiteLLM imported), waiting on the slow judge
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=120)
+    assert demo.returncode == 130, err[-2000:]
+    assert "Interrupted by SIGINT" in out, (out, err[-3000:])
