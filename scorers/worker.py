@@ -176,6 +176,14 @@ class WorkerOptions:
     deadline each job was created with (the writer's ``reference_ttl``, one day by default)."""
     maintenance_interval_s: float = 5.0
     """How often expired leases and expired waits are swept and the queue gauges refreshed."""
+    status_interval_s: float | None = flag_option(
+        60.0,
+        flag="--status-interval",
+        parse=positive_seconds,
+        metavar="S",
+        help="a long-running worker logs one status line (scored, skipped, failed, queue, lag) "
+        "every S seconds",
+    )
     listen: bool = True
     """Wake on Postgres LISTEN/NOTIFY when new jobs arrive."""
     worker_id: str | None = None
@@ -272,6 +280,8 @@ class Worker:
             self._scorers, self.options.judge.model if self.options.judge is not None else None
         )
         self._paused_until = 0.0
+        self._once = False
+        self._next_status = 0.0
         self._running: dict[int, _Running] = {}
         # Claimed jobs with their traces loaded, waiting for a free slot: a slot that frees up
         # starts the next job at once instead of waiting for a claim round trip.
@@ -397,6 +407,8 @@ class Worker:
         self._flush_lock = asyncio.Lock()
         self._flush_now = asyncio.Event()
         self._closing = False
+        self._once = once
+        self._next_status = 0.0
         if self._stop_requested.is_set():
             self._stop.set()
         signals = self._install_signal_handlers()
@@ -832,6 +844,34 @@ class Worker:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
         self.telemetry.queue = stats
+        self._log_status(stats)
+
+    def _log_status(self, queue: Any) -> None:
+        """One line every ``status_interval_s`` on a long-running worker, instead of silence."""
+        interval = self.options.status_interval_s
+        now = time.monotonic()
+        if interval is None or self._once or now < self._next_status:
+            return
+        if self._next_status == 0.0:  # the first refresh of a run: the start line says enough
+            self._next_status = now + interval
+            return
+        self._next_status = now + interval
+        lag = "-" if queue.oldest_due_age_s is None else f"{queue.oldest_due_age_s:.0f} s"
+        s = self.stats
+        logger.info(
+            "status: scored %d, skipped %d, failed %d, retried %d since start; queue %d due, "
+            "%d running, %d waiting, %d failed; lag %s%s",
+            s.scored,
+            s.skipped,
+            s.failed,
+            s.retried,
+            queue.due,
+            queue.running,
+            queue.waiting,
+            queue.failed,
+            lag,
+            "; judge paused" if self._paused_until > now else "",
+        )
 
     def _count_skipped_waits(self, skipped: Sequence[Any]) -> None:
         """Jobs skipped because their reference never came are outcomes like any other: in

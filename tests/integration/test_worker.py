@@ -512,3 +512,32 @@ def test_once_leaves_the_queue_gauges_of_the_queue_it_leaves(sqlite_url: str) ->
     depth = {p.attributes["rag.job.state"]: p.value for _, p in telemetry.points("rag.queue.depth")}
     assert depth["due"] == 0  # the run emptied the queue; it found 4 due
     repo.dispose()
+
+
+def test_a_long_running_worker_says_what_it_does(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import threading
+
+    repo = make_repository(create_engine_from_url(sqlite_url), metrics=["id_based_context_recall"])
+    repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(3)])
+    worker = worker_for(
+        sqlite_url,
+        metrics=["id_based_context_recall"],
+        maintenance_interval_s=0.05,
+        status_interval_s=0.1,
+    )
+    with caplog.at_level(logging.INFO, logger="recalltrace.worker"):
+        thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not any("status: scored 3" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.05)
+        worker.request_stop()
+        thread.join(30)
+    worker.close()
+    line = next(r.getMessage() for r in caplog.records if "status: scored 3" in r.getMessage())
+    assert "queue 0 due" in line and "lag -" in line
+    repo.dispose()
