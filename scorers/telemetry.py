@@ -67,8 +67,10 @@ class WorkerTelemetry:
     meter_provider: metrics.MeterProvider | None = None
     logger_provider: _logs.LoggerProvider | None = None
     queue: QueueStats | None = None
-    """The latest queue figures, refreshed by the worker's maintenance loop; the gauges
-    report nothing until the first refresh."""
+    """The latest queue figures of the variants this worker runs (its exit line and status)."""
+    queues: dict[str, QueueStats] | None = None
+    """The latest queue figures of every variant in the database, refreshed by the worker's
+    maintenance loop: what the queue gauges report (nothing until the first refresh)."""
 
     def __post_init__(self) -> None:
         from importlib.metadata import PackageNotFoundError, version
@@ -137,20 +139,24 @@ class WorkerTelemetry:
 
     # -- gauges -------------------------------------------------------------------------
     def _observe_depth(self, _options: CallbackOptions) -> Iterable[Observation]:
-        q = self.queue
-        if q is None:
-            return []
-        return [
-            Observation(q.due, {"rag.job.state": "due"}),
-            Observation(q.running, {"rag.job.state": "running"}),
-            Observation(q.waiting, {"rag.job.state": "waiting"}),
-            Observation(q.failed, {"rag.job.state": "failed"}),
-        ]
+        observations = []
+        for metric, q in sorted((self.queues or {}).items()):
+            for state, value in (
+                ("due", q.due),
+                ("running", q.running),
+                ("waiting", q.waiting),
+                ("failed", q.failed),
+            ):
+                observations.append(
+                    Observation(value, {"rag.job.state": state, ATTR_METRIC: metric})
+                )
+        return observations
 
     def _observe_age(self, _options: CallbackOptions) -> Iterable[Observation]:
-        if self.queue is None:
-            return []
-        return [Observation(self.queue.oldest_due_age_s or 0.0)]
+        return [
+            Observation(q.oldest_due_age_s or 0.0, {ATTR_METRIC: metric})
+            for metric, q in sorted((self.queues or {}).items())
+        ]
 
     # -- recording ----------------------------------------------------------------------
     def initialise(self, metrics: Iterable[str], judge_model: str | None) -> None:

@@ -840,10 +840,12 @@ class Worker:
             skipped = await self._db_call(self.repo.skip_expired_waits, self._reference_ttl)
             self._count_skipped_waits(skipped)
             stats = await self._db_call(self.repo.queue_stats, self.metrics)
+            queues = await self._db_call(self.repo.queue_stats_by_metric)
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
         self.telemetry.queue = stats
+        self.telemetry.queues = queues
         self._log_status(stats)
 
     def _log_status(self, queue: Any) -> None:

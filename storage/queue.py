@@ -770,6 +770,44 @@ class JobQueue:
             )
         return result
 
+    def queue_stats_by_metric(self) -> dict[str, QueueStats]:
+        """:meth:`queue_stats` per metric, for every metric with jobs and every known one (at
+        zero): the queue as a property of the database, whichever workers run."""
+        states = [JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.WAITING, JobStatus.FAILED]
+        counts: dict[str, dict[str, int]] = {metric: {} for metric in self.specs}
+        oldest: dict[str, Any] = {}
+        with self.engine.connect() as conn:
+            for metric, status, number in conn.execute(
+                select(ScoringJob.metric, ScoringJob.status, func.count())
+                .where(ScoringJob.status.in_(states))
+                .group_by(ScoringJob.metric, ScoringJob.status)
+            ).tuples():
+                counts.setdefault(metric, {})[status] = int(number)
+            now = self.dialect.now()
+            for metric, first in conn.execute(
+                select(ScoringJob.metric, func.min(ScoringJob.run_at))
+                .where(ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now)
+                .group_by(ScoringJob.metric)
+            ).tuples():
+                oldest[metric] = first
+        current = utcnow()
+        result = {}
+        for metric, by_state in counts.items():
+            due_since: datetime | None = oldest.get(metric)
+            age = None
+            if due_since is not None:
+                if due_since.tzinfo is None:
+                    due_since = due_since.replace(tzinfo=timezone.utc)
+                age = max(0.0, (current - due_since).total_seconds())
+            result[metric] = QueueStats(
+                due=by_state.get(JobStatus.QUEUED, 0),
+                running=by_state.get(JobStatus.RUNNING, 0),
+                waiting=by_state.get(JobStatus.WAITING, 0),
+                failed=by_state.get(JobStatus.FAILED, 0),
+                oldest_due_age_s=age,
+            )
+        return result
+
     def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats:
         """Counts of due, running, waiting and failed jobs, and the oldest due job's age.
 

@@ -352,10 +352,8 @@ def test_metrics_names_units_attributes_and_events(sqlite_url: str, judge: Judge
     assert {m.unit for m, _ in duration} == {"s"}
     assert sum(p.count for _, p in duration) == judge.call_count
 
-    gauges = {
-        p.attributes.get("rag.job.state"): p.value for _, p in telemetry.points("rag.queue.depth")
-    }
-    assert set(gauges) == {"due", "running", "waiting", "failed"}
+    gauges = {p.attributes.get("rag.job.state") for _, p in telemetry.points("rag.queue.depth")}
+    assert gauges == {"due", "running", "waiting", "failed"}
     assert telemetry.points("rag.queue.oldest_due_age")
 
     events = [r.log_record for r in telemetry.logs.get_finished_logs()]
@@ -392,21 +390,34 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
     repo.dispose()
 
 
-def test_queue_gauges_cover_only_the_variants_this_worker_scores(sqlite_url: str) -> None:
+def test_queue_gauges_are_the_databases_by_variant_including_unserved_ones(
+    sqlite_url: str,
+) -> None:
+    """Every worker reports the same figures (aggregate with max, not sum), labelled by
+    variant, so that jobs of a variant no worker runs are visible."""
     repo = make_repository(create_engine_from_url(sqlite_url))
     repo.write_traces([full_trace() for _ in range(2)])
     telemetry = Telemetry()
     worker = worker_for(sqlite_url, telemetry)  # no judge: the LLM variants stay queued
     asyncio.run(worker.run(once=True))
-    asyncio.run(worker._maintain_once())
     worker.close()
-    gauges = {
-        p.attributes.get("rag.job.state"): p.value for _, p in telemetry.points("rag.queue.depth")
+    due = {
+        p.attributes["rag.metric"]: p.value
+        for _, p in telemetry.points("rag.queue.depth")
+        if p.attributes["rag.job.state"] == "due"
     }
-    assert gauges["due"] == 0  # the 8 queued LLM jobs are not this worker's lag
-    assert repo.queue_stats().due == 8
-    (age,) = [p.value for _, p in telemetry.points("rag.queue.oldest_due_age")]
-    assert age == 0.0
+    assert due == {
+        "llm_context_recall": 2,
+        "context_entity_recall": 2,
+        "chunk_context_recall": 2,
+        "judge_context_recall": 2,
+        "non_llm_context_recall": 0,
+        "id_based_context_recall": 0,
+    }
+    ages = {
+        p.attributes["rag.metric"]: p.value for _, p in telemetry.points("rag.queue.oldest_due_age")
+    }
+    assert ages["non_llm_context_recall"] == 0.0 and ages["llm_context_recall"] > 0.0
     repo.dispose()
 
 
@@ -509,7 +520,11 @@ def test_once_leaves_the_queue_gauges_of_the_queue_it_leaves(sqlite_url: str) ->
     worker = worker_for(sqlite_url, telemetry, metrics=["id_based_context_recall"])
     asyncio.run(worker.run(once=True))
     worker.close()
-    depth = {p.attributes["rag.job.state"]: p.value for _, p in telemetry.points("rag.queue.depth")}
+    depth = {
+        p.attributes["rag.job.state"]: p.value
+        for _, p in telemetry.points("rag.queue.depth")
+        if p.attributes["rag.metric"] == "id_based_context_recall"
+    }
     assert depth["due"] == 0  # the run emptied the queue; it found 4 due
     repo.dispose()
 
