@@ -48,6 +48,14 @@ ATTR_ERROR_TYPE = "error.type"
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 
+
+def model_name(model: str) -> str:
+    """The model as the GenAI conventions name it: LiteLLM's ``provider/`` prefix removed
+    (``openai/gpt-4o-mini`` -> ``gpt-4o-mini``); the provider goes in
+    ``gen_ai.provider.name``."""
+    return model.split("/", 1)[1] if "/" in model else model
+
+
 #: Every value of ``rag.job.outcome``.
 JOB_OUTCOMES: tuple[str, ...] = ("scored", "skipped", "failed", "retried")
 
@@ -166,7 +174,7 @@ class WorkerTelemetry:
             for outcome in JOB_OUTCOMES:
                 self.jobs.add(0, {ATTR_OUTCOME: outcome, ATTR_METRIC: metric})
         if judge_model:
-            self.judge_paused.add(0, {ATTR_REQUEST_MODEL: judge_model})
+            self.judge_paused.add(0, {ATTR_REQUEST_MODEL: model_name(judge_model)})
 
     def record_job(self, outcome: str, metric: str) -> None:
         """Count one job outcome: ``scored``, ``skipped``, ``failed`` or ``retried``."""
@@ -184,7 +192,7 @@ class WorkerTelemetry:
         """Record a stored score: the histogram, the duration, and the evaluation event."""
         attributes: dict[str, Any] = {ATTR_METRIC: result.metric, ATTR_APP: app_name}
         if judge_model:
-            attributes[ATTR_REQUEST_MODEL] = judge_model
+            attributes[ATTR_REQUEST_MODEL] = model_name(judge_model)
         if result.status == "scored" and result.value is not None:
             self.recall.record(result.value, attributes)
         if duration_s is not None:
@@ -203,7 +211,7 @@ class WorkerTelemetry:
         if result.value is not None:
             attributes["gen_ai.evaluation.score.value"] = result.value
         if result.model:
-            attributes[ATTR_REQUEST_MODEL] = result.model
+            attributes[ATTR_REQUEST_MODEL] = model_name(result.model)
         try:
             trace_int = int(trace_id, 16)
         except ValueError:
@@ -229,7 +237,10 @@ class WorkerTelemetry:
 
     def record_call(self, call: JudgeCallRecord) -> None:
         """Record one judge HTTP attempt with the GenAI metric names and attributes."""
-        base: dict[str, Any] = {ATTR_OPERATION: call.operation, ATTR_REQUEST_MODEL: call.model}
+        base: dict[str, Any] = {
+            ATTR_OPERATION: call.operation,
+            ATTR_REQUEST_MODEL: model_name(call.model),
+        }
         if call.provider:
             base[ATTR_PROVIDER] = call.provider
             base[ATTR_SYSTEM] = call.provider
@@ -249,7 +260,7 @@ class WorkerTelemetry:
         :meth:`initialise` creates at 0): the error type is in the worker's log line, not a
         label, so that ``increase()`` sees the first pause of a bad key at deploy time."""
         del error_type  # said in the log line; a label would start a new series at 1
-        self.judge_paused.add(1, {ATTR_REQUEST_MODEL: model})
+        self.judge_paused.add(1, {ATTR_REQUEST_MODEL: model_name(model)})
 
 
 @dataclass
