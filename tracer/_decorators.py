@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 import threading
 import time
@@ -249,7 +250,14 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         internal_error("opening a span")
         return None
     try:
-        if state is None or state.closed:
+        if (state is None or state.closed) and spec.kind != RAG:
+            # A retrieval or generation with no request around it: its span is exported, but
+            # a record without a question would only wait for scoring that cannot come.
+            _outside_request(spec)
+            state = _DETACHED
+            ctx = otel.set_span_in_context(span, parent)
+            outermost = False
+        elif state is None or state.closed:
             record_id = int.from_bytes(urandom(16), "big") or 1
             span_context = span.get_span_context()
             state = otel.TraceState(
@@ -278,6 +286,32 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         span.end()
         internal_error("opening a span")
         return None
+
+
+class _Detached:
+    """The state of calls outside any request: nothing is captured for a record."""
+
+    sampled = False
+    closed = False
+    last_error: BaseException | None = None
+
+
+_DETACHED: Any = _Detached()
+_warned_outside: set[str] = set()
+
+
+def _outside_request(spec: _Spec) -> None:
+    """Say once per function that its calls run outside any ``@rag`` request."""
+    if spec.qualname in _warned_outside or len(_warned_outside) > 1000:
+        return
+    _warned_outside.add(spec.qualname)
+    kind = "retrieval" if spec.kind == RETRIEVAL else "generation"
+    logging.getLogger("recalltrace.tracer").warning(
+        "recalltrace: %s %s ran outside any @recalltrace.rag request: its span is exported but "
+        "no record is stored; decorate the request's entry point with @recalltrace.rag",
+        kind,
+        spec.qualname,
+    )
 
 
 def _with_input(runtime: Any, attributes: dict[str, Any], value: Any, spec: _Spec) -> Any:

@@ -138,6 +138,12 @@ def make_traced(
     return Traced(sink, exporter, provider, reader, config)
 
 
+@recalltrace.rag("request")
+def in_request(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` inside a request (a ``@rag`` root), so that what it captures is recorded."""
+    return fn(*args, **kwargs)
+
+
 def traced_session() -> Iterator[Traced]:
     """Body of the ``traced`` fixture of the tracer test modules: the tracer configured with
     in-memory sink and exporter, shut down afterwards."""

@@ -244,7 +244,9 @@ def test_methods_static_and_class_methods(traced: Traced) -> None:
     by_app = {r.app_name: r for r in records}
     assert by_app["answer"].user_input == "cats"
     assert [c.content for c in by_app["answer"].retrieved_contexts] == ["doc about cats"]
-    assert by_app["search"].retrieved_contexts[0].content == "doc about dogs"
+    # Called outside any request, the static and class methods are spans, not records.
+    assert set(by_app) == {"answer"}
+    assert traced.span("generate").attributes["output.value"] == "A:x"
 
 
 def test_unknown_parameter_name_fails_at_decoration() -> None:
@@ -555,8 +557,8 @@ def test_thread_pool_task_joins_the_trace_when_given_the_context(traced: Traced)
     answer("q")
     records = {r.app_name: r for r in traced.records()}
     assert [c.content for c in records["answer"].retrieved_contexts] == ["doc for q (joined)"]
-    # Without the context the task starts a trace of its own.
-    assert [c.content for c in records["search"].retrieved_contexts] == ["doc for q (detached)"]
+    # Without the context the task runs outside the request: a span of its own, no record.
+    assert set(records) == {"answer"}
     root = traced.span("answer")
     spans = {s.attributes["input.value"]: s for s in traced.spans("search")}
     assert spans["q (joined)"].context.trace_id == root.context.trace_id
@@ -840,6 +842,22 @@ def test_a_decorated_recursive_function_reaches_the_same_depth(traced: Traced) -
     assert sys.getrecursionlimit() == limit  # given back
     # One wrapper frame per level used to halve the depth (495 against 997).
     assert reached["plain"] - reached["decorated"] <= 10, reached
+
+
+def test_a_retrieval_outside_any_request_is_a_span_and_no_record(
+    traced: Traced, caplog: pytest.LogCaptureFixture
+) -> None:
+    @recalltrace.retrieval
+    def lonely_search(query: str) -> list[str]:
+        return ["doc"]
+
+    with caplog.at_level(logging.WARNING, logger="recalltrace"):
+        for _ in range(3):
+            assert lonely_search("q") == ["doc"]
+    assert traced.records() == []
+    assert len(traced.spans("lonely_search")) == 3
+    said = [r.getMessage() for r in caplog.records if "outside any" in r.getMessage()]
+    assert len(said) == 1 and "lonely_search" in said[0]
 
 
 def test_an_exception_is_recorded_once_on_the_span_it_left_first(traced: Traced) -> None:

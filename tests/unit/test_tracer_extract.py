@@ -20,7 +20,7 @@ from recalltrace.tracer._extract import (
     read_model,
     read_usage,
 )
-from tests.support.tracer_helpers import Traced, traced_session
+from tests.support.tracer_helpers import Traced, in_request, traced_session
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def test_each_shape_through_the_decorator(traced: Traced) -> None:
         return shapes[index]
 
     for index in range(len(shapes)):
-        search(index)
+        in_request(search, index)
     got = [[(c.content, c.id, c.score) for c in r.retrieved_contexts] for r in traced.records()]
     assert got == [
         [("s1", None, None)],
@@ -168,7 +168,7 @@ def test_user_extractor(traced: Traced) -> None:
     def search(query: str) -> dict[str, Any]:
         return {"hits": [{"body": "ignored key", "text": "hit", "id": "h"}], "took": 3}
 
-    result = search("q")
+    result = in_request(search, "q")
     assert result["took"] == 3
     assert [(c.content, c.id) for c in traced.record().retrieved_contexts] == [("hit", "h")]
 
@@ -181,7 +181,7 @@ def test_failing_extractor_never_reaches_the_caller(traced: Traced) -> None:
     def search(query: str) -> list[str]:
         return ["doc"]
 
-    assert search("q") == ["doc"]
+    assert in_request(search, "q") == ["doc"]
     record = traced.record()
     assert record.retrieved_contexts == []
 
@@ -198,7 +198,7 @@ def test_failing_document_object_never_reaches_the_caller(traced: Traced) -> Non
     def search(query: str) -> list[Any]:
         return docs
 
-    assert search("q") is docs
+    assert in_request(search, "q") is docs
     assert traced.record().retrieved_contexts == []
 
 
