@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -54,6 +55,27 @@ def _console() -> Console:
 def _print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
     sys.stdout.write("\n")
+
+
+# Characters that can act on a terminal or reorder what is shown: C0 controls but newline and
+# tab (ESC starts every escape sequence), DEL, C1 controls (CSI and OSC have one-byte forms),
+# and the bidirectional overrides and isolates.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: str) -> str:
+    """``text`` with every character that could act on a terminal shown instead as its escape
+    (``\x1b`` for ESC): questions, documents and judge reasons come from users and models."""
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _safe(text: str) -> str:
+    """Untrusted text for rich: inert, and with rich's markup escaped."""
+    from rich.markup import escape
+
+    return escape(inert(text))
 
 
 def _csv_cell(value: Any) -> Any:
@@ -108,7 +130,7 @@ def _records_table(title: str, records: Sequence[Mapping[str, Any]]) -> Renderab
     columns: list[str] = []
     for record in records:
         columns.extend(k for k in record if k not in columns)
-    table = Table(title=escape(title), title_justify="left", show_lines=False)
+    table = Table(title=_safe(title), title_justify="left", show_lines=False)
     for column in columns:
         table.add_column(
             escape(_label(column)), ratio=1 if _is_text_column(records, column) else None
@@ -120,7 +142,7 @@ def _records_table(title: str, records: Sequence[Mapping[str, Any]]) -> Renderab
             if column in _VERDICT_KEYS and isinstance(value, (bool, int)):
                 cells.append("yes" if value else "no")
             else:
-                cells.append(escape(_plain(value)))
+                cells.append(_safe(_plain(value)))
         table.add_row(*cells)
     return table
 

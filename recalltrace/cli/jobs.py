@@ -21,7 +21,7 @@ from recalltrace.cli._args import (
     _stored_text,
     _window,
 )
-from recalltrace.cli._render import _console, _print_csv, _print_json, _short_when
+from recalltrace.cli._render import _console, _print_csv, _print_json, _safe, _short_when
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -125,7 +125,6 @@ def _cmd_jobs_list(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         _print_csv(JOB_FIELDS, [r.as_dict() for r in rows])
     else:
-        from rich.markup import escape
         from rich.table import Table
 
         console = _console()
@@ -146,7 +145,7 @@ def _cmd_jobs_list(args: argparse.Namespace) -> int:
                 r.problem or r.status,
                 str(r.attempts),
                 _short_when(r.updated_at),
-                f"{r.trace_id}\n{escape(r.last_error or '-')}",
+                f"{r.trace_id}\n{_safe(r.last_error or '-')}",
             )
         console.print(table)
         console.print(

@@ -36,6 +36,7 @@ from recalltrace.cli._render import (
     _num,
     _print_csv,
     _print_json,
+    _safe,
     _short_when,
     _summary_stat_cells,
     _window_text,
@@ -135,7 +136,6 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         _print_csv(SUMMARY_FIELDS, [r.as_dict() for r in rows])
     else:
-        from rich.markup import escape
         from rich.table import Table
 
         from recalltrace.storage.history import group_by_metric
@@ -151,7 +151,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
             table.add_column(name, justify="left" if name in (args.bucket, "metric") else "right")
         for r in rows:
             when = _bucket_text(r.bucket_start, args.bucket)
-            table.add_row(when, r.metric, escape(r.version), *_summary_stat_cells(r))
+            table.add_row(when, r.metric, _safe(r.version), *_summary_stat_cells(r))
         unbounded = console.options.update_width(10_000)
         if console.measure(table, options=unbounded).maximum <= console.width:
             console.print(table)
@@ -161,7 +161,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         console.print(title)
         for metric, series in group_by_metric(rows).items():
             part = Table(
-                title=f"{metric} (version {escape(series[0].version)})", title_justify="left"
+                title=f"{metric} (version {_safe(series[0].version)})", title_justify="left"
             )
             for name in (args.bucket, *stats):
                 part.add_column(name, justify="left" if name == args.bucket else "right")
@@ -200,7 +200,6 @@ def _cmd_worst(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         _print_csv(WORST_FIELDS, [r.as_dict() for r in rows])
     else:
-        from rich.markup import escape
         from rich.table import Table
 
         console = _console()
@@ -225,9 +224,9 @@ def _cmd_worst(args: argparse.Namespace) -> int:
                     grid.add_row("", "")  # a blank line between rows
                 grid.add_row(
                     _num(r.value),
-                    f"[bold]{r.metric}[/bold] (version {escape(r.version)})\n"
-                    f"{r.trace_id}  [dim]{escape(r.app_name)}  "
-                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{escape(r.reason)}",
+                    f"[bold]{r.metric}[/bold] (version {_safe(r.version)})\n"
+                    f"{r.trace_id}  [dim]{_safe(r.app_name)}  "
+                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{_safe(r.reason)}",
                 )
             console.print(grid)
             return EXIT_OK
@@ -242,9 +241,9 @@ def _cmd_worst(args: argparse.Namespace) -> int:
             table.add_row(
                 _num(r.value),
                 r.metric,
-                f"{r.trace_id}\n[dim]{escape(r.app_name)}[/dim]",
+                f"{r.trace_id}\n[dim]{_safe(r.app_name)}[/dim]",
                 _short_when(r.trace_started_at),
-                escape(r.reason),
+                _safe(r.reason),
             )
         console.print(table)
     return EXIT_OK

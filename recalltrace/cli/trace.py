@@ -22,6 +22,7 @@ from recalltrace.cli._render import (
     _plain,
     _print_json,
     _records_table,
+    _safe,
     _shorten,
     _when,
 )
@@ -111,7 +112,6 @@ def _cmd_trace_show(args: argparse.Namespace) -> int:
 
 
 def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> None:
-    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
@@ -124,18 +124,18 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
             "OpenTelemetry",
             f"trace {detail.otel_trace_id}, span {detail.otel_span_id or '(unknown)'}",
         )
-    head.add_row("app", f"{detail.app_name} (service {detail.service_name})")
+    head.add_row("app", _safe(f"{detail.app_name} (service {detail.service_name})"))
     head.add_row("started", f"{_when(detail.started_at)}, took {detail.duration_ms:.0f} ms")
     if detail.error:
         head.add_row("error", "the traced function raised")
     for note in detail.notes:
-        head.add_row("note", note)
+        head.add_row("note", _safe(note))
     if detail.metadata:
-        head.add_row("metadata", json.dumps(dict(detail.metadata), ensure_ascii=False))
+        head.add_row("metadata", _safe(json.dumps(dict(detail.metadata), ensure_ascii=False)))
     console.print(Panel(head, title="Trace", title_align="left"))
 
     def text_panel(title: str, value: str | None) -> None:
-        body = "(none)" if value is None else escape(value) or "(empty)"
+        body = "(none)" if value is None else _safe(value) or "(empty)"
         console.print(Panel(body, title=title, title_align="left"))
 
     text_panel("Question", detail.user_input)
@@ -148,9 +148,9 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
     for c in detail.contexts:
         contexts.add_row(
             str(c.position),
-            escape(c.context_id or "-"),
+            _safe(c.context_id or "-"),
             _num(c.score),
-            escape(_shorten(c.content, max_chars)),
+            _safe(_shorten(c.content, max_chars)),
         )
     if detail.contexts:
         console.print(contexts)
@@ -171,13 +171,13 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         ref = Table.grid(padding=(0, 2))
         ref.add_column(style="bold")
         ref.add_column()
-        ref.add_row("answer", "(none)" if reference is None else escape(reference))
+        ref.add_row("answer", "(none)" if reference is None else _safe(reference))
         if detail.reference_contexts is not None:
             for i, ctx in enumerate(detail.reference_contexts):
-                ref.add_row(f"context {i}", escape(_shorten(ctx, max_chars)))
+                ref.add_row(f"context {i}", _safe(_shorten(ctx, max_chars)))
         if detail.reference_context_ids is not None:
             ids = ", ".join(detail.reference_context_ids) or "(none)"
-            ref.add_row("context ids", escape(ids))
+            ref.add_row("context ids", _safe(ids))
         console.print(Panel(ref, title="Reference", title_align="left"))
 
     scored_metrics = {s.metric for s in detail.scores}
@@ -192,7 +192,7 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         jobs.add_column("last error", ratio=1)
         for j in pending:
             status = j.status if j.problem in (None, j.status) else f"{j.status} ({j.problem})"
-            jobs.add_row(j.metric, status, str(j.attempts), escape(j.last_error or "-"))
+            jobs.add_row(j.metric, status, str(j.attempts), _safe(j.last_error or "-"))
         console.print(jobs)
     if not detail.scores and not pending:
         console.print("No scores and no scoring jobs are stored for this trace.")
@@ -200,11 +200,10 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
 
 def _score_panel(score: ScoreDetail) -> RenderableType:
     from rich.console import Group
-    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
-    parts: list[RenderableType] = [escape(score.reason)]
+    parts: list[RenderableType] = [_safe(score.reason)]
     keys = [k for k in _DETAIL_ORDER if k in score.details]
     keys += sorted(k for k in score.details if k not in _DETAIL_ORDER)
 
@@ -224,7 +223,7 @@ def _score_panel(score: ScoreDetail) -> RenderableType:
                 facts = new_facts()
             parts.append(_records_table(_label(key), value))
         else:
-            facts.add_row(escape(_label(key)), escape(_plain(value)))
+            facts.add_row(_safe(_label(key)), _safe(_plain(value)))
     accounting = []
     if score.model:
         accounting.append(f"model {score.model}")
@@ -237,8 +236,8 @@ def _score_panel(score: ScoreDetail) -> RenderableType:
     if score.latency_ms is not None:
         accounting.append(f"{score.latency_ms:.0f} ms")
     accounting.append(f"scored {_when(score.scored_at)}")
-    facts.add_row("scoring", escape(", ".join(accounting)))
+    facts.add_row("scoring", _safe(", ".join(accounting)))
     parts.append(facts)
     value = "" if score.value is None else f" {score.value:.3f}"
     title = f"{score.metric} v{score.version}: {score.status}{value}"
-    return Panel(Group(*parts), title=escape(title), title_align="left")
+    return Panel(Group(*parts), title=_safe(title), title_align="left")
