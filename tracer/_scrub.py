@@ -279,6 +279,11 @@ class Scrubber:
             result: dict[Any, Any] = {}
             for key, item in value.items():
                 key_text = str(key)
+                if rules or self._custom:
+                    # A key is scrubbed like a value, before it appears in a path or a note.
+                    scrubbed_key = self.scrub_text(key_text, f"{path}.<key>", notes, rules)
+                    if scrubbed_key != key_text:
+                        key = key_text = scrubbed_key
                 item_path = f"{path}.{key_text}" if path else key_text
                 if (
                     item is not None
@@ -311,7 +316,13 @@ class Scrubber:
         notes = record.notes
         texts = [record.user_input, record.response, record.reference]
         texts.extend(record.reference_contexts or ())
+        texts.extend(record.reference_context_ids or ())
         texts.extend(context.content for context in record.retrieved_contexts)
+        # Ids and metadata keys are text too: a secret can hide in them as in any value.
+        texts.extend(context.id for context in record.retrieved_contexts if context.id)
+        for context in record.retrieved_contexts:
+            if context.metadata:
+                texts.extend(str(key) for key in context.metadata)
         # Flat metadata without sensitive keys (the common case) only needs its strings gated.
         plain_metadata = set()
         for index, context in enumerate(record.retrieved_contexts):
@@ -332,10 +343,19 @@ class Scrubber:
                     self.scrub_text(text, f"reference_contexts[{index}]", notes, rules)
                     for index, text in enumerate(record.reference_contexts)
                 ]
+            if record.reference_context_ids is not None:
+                record.reference_context_ids = [
+                    self.scrub_text(text, f"reference_context_ids[{index}]", notes, rules)
+                    for index, text in enumerate(record.reference_context_ids)
+                ]
             for index, context in enumerate(record.retrieved_contexts):
                 context.content = self.scrub_text(
                     context.content, f"retrieved_contexts[{index}].content", notes, rules
                 )
+                if context.id:
+                    context.id = self.scrub_text(
+                        context.id, f"retrieved_contexts[{index}].id", notes, rules
+                    )
         # Other metadata is walked: sensitive key names redact whatever value they hold.
         for index, context in enumerate(record.retrieved_contexts):
             if context.metadata and (rules or self._custom or index not in plain_metadata):

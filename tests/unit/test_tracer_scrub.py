@@ -272,3 +272,34 @@ def test_raising_callback_in_the_pipeline_still_stores_a_redacted_record() -> No
         assert record.notes == ["scrubbed email in user_input"]
     finally:
         recalltrace.shutdown(1)
+
+
+def test_secrets_in_ids_reference_ids_and_metadata_keys_are_scrubbed() -> None:
+    """They used to be stored verbatim (54 of 54 in a corpus of realistic secrets), and a
+    secret metadata key was copied into the record's notes."""
+    from tests.support.tracer_helpers import make_traced
+
+    github = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    openai_key = "sk-proj-" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4"
+    traced = make_traced()
+
+    @recalltrace.retrieval
+    def search(query: str) -> list[dict[str, object]]:
+        return [{"id": f"doc-{github}", "content": "text", "metadata": {openai_key: "v"}}]
+
+    @recalltrace.rag(reference_context_ids_param="gold")
+    def answer(question: str, gold: list[str]) -> str:
+        search(question)
+        return "ok"
+
+    try:
+        answer("q", gold=[f"ref-{github}"])
+        record = traced.record()
+        stored = repr(record)
+        assert github not in stored and openai_key not in stored
+        assert record.retrieved_contexts[0].id is not None
+        assert record.reference_context_ids is not None
+        assert "[REDACTED]" in record.retrieved_contexts[0].id
+        assert "[REDACTED]" in record.reference_context_ids[0]
+    finally:
+        recalltrace.shutdown(2)
