@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
+import random
 import sys
 import threading
 import time
@@ -258,7 +260,7 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
             ctx = otel.set_span_in_context(span, parent)
             outermost = False
         elif state is None or state.closed:
-            record_id = int.from_bytes(urandom(16), "big") or 1
+            record_id = _record_ids.getrandbits(128) or 1
             span_context = span.get_span_context()
             state = otel.TraceState(
                 record_id,
@@ -706,6 +708,13 @@ def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
 
 # -- wrappers -----------------------------------------------------------------------------------
 
+
+# Record ids come from a generator of our own, seeded from the operating system (and again in
+# every forked child): an application calling random.seed() cannot make them repeat, and a
+# request does not pay a system call for its id.
+_record_ids = random.Random(urandom(32))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _record_ids.seed(urandom(32)))
 
 # A decorated call adds one Python frame (the wrapper) to the stack, so a decorated recursive
 # function would hit the recursion limit at half the depth. Past _DEEP nested decorated calls in

@@ -876,3 +876,25 @@ def test_an_exception_is_recorded_once_on_the_span_it_left_first(traced: Traced)
     assert outer.events == ()  # the same exception, already on the inner span
     assert outer.status.description == "TimeoutError: vector store timed out"
     assert traced.record().error is True
+
+
+def test_record_ids_differ_across_a_fork_and_ignore_random_seed() -> None:
+    import os
+    import random
+
+    from recalltrace.tracer import _decorators
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what its next request would be stored under
+        os.write(write, str(_decorators._record_ids.getrandbits(128)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = int(os.read(read, 100))
+    os.close(read)
+    assert child != _decorators._record_ids.getrandbits(128)
+    random.seed(7)
+    first = _decorators._record_ids.getrandbits(128)
+    random.seed(7)
+    assert _decorators._record_ids.getrandbits(128) != first
