@@ -21,8 +21,29 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _judge_default(name: str) -> Any:
+    """A JudgeConfig field's default: the flags show and use the one written there."""
+    import dataclasses
+
+    from recalltrace.scorers import JudgeConfig
+
+    return next(f.default for f in dataclasses.fields(JudgeConfig) if f.name == name)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-    """The judge options shared by ``worker`` and ``demo``."""
+    """The judge options shared by ``worker`` and ``demo``; defaults are JudgeConfig's."""
+    timeout = _judge_default("timeout_s")
+    retries = _judge_default("max_retries")
     group = parser.add_argument_group("judge (LLM variants)")
     group.add_argument(
         "--judge-model",
@@ -38,8 +59,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         help="base URL of an OpenAI-compatible server (default: $RECALLTRACE_JUDGE_API_BASE)",
     )
     group.add_argument(
-        "--judge-timeout", type=_positive_float, default=60.0, metavar="S",
-        help="timeout of one judge call in seconds (default 60)",
+        "--judge-timeout", type=_positive_float, default=timeout, metavar="S",
+        help=f"timeout of one judge call in seconds (default {timeout:g})",
     )  # fmt: skip
     group.add_argument(
         "--judge-rpm", type=_positive_float, default=None, metavar="N",
@@ -50,8 +71,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens per minute allowed to the judge model",
     )  # fmt: skip
     group.add_argument(
-        "--judge-max-retries", type=int, default=5, metavar="N",
-        help="retries of rate limits, 5xx and timeouts per judge call (default 5)",
+        "--judge-max-retries", type=_non_negative_int, default=retries, metavar="N",
+        help=f"retries of rate limits, 5xx and timeouts per judge call (default {retries})",
     )  # fmt: skip
 
 

@@ -19,7 +19,6 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.history import History
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.storage.repository import Repository, TraceNotFound
-from tests.support import ROOT
 from tests.support.factories import make_history, make_repository
 
 
@@ -194,9 +193,7 @@ def _all_trace_ids(url: str) -> list[str]:
 def test_environment_only_short_lived_process_writes_at_exit(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'from-env.db'}"
     script = textwrap.dedent(
-        f"""
-        import sys
-        sys.path.insert(0, {str(ROOT)!r})
+        """
         import recalltrace
 
         @recalltrace.rag("batch-job")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,9 +78,16 @@ def test_parse_sample_rates() -> None:
 
 
 def _run(script: str, tmp_path: Path) -> str:
-    code = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + textwrap.dedent(script)
+    code = textwrap.dedent(script)
+    # The scripts import tests.support: the repository root is where that package lives.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

@@ -237,8 +237,6 @@ def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
     out = tmp_path / "records.jsonl"
     script = textwrap.dedent(
         f"""
-        import sys
-        sys.path.insert(0, {str(ROOT)!r})
         import recalltrace
         from tests.support.tracer_helpers import FileSink
 
@@ -259,7 +257,8 @@ def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
         # no flush: the exit hook drains the queue
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=tmp_path)
+    # Run from the repository root, where ``tests.support`` is importable as a package.
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=ROOT)
     lines = FileSink(out).lines()
     assert len(lines) == 1
     assert lines[0]["user_input"] == "one-shot job"
