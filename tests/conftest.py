@@ -26,6 +26,18 @@ from tests.support.postgres import admin_engine, base_url, require_postgres, tru
 
 
 @pytest.fixture(autouse=True)
+def _working_directory_kept() -> Iterator[None]:
+    """A test that changes the working directory and leaves it changed fails, by name: later
+    tests (and their subprocesses) would run somewhere else."""
+    before = os.getcwd()
+    yield
+    after = os.getcwd()
+    if after != before:
+        os.chdir(before)
+        pytest.fail(f"the test left the working directory changed to {after}")
+
+
+@pytest.fixture(autouse=True)
 def _litellm_route_restored() -> Iterator[None]:
     """Put LiteLLM's HTTP route switch back after every test.
 

@@ -335,7 +335,7 @@ def test_on_call_hook_errors_do_not_break_calls(server: JudgeServer) -> None:
 
 def test_the_local_cost_map_flag_is_set_before_litellm_loads(server: JudgeServer) -> None:
     code = (
-        "import os, sys, asyncio, scorers\n"
+        "import os, sys, asyncio\nfrom recalltrace import scorers\n"
         "assert 'litellm' not in sys.modules\n"
         "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])\n"
         f"j = scorers.JudgeClient(model='openai/x', api_base='{server.base_url}', api_key='t')\n"
@@ -353,7 +353,10 @@ def test_the_local_cost_map_flag_is_set_before_litellm_loads(server: JudgeServer
 
 
 def test_a_flag_the_user_set_is_kept() -> None:
-    code = "import os, scorers; print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])"
+    code = (
+        "import os\nfrom recalltrace import scorers\n"
+        "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])"
+    )
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "False"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
@@ -363,7 +366,7 @@ def test_a_flag_the_user_set_is_kept() -> None:
 
 def test_load_judge_backend_imports_litellm_and_freezes_only_when_asked() -> None:
     code = (
-        "import gc, sys, scorers\n"
+        "import gc, sys\nfrom recalltrace import scorers\n"
         "assert 'litellm' not in sys.modules\n"
         "before = gc.get_freeze_count()\n"
         "scorers.load_judge_backend()\n"
@@ -384,7 +387,7 @@ def test_load_judge_backend_switches_litellm_to_its_own_http_handler_unless_told
     preset: str | None, expected: str
 ) -> None:
     code = (
-        "import os, scorers\n"
+        "import os\nfrom recalltrace import scorers\n"
         f"print(os.environ.get({LITELLM_HTTP_FLAG!r}, '-'))\n"
         "scorers.load_judge_backend()\n"
         f"print(os.environ.get({LITELLM_HTTP_FLAG!r}, '-'))\n"

@@ -21,7 +21,10 @@ from recalltrace.scorers.catalog import CATALOG
 
 
 def test_import_is_light_and_does_not_load_litellm() -> None:
-    code = "import sys, scorers; print('litellm' in sys.modules, 'rapidfuzz' in sys.modules)"
+    code = (
+        "import sys\nfrom recalltrace import scorers\n"
+        "print('litellm' in sys.modules, 'rapidfuzz' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
