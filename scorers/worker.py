@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -47,7 +47,7 @@ from recalltrace.scorers.catalog import (
     metrics_from_env,
 )
 from recalltrace.scorers.telemetry import WorkerTelemetry
-from recalltrace.storage.contracts import NOTIFY_CHANNEL, JobStore
+from recalltrace.storage.contracts import NOTIFY_CHANNEL, JobStore, QueueStats
 from recalltrace.storage.errors import is_database_unavailable
 
 logger = logging.getLogger("recalltrace.worker")
@@ -839,11 +839,11 @@ class Worker:
                 logger.warning("took back %d jobs whose worker's lease expired", requeued)
             skipped = await self._db_call(self.repo.skip_expired_waits, self._reference_ttl)
             self._count_skipped_waits(skipped)
-            stats = await self._db_call(self.repo.queue_stats, self.metrics)
             queues = await self._db_call(self.repo.queue_stats_by_metric)
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
+        stats = _combined(queues[m] for m in self.metrics if m in queues)
         self.telemetry.queue = stats
         self.telemetry.queues = queues
         self._log_status(stats)
@@ -928,6 +928,19 @@ class Worker:
 # Failed writes of one batch before its scores are stored one by one (when the database is
 # reachable but refuses the batch).
 _ISOLATE_AFTER = 3
+
+
+def _combined(parts: Iterable[QueueStats]) -> QueueStats:
+    """The queue of several variants from theirs: counts add up, the lag is the oldest."""
+    parts = list(parts)
+    ages = [q.oldest_due_age_s for q in parts if q.oldest_due_age_s is not None]
+    return QueueStats(
+        due=sum(q.due for q in parts),
+        running=sum(q.running for q in parts),
+        waiting=sum(q.waiting for q in parts),
+        failed=sum(q.failed for q in parts),
+        oldest_due_age_s=max(ages) if ages else None,
+    )
 
 
 def _failed_result(job: Any, reason: str) -> ScoreResult:
