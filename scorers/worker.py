@@ -409,6 +409,8 @@ class Worker:
         self._closing = False
         self._once = once
         self._next_status = 0.0
+        self._started_at = datetime.now(timezone.utc)
+        self._unserved_said: set[str] = set()
         if self._stop_requested.is_set():
             self._stop.set()
         signals = self._install_signal_handlers()
@@ -441,6 +443,7 @@ class Worker:
             self._flush_now.set()
             with contextlib.suppress(Exception):
                 await finisher
+            await self._report_presence(stopped=True)
             for task in helpers:
                 task.cancel()
             for task in helpers:
@@ -843,10 +846,42 @@ class Worker:
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", _describe(exc))
             return
+        await self._report_presence()
         stats = _combined(queues[m] for m in self.metrics if m in queues)
         self.telemetry.queue = stats
         self.telemetry.queues = queues
         self._log_status(stats)
+
+    async def _report_presence(self, *, stopped: bool = False) -> None:
+        """Keep this worker's row in ``workers`` fresh (the variants it serves), and name the
+        due jobs of variants no running worker serves, once per variant."""
+        try:
+            await self._db_call(
+                self.repo.report_worker,
+                self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                metrics=list(self._scorers),
+                started_at=self._started_at,
+                stopped=stopped,
+            )
+            if stopped:
+                return
+            unserved = await self._db_call(self.repo.unserved_due, list(self._scorers))
+        except Exception as exc:
+            logger.warning("reporting this worker's variants failed (%s)", _describe(exc))
+            return
+        new = {m: n for m, n in unserved.items() if m not in self._unserved_said}
+        if new:
+            self._unserved_said.update(new)
+            logger.warning(
+                "%d queued job%s of variant%s no running worker serves: %s; start a worker "
+                "with --metric for them, or end them with `recalltrace jobs cancel --metric KEY`",
+                sum(new.values()),
+                "s" if sum(new.values()) != 1 else "",
+                "s" if len(new) != 1 else "",
+                ", ".join(f"{m} ({n})" for m, n in sorted(new.items())),
+            )
 
     def _log_status(self, queue: Any) -> None:
         """One line every ``status_interval_s`` on a long-running worker, instead of silence."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -36,6 +37,7 @@ from recalltrace.storage.history_rows import (
     PERCENTILES,
     Bucket,
     ContextRow,
+    JobCounts,
     JobRow,
     ScoreDetail,
     SummaryRow,
@@ -51,8 +53,10 @@ from recalltrace.storage.models import (
     Score,
     ScoringJob,
     Trace,
+    WorkerSeen,
 )
 from recalltrace.storage.timespec import TimeSpecError, parse_duration, parse_time
+from recalltrace.storage.workers import SERVED_WITHIN
 
 __all__ = [
     "BUCKETS",
@@ -779,7 +783,77 @@ class History:
             stmt = (
                 select(merged).order_by(merged.c.updated_at.desc(), merged.c.id.desc()).limit(limit)
             )
-            return self._job_rows(conn, stmt, stuck_after=stuck_after)
+            rows = self._job_rows(conn, stmt, stuck_after=stuck_after)
+            if any(r.problem == "overdue" for r in rows):
+                # Late jobs of a variant that no worker seen in the window scores are not late:
+                # nobody is configured to run them.
+                served = self._served_since(conn, now - max(stuck_after, SERVED_WITHIN))
+                rows = [
+                    replace(r, problem="unserved")
+                    if r.problem == "overdue" and r.metric not in served
+                    else r
+                    for r in rows
+                ]
+            return rows
+
+    def _served_since(self, conn: Connection, since: datetime) -> set[str]:
+        """Variants scored by some worker seen since ``since``."""
+        served: set[str] = set()
+        for (metrics,) in conn.execute(
+            select(WorkerSeen.metrics).where(WorkerSeen.last_seen_at >= since)
+        ).tuples():
+            served.update(metrics or ())
+        return served
+
+    def job_counts(self, *, app: str | None = None) -> list[JobCounts]:
+        """Per variant with unfinished or ended-without-score jobs: how many wait for a
+        reference, are queued, running, failed and cancelled, and who serves the variant."""
+        states = [
+            JobStatus.WAITING,
+            JobStatus.QUEUED,
+            JobStatus.RUNNING,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+        ]
+        where: list[ColumnElement[bool]] = [ScoringJob.status.in_(states)]
+        if app is not None:
+            check_filter_text("app", app)
+            where.append(
+                ScoringJob.trace_id.in_(select(Trace.trace_id).where(Trace.app_name == app))
+            )
+        counts: dict[str, dict[str, int]] = {}
+        with self.engine.connect() as conn:
+            for metric, status, number in conn.execute(
+                select(ScoringJob.metric, ScoringJob.status, func.count())
+                .where(*where)
+                .group_by(ScoringJob.metric, ScoringJob.status)
+            ).tuples():
+                counts.setdefault(metric, {})[status] = int(number)
+            now = self._now(conn)
+            live: dict[str, int] = {}
+            last: dict[str, datetime] = {}
+            for metrics, seen, stopped in conn.execute(
+                select(WorkerSeen.metrics, WorkerSeen.last_seen_at, WorkerSeen.stopped)
+            ).tuples():
+                seen = _utc(seen)
+                for metric in metrics or ():
+                    if metric not in last or seen > last[metric]:
+                        last[metric] = seen
+                    if not stopped and seen >= now - SERVED_WITHIN:
+                        live[metric] = live.get(metric, 0) + 1
+        return [
+            JobCounts(
+                metric=metric,
+                waiting=by.get(JobStatus.WAITING, 0),
+                queued=by.get(JobStatus.QUEUED, 0),
+                running=by.get(JobStatus.RUNNING, 0),
+                failed=by.get(JobStatus.FAILED, 0),
+                cancelled=by.get(JobStatus.CANCELLED, 0),
+                live_workers=live.get(metric, 0),
+                last_worker_seen_at=last.get(metric),
+            )
+            for metric, by in sorted(counts.items())
+        ]
 
 
 _JOB_COLUMNS = (
@@ -811,7 +885,7 @@ def _job_problem(
     if status == JobStatus.RUNNING and lease_expires_at is not None and lease_expires_at < now:
         return "lease_expired"
     if status == JobStatus.QUEUED and run_at < now - stuck_after:
-        return "overdue"
+        return "overdue"  # or "unserved", decided by problem_jobs from the workers table
     if status == JobStatus.WAITING and expires_at is not None and expires_at < now:
         return "reference_expired"
     return None

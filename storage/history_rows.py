@@ -174,6 +174,37 @@ class ScoreDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class JobCounts:
+    """The jobs of one variant by state, and the workers that serve it."""
+
+    metric: str
+    waiting: int
+    queued: int
+    running: int
+    failed: int
+    cancelled: int
+    live_workers: int
+    """Running workers that score this variant (seen within the last two minutes)."""
+    last_worker_seen_at: datetime | None
+    """When a worker scoring this variant was last seen; ``None``: none in the last week."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary."""
+        return {
+            "metric": self.metric,
+            "waiting": self.waiting,
+            "queued": self.queued,
+            "running": self.running,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "live_workers": self.live_workers,
+            "last_worker_seen_at": (
+                None if self.last_worker_seen_at is None else self.last_worker_seen_at.isoformat()
+            ),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class JobRow:
     """A scoring job, as ``recalltrace jobs list`` shows it."""
 
@@ -185,8 +216,9 @@ class JobRow:
     """The stored ``scoring_jobs.status``."""
     problem: str | None
     """``failed``, ``lease_expired`` (its worker died or stalled), ``overdue`` (due for long
-    and nobody takes it), ``reference_expired`` (the reference wait ran out but nobody closed
-    the job), or ``None`` for a healthy job."""
+    although a worker scoring its variant ran in that time), ``unserved`` (due for long and no
+    worker seen in that time scores its variant), ``reference_expired`` (the reference wait ran
+    out but nobody closed the job), or ``None`` for a healthy job."""
     attempts: int
     last_error: str | None
     run_at: datetime

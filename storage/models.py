@@ -73,8 +73,10 @@ class JobStatus:
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    """Ended by ``recalltrace jobs cancel``: never scored, no longer pending."""
 
-    ALL = (WAITING, QUEUED, RUNNING, DONE, FAILED, SKIPPED)
+    ALL = (WAITING, QUEUED, RUNNING, DONE, FAILED, SKIPPED, CANCELLED)
 
 
 class Trace(Base):
@@ -230,6 +232,26 @@ class Score(Base):
             sqlite_where=text("status = 'scored'"),
         ),
     )
+
+
+class WorkerSeen(Base):
+    """A worker process and the variants it scores, as it last reported itself.
+
+    Workers refresh their row while they run, so "which variants does any worker serve" is a
+    fact of the database, true across hosts; rows of stopped workers stay (their
+    ``last_seen_at`` says when they last ran) until they are older than a week.
+    """
+
+    __tablename__ = "workers"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[list[str]] = mapped_column(JSONType)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    stopped: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """True once the worker stopped cleanly (a cron ``--once`` run, a drained shutdown)."""
 
 
 class SummaryCache(Base):

@@ -606,11 +606,18 @@ class JobQueue:
                     values["last_error"] = None
                     conn.execute(update(ScoringJob).where(ScoringJob.id.in_(ids)).values(values))
                 else:
+                    # The try that failed counts as an attempt, as when retries run out.
                     for job_id in ids:
                         conn.execute(
                             update(ScoringJob)
                             .where(ScoringJob.id == job_id)
-                            .values({**values, "last_error": failed_reasons[job_id]})
+                            .values(
+                                {
+                                    **values,
+                                    "last_error": failed_reasons[job_id],
+                                    "attempts": ScoringJob.attempts + 1,
+                                }
+                            )
                         )
         return [(job.trace_id, job.metric, score.version) in written for job, score in outcomes]
 
@@ -662,7 +669,9 @@ class JobQueue:
                 .where(ScoringJob.id == job.id)
                 .values(
                     status=JobStatus.FAILED,
-                    attempts=job.attempts if attempts is None else attempts,
+                    # The try that failed counts: a job that failed on its first try
+                    # shows one attempt.
+                    attempts=job.attempts + 1 if attempts is None else attempts,
                     locked_by=None,
                     lease_expires_at=None,
                     last_error=storable_text(error)[0],
@@ -713,6 +722,45 @@ class JobQueue:
                 summary_cache.invalidate(conn, self.dialect, dropped)
             self.dialect.notify(conn)
             return len(requeued)
+
+    def cancel_jobs(
+        self,
+        *,
+        metric: str | None = None,
+        job_ids: Sequence[int] | None = None,
+        trace_ids_of_app: str | None = None,
+    ) -> dict[str, int]:
+        """End waiting, queued and failed jobs without scoring them; returns counts per metric.
+
+        Running jobs are left to finish. Cancelled jobs no longer count as pending anywhere
+        (queue gauges, ``jobs list``); ``recalltrace backfill`` creates nothing for them again
+        (their (trace, metric, version) row stays, cancelled).
+        """
+        now = self.dialect.now()
+        stmt = update(ScoringJob).where(
+            ScoringJob.status.in_([JobStatus.WAITING, JobStatus.QUEUED, JobStatus.FAILED])
+        )
+        if metric is not None:
+            stmt = stmt.where(ScoringJob.metric == metric)
+        if job_ids is not None:
+            stmt = stmt.where(ScoringJob.id.in_(list(job_ids)))
+        if trace_ids_of_app is not None:
+            stmt = stmt.where(
+                ScoringJob.trace_id.in_(
+                    select(Trace.trace_id).where(Trace.app_name == trace_ids_of_app)
+                )
+            )
+        stmt = stmt.values(
+            status=JobStatus.CANCELLED,
+            locked_by=None,
+            lease_expires_at=None,
+            updated_at=now,
+        ).returning(ScoringJob.metric)
+        counts: dict[str, int] = {}
+        with self.engine.begin() as conn:
+            for (name,) in conn.execute(stmt).tuples():
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
     # -- reading --------------------------------------------------------------------------
     def load_inputs(self, trace_ids: Iterable[str]) -> dict[str, TraceInputs]:

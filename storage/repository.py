@@ -34,6 +34,7 @@ from recalltrace.storage.queue import (
 )
 from recalltrace.storage.summary_cache import SUMMARY_LOCK_KEY
 from recalltrace.storage.traces import TraceWrites
+from recalltrace.storage.workers import WorkerRegistry
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 
-class Repository(TraceWrites, JobQueue):
+class Repository(TraceWrites, JobQueue, WorkerRegistry):
     """Traces, scoring jobs and scores on one database.
 
     ``specs`` are the job specifications of every known metric (``attach_reference`` releases

@@ -1,10 +1,11 @@
-"""``recalltrace jobs list|retry`` and ``recalltrace backfill``: the scoring jobs."""
+"""``recalltrace jobs list|counts|cancel|retry`` and ``recalltrace backfill``: the scoring jobs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from recalltrace.cli._args import (
     EXIT_OK,
@@ -26,17 +27,22 @@ from recalltrace.cli._render import _console, _print_csv, _print_json, _safe, _s
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from recalltrace.storage.history_rows import JobCounts, JobRow
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``jobs list|retry`` and ``backfill``."""
-    jobs = sub.add_parser("jobs", help="failed and stuck scoring jobs")
+    """Add ``jobs list|counts|cancel|retry`` and ``backfill``."""
+    jobs = sub.add_parser("jobs", help="scoring jobs: counts per variant, problems, retry, cancel")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
     jobs_list = jobs_sub.add_parser(
         "list",
-        help="failed and stuck jobs, most recently changed first",
-        description="Failed jobs and stuck ones: running past their lease (the worker died), "
-        "queued and due for longer than --stuck-after (no worker is running), or waiting for "
-        "a reference past its time-to-live. --since/--until filter on the job's last change.",
+        help="jobs per variant, then failed and stuck jobs, most recently changed first",
+        description="The jobs of each variant by state (as `jobs counts`), then failed jobs "
+        "and stuck ones: running past their lease (the worker died), queued and due for longer "
+        "than --stuck-after although a worker for their variant ran ('overdue'), queued with "
+        "no worker for their variant seen in that time ('unserved'), or waiting for a "
+        "reference past its time-to-live. --since/--until filter on the job's last change. "
+        "JSON and CSV list the problem jobs only.",
     )
     _add_database_option(jobs_list)
     _add_job_filters(jobs_list)
@@ -53,6 +59,47 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_format(jobs_list)
     jobs_list.set_defaults(handler=_piped(_cmd_jobs_list))
+
+    jobs_counts = jobs_sub.add_parser(
+        "counts",
+        help="jobs per variant by state, and the workers that serve each variant",
+        description="For every variant with unfinished or cancelled jobs: how many wait for a "
+        "reference, are queued, running, failed or cancelled, and how many running workers "
+        "score it (or when one was last seen). A variant no worker serves is 'unserved': its "
+        "jobs wait until a worker is started for it, or `recalltrace jobs cancel` ends them.",
+    )
+    _add_database_option(jobs_counts)
+    jobs_counts.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app's traces"
+    )
+    _add_format(jobs_counts)
+    jobs_counts.set_defaults(handler=_piped(_cmd_jobs_counts))
+
+    jobs_cancel = jobs_sub.add_parser(
+        "cancel",
+        help="end waiting, queued and failed jobs without scoring them",
+        description="End jobs that should never run (e.g. of a variant no worker will score): "
+        "they stop counting as pending in `jobs list`, the queue metrics and the workers' "
+        "status lines, and `backfill` does not create them again. Running jobs are left to "
+        "finish. Give --metric, --app or --id to choose the jobs, or --all for every one.",
+    )
+    _add_database_option(jobs_cancel)
+    _add_job_filters(jobs_cancel)
+    jobs_cancel.add_argument(
+        "--id",
+        dest="job_ids",
+        type=_positive_int,
+        action="append",
+        metavar="JOB_ID",
+        help="only this job (repeatable)",
+    )
+    jobs_cancel.add_argument(
+        "--all",
+        dest="cancel_all",
+        action="store_true",
+        help="cancel every waiting, queued and failed job (needed when no filter is given)",
+    )
+    jobs_cancel.set_defaults(handler=_piped(_cmd_jobs_cancel))
 
     jobs_retry = jobs_sub.add_parser(
         "retry",
@@ -120,37 +167,158 @@ def _cmd_jobs_list(args: argparse.Namespace) -> int:
             stuck_after=stuck_after,
             limit=args.limit,
         )
+        counts = [] if args.format != "table" else _history(engine).job_counts(app=args.app)
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
     elif args.format == "csv":
         _print_csv(JOB_FIELDS, [r.as_dict() for r in rows])
     else:
-        from rich.table import Table
+        _print_jobs(rows, [c for c in counts if metric is None or c.metric == metric])
+    return EXIT_OK
 
-        console = _console()
-        if not rows:
-            console.print("No failed or stuck jobs.")
-            return EXIT_OK
-        table = Table(title="Failed and stuck jobs", title_justify="left", show_lines=True)
-        table.add_column("id", justify="right", no_wrap=True)
-        table.add_column("metric", overflow="fold")
+
+def _print_jobs(rows: list[JobRow], counts: list[JobCounts]) -> None:
+    """The per-variant counts, then the problem jobs grouped by variant; fits 80 columns."""
+    from rich.table import Table
+
+    console = _console()
+    if counts:
+        console.print(_counts_table(counts))
+    if not rows:
+        console.print("No failed or stuck jobs.")
+        return
+    by_metric: dict[str, list[JobRow]] = {}
+    for r in rows:
+        by_metric.setdefault(r.metric, []).append(r)
+    for metric_key, jobs in by_metric.items():
+        problems: dict[str, int] = {}
+        for r in jobs:
+            problems[r.problem or r.status] = problems.get(r.problem or r.status, 0) + 1
+        title = f"{metric_key}: " + ", ".join(f"{n} {p}" for p, n in sorted(problems.items()))
+        table = Table(
+            title=_safe(title), title_justify="left", box=None, pad_edge=False, header_style="bold"
+        )
+        table.add_column("job", justify="right", no_wrap=True)
         table.add_column("problem", no_wrap=True)
-        table.add_column("attempts", justify="right", no_wrap=True)
-        table.add_column("updated (UTC)")
-        table.add_column("trace id / last error", ratio=1, min_width=32)
-        for r in rows:
+        table.add_column("tries", justify="right", no_wrap=True)
+        table.add_column("updated (UTC)", no_wrap=True)
+        table.add_column("trace", no_wrap=True)
+        table.add_column("last error", ratio=1, overflow="fold")
+        for r in jobs:
             table.add_row(
                 str(r.id),
-                r.metric,
                 r.problem or r.status,
                 str(r.attempts),
                 _short_when(r.updated_at),
-                f"{r.trace_id}\n{_safe(r.last_error or '-')}",
+                r.trace_id[:12],
+                _safe(r.last_error or "-"),
             )
+        console.print()
         console.print(table)
-        console.print(
-            "Retry failed jobs and jobs whose worker died with `recalltrace jobs retry`; "
-            "overdue jobs need a running worker."
+    console.print()
+    hints = ["`recalltrace jobs retry` queues failed jobs and jobs whose worker died again"]
+    if any(r.problem == "unserved" for r in rows):
+        hints.append(
+            "unserved jobs need a worker started with --metric for their variant, or "
+            "`recalltrace jobs cancel --metric KEY`"
+        )
+    if any(r.problem == "overdue" for r in rows):
+        hints.append("overdue jobs wait for a worker that scores their variant to run")
+    for hint in hints:
+        console.print(_safe(hint) + ".")
+
+
+def _counts_table(counts: list[JobCounts]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title="Jobs by variant (wait: for a reference)",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
+    table.add_column("variant", no_wrap=True)
+    # Short headers keep the table within 80 columns beside the longest variant name.
+    for name in ("wait", "queued", "run", "failed", "cancel"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("workers", no_wrap=True)
+    for c in counts:
+        table.add_row(
+            c.metric,
+            str(c.waiting),
+            str(c.queued),
+            str(c.running),
+            str(c.failed),
+            str(c.cancelled),
+            _served_text(c),
+        )
+    return table
+
+
+def _served_text(c: JobCounts) -> str:
+    if c.live_workers:
+        return f"{c.live_workers} running"
+    if c.last_worker_seen_at is None:
+        return "unserved"
+    age = (datetime.now(timezone.utc) - c.last_worker_seen_at).total_seconds()
+    return f"last {_age(age)} ago"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+COUNT_FIELDS = (
+    "metric",
+    "waiting",
+    "queued",
+    "running",
+    "failed",
+    "cancelled",
+    "live_workers",
+    "last_worker_seen_at",
+)
+
+
+def _cmd_jobs_counts(args: argparse.Namespace) -> int:
+    with _database(args) as engine:
+        counts = _history(engine).job_counts(app=args.app)
+    if args.format == "json":
+        _print_json([c.as_dict() for c in counts])
+    elif args.format == "csv":
+        _print_csv(COUNT_FIELDS, [c.as_dict() for c in counts])
+    elif not counts:
+        _console().print("No waiting, queued, running, failed or cancelled jobs.")
+    else:
+        _console().print(_counts_table(counts))
+    return EXIT_OK
+
+
+def _cmd_jobs_cancel(args: argparse.Namespace) -> int:
+    from recalltrace._wiring import repository
+
+    metric = _metric(args.metric)
+    if metric is None and args.app is None and args.job_ids is None and not args.cancel_all:
+        raise CommandError(
+            "say which jobs to cancel: --metric KEY, --app NAME or --id JOB_ID, "
+            "or --all for every waiting, queued and failed job"
+        )
+    with _database(args) as engine:
+        cancelled = repository(engine).cancel_jobs(
+            metric=metric, job_ids=args.job_ids, trace_ids_of_app=args.app
+        )
+    total = sum(cancelled.values())
+    detail = ", ".join(f"{m}: {n}" for m, n in sorted(cancelled.items()))
+    print(f"cancelled {total} job{'s' if total != 1 else ''}" + (f" ({detail})" if detail else ""))
+    if args.job_ids and total < len(set(args.job_ids)):
+        missing = len(set(args.job_ids)) - total
+        raise CommandError(
+            f"{missing} of the given job ids {'were' if missing != 1 else 'was'} not waiting, "
+            "queued or failed, so not cancelled (see `recalltrace jobs list`)"
         )
     return EXIT_OK
 

@@ -426,6 +426,17 @@ def test_problem_jobs_finds_failed_and_stuck_jobs(engine: Engine, history: Histo
     assert traces[2].trace_id not in {j.trace_id for j in history.problem_jobs()}
     assert traces[3].trace_id not in {j.trace_id for j in history.problem_jobs()}
     time.sleep(0.01)
+    # No worker that scores the variant was seen: nobody will take it ("unserved"). Once one
+    # has reported itself, the job is merely late ("overdue").
+    late = history.problem_jobs(stuck_after=timedelta(milliseconds=1))
+    assert (traces[3].trace_id, "unserved") in {(j.trace_id, j.problem) for j in late}
+    repo.report_worker(
+        "w-elsewhere",
+        host="other-host",
+        pid=1,
+        metrics=["id_based_context_recall"],
+        started_at=datetime.now(timezone.utc),
+    )
     overdue = history.problem_jobs(stuck_after=timedelta(milliseconds=1))
     assert (traces[3].trace_id, "overdue") in {(j.trace_id, j.problem) for j in overdue}
 
