@@ -58,6 +58,12 @@ def create_engine_from_url(url: str | None = None, **kwargs: Any) -> Engine:
     names a backend other than SQLite or Postgres.
     """
     resolved = resolve_database_url(url)
+    if "://" not in resolved:
+        # A bare path: say how to write it as a URL (a path is not a secret, so it is shown).
+        raise DatabaseURLError(
+            f"{resolved!r} is not a database URL; for a SQLite file give sqlite:///{resolved}, "
+            "for Postgres e.g. postgresql+psycopg://user@host:5432/db"
+        )
     try:
         parsed = make_url(resolved)
     except (ArgumentError, ValueError):  # ValueError: e.g. a port that is not a number

@@ -544,6 +544,29 @@ class History:
             for r in rows
         ]
 
+    # -- what exists, for hints ---------------------------------------------------------------
+    def app_names(self, limit: int = 50) -> list[str]:
+        """Names of apps with stored scores (at most ``limit``), for "did you mean" hints."""
+        with self.engine.connect() as conn:
+            return list(
+                conn.scalars(
+                    select(Score.app_name).distinct().order_by(Score.app_name).limit(limit)
+                )
+            )
+
+    def versions_of(self, metric: str, limit: int = 50) -> list[str]:
+        """Versions of ``metric`` with stored scores (at most ``limit``)."""
+        with self.engine.connect() as conn:
+            return list(
+                conn.scalars(
+                    select(Score.version)
+                    .distinct()
+                    .where(Score.metric == self.check_metric(metric))
+                    .order_by(Score.version)
+                    .limit(limit)
+                )
+            )
+
     # -- one trace -------------------------------------------------------------------------
     def record_ids_starting_with(self, prefix: str, limit: int = 20) -> list[str]:
         """Stored record ids that start with ``prefix`` (lowercase hex), at most ``limit``."""

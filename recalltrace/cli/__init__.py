@@ -141,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from recalltrace.storage.db import redact_url
 
         url = getattr(args, "database_url", None)
-        if url:
+        # A bare path holds no password, and replacing it would garble the example the
+        # message gives (sqlite:///./recalltrace.db contains ./recalltrace.db).
+        if url and "://" in url:
             message = message.replace(url, redact_url(url))
         print(f"recalltrace: error: {message}", file=sys.stderr)
         return EXIT_USAGE

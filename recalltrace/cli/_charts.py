@@ -64,7 +64,18 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
             f'<text x="{left + plot_w / 2}" y="{top_y + top_h / 2}" text-anchor="middle" '
             'fill="#555555">no scores in this window</text>'
         )
+    # Lines also differ by dash pattern and marker, so a series drawn over another with the
+    # same values stays visible.
+    dashes = {m: _DASHES[i % len(_DASHES)] for i, m in enumerate(series)}
+    same_as: dict[str, str] = {}
+    seen: dict[tuple[tuple[datetime, float | None], ...], str] = {}
     for metric, points in series.items():
+        key = tuple((p.bucket_start, p.mean) for p in points)
+        if key in seen:
+            same_as[metric] = seen[key]
+        else:
+            seen[key] = metric
+    for series_index, (metric, points) in enumerate(series.items()):
         colour = colours[metric]
         coords = [(x_of[p.bucket_start], p) for p in points if p.mean is not None]
         # The line joins neighbouring buckets only; a bucket without a mean breaks it.
@@ -81,7 +92,8 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
                 continue
             path = " ".join(f"{x:.1f},{y_value(p.mean or 0.0):.1f}" for x, p in segment)
             out.append(
-                f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>'
+                f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"'
+                f"{_dash_attr(dashes[metric])}/>"
             )
         for x, p in coords:
             tip = (
@@ -89,9 +101,12 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
                 f"p10 {_num(p.p10)}, p50 {_num(p.p50)}, p90 {_num(p.p90)}, "
                 f"{p.count} scored, {p.skipped} skipped, {p.failed} failed"
             )
+            # Later series get smaller markers, so every one of several equal points shows.
+            radius = max(1.5, 4.5 - 1.0 * series_index)
             out.append(
-                f'<circle cx="{x:.1f}" cy="{y_value(p.mean or 0.0):.1f}" r="3.5" '
-                f'fill="{colour}"><title>{e(tip)}</title></circle>'
+                f'<circle cx="{x:.1f}" cy="{y_value(p.mean or 0.0):.1f}" r="{radius:g}" '
+                f'fill="{colour}" stroke="#ffffff" stroke-width="0.5"><title>{e(tip)}</title>'
+                "</circle>"
             )
     # Scored results per bucket, stacked by metric.
     counts = {(r.bucket_start, r.metric): r.count for r in rows}
@@ -126,24 +141,79 @@ def render_svg(rows: Sequence[SummaryRow], *, bucket: str, title: str, subtitle:
                 f'<text x="{x_of[b]:.1f}" y="{base - 4:.1f}" text-anchor="middle" '
                 f'font-size="10">{totals[b]}</text>'
             )
-    # Time axis labels, thinned so they never overlap.
-    step = max(1, math.ceil(len(slots) / 12))
+    # Time axis labels, thinned by their measured width so that they never overlap. Hourly
+    # labels are the hour, with the date under the first one of each day shown (or dates
+    # alone when hours no longer fit).
+    step, daily = _label_step(slot, bucket)
+    last_date_right = -math.inf
     for i, b in enumerate(slots):
         if i % step:
             continue
+        label = b.strftime("%H:00") if bucket == "hour" and not daily else b.strftime("%Y-%m-%d")
         out.append(
             f'<text x="{x_of[b]:.1f}" y="{bar_y + bar_h + 18}" text-anchor="middle" '
-            f'font-size="11">{e(_bucket_text(b, bucket))}</text>'
+            f'font-size="{_LABEL_FONT}">{e(label)}</text>'
         )
-    # Legend: each series is one metric read at one version.
+        date_half = 10 * _CHAR_W / 2
+        first_of_day = i == 0 or b.date() != slots[i - step].date()
+        if (
+            bucket == "hour"
+            and not daily
+            and first_of_day
+            and x_of[b] - date_half > last_date_right + _LABEL_GAP
+        ):
+            last_date_right = x_of[b] + date_half
+            out.append(
+                f'<text x="{x_of[b]:.1f}" y="{bar_y + bar_h + 32}" text-anchor="middle" '
+                f'font-size="{_LABEL_FONT}" fill="#555555">{b.strftime("%Y-%m-%d")}</text>'
+            )
+    # Legend: each series is one metric read at one version; a series with exactly the values
+    # of one drawn before it (its line lies on that one) says so.
     versions = {r.metric: r.version for r in rows}
     for i, metric in enumerate(series):
         y = top_y + 10 + i * 20
         x = left + plot_w + 20
-        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{colours[metric]}"/>')
-        out.append(f'<text x="{x + 18}" y="{y + 1}">{e(metric)} v{e(versions[metric])}</text>')
+        out.append(
+            f'<line x1="{x}" y1="{y - 3}" x2="{x + 14}" y2="{y - 3}" stroke="{colours[metric]}" '
+            f'stroke-width="3"{_dash_attr(dashes[metric])}/>'
+        )
+        text = f"{metric} v{versions[metric]}"
+        if metric in same_as:
+            text += f" (= {same_as[metric]})"
+        out.append(f'<text x="{x + 18}" y="{y + 1}">{e(text)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+_DASHES = ("", "7 4", "2 3", "10 3 2 3", "4 2", "1 4", "12 6", "6 2 2 2")
+_LABEL_FONT = 11
+# Average width of a digit at the label font size, in pixels, plus the gap kept between labels.
+_CHAR_W = 0.62 * _LABEL_FONT
+_LABEL_GAP = 10.0
+
+
+def _dash_attr(pattern: str) -> str:
+    return f' stroke-dasharray="{pattern}"' if pattern else ""
+
+
+def _label_step(slot: float, bucket: str) -> tuple[int, bool]:
+    """Every how many slots a time label fits (its width and a gap, rounded up to a step that
+    reads naturally: hours that divide a day, whole days or weeks), and whether hourly labels
+    must be dates (when even one hour label a day does not fit)."""
+
+    def fits(chars: int, natural: tuple[int, ...]) -> int:
+        needed = math.ceil((chars * _CHAR_W + _LABEL_GAP) / max(slot, 0.001))
+        for step in natural:
+            if step >= needed:
+                return step
+        return natural[-1] * math.ceil(needed / natural[-1])
+
+    if bucket == "hour":
+        step = fits(5, (1, 2, 3, 4, 6, 12))  # "13:00"
+        if step <= 12:
+            return step, False
+        return fits(10, (24, 48, 168, 336)), True  # "2026-11-24" every day or more
+    return fits(10, (1, 2, 7, 14, 28)), False
 
 
 def _bucket_range(buckets: Sequence[datetime], bucket: str) -> list[datetime]:

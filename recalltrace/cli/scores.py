@@ -40,6 +40,7 @@ from recalltrace.cli._render import (
     _short_when,
     _summary_stat_cells,
     _window_text,
+    inert,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +120,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(handler=_piped(_cmd_check))
 
 
+def _nothing_hint(args: argparse.Namespace, engine: Engine) -> str:
+    """Why a filtered query may have found nothing: an --app or --version that has no scores
+    at all, with the names that do (and the closest one). Empty when the filters exist."""
+    import difflib
+
+    history = _history(engine)
+    hints = []
+    app = getattr(args, "app", None)
+    if app is not None:
+        apps = history.app_names()
+        if app not in apps:
+            close = difflib.get_close_matches(app, apps, n=1)
+            known = ", ".join(inert(a) for a in apps[:10]) or "none yet"
+            more = f" (and {len(apps) - 10} more)" if len(apps) > 10 else ""
+            guess = f"; did you mean {inert(close[0])}?" if close else ""
+            hints.append(
+                f"no app {inert(app)!r} has scores; apps with scores: {known}{more}{guess}"
+            )
+    version = getattr(args, "metric_version", None)
+    metric = getattr(args, "metric", None)
+    if version is not None and metric:
+        versions = history.versions_of(metric)
+        if version not in versions:
+            known = ", ".join(inert(v) for v in versions) or "none yet"
+            hints.append(f"{metric} has no scores of version {inert(version)!r}; versions: {known}")
+    return "; ".join(hints)
+
+
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
     metric, version = _metric_version(args)
     since, until = _window(args)
@@ -131,18 +160,21 @@ def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[Summar
 def _cmd_summary(args: argparse.Namespace) -> int:
     with _database(args) as engine:
         rows, window = _summary_rows(args, engine)
+        hint = "" if rows else _nothing_hint(args, engine)
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
     elif args.format == "csv":
         _print_csv(SUMMARY_FIELDS, [r.as_dict() for r in rows])
-    else:
+    if hint and args.format != "table":
+        print(f"recalltrace: {hint}", file=sys.stderr)
+    if args.format == "table":
         from rich.table import Table
 
         from recalltrace.storage.history import group_by_metric
 
         console = _console()
         if not rows:
-            console.print(f"No scores for {window}.")
+            console.print(f"No scores for {window}." + (f" Note: {_safe(hint)}." if hint else ""))
             return EXIT_OK
         stats = SUMMARY_FIELDS[3:]
         title = f"Scores by {args.bucket}, {window}"
@@ -195,17 +227,22 @@ def _cmd_worst(args: argparse.Namespace) -> int:
         rows = _history(engine).worst(
             metric=metric, limit=args.limit, since=since, until=until, app=args.app, version=version
         )
+        hint = "" if rows else _nothing_hint(args, engine)
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
     elif args.format == "csv":
         _print_csv(WORST_FIELDS, [r.as_dict() for r in rows])
-    else:
+    if hint and args.format != "table":
+        print(f"recalltrace: {hint}", file=sys.stderr)
+    if args.format == "table":
         from rich.table import Table
 
         console = _console()
         window = _window_text(since, until)
         if not rows:
-            console.print(f"No scored traces for {window}.")
+            console.print(
+                f"No scored traces for {window}." + (f" Note: {_safe(hint)}." if hint else "")
+            )
             return EXIT_OK
         title = f"Lowest scores, {window}"
         # Every column but the reason has a fixed width; the reason gets the rest (rich left to
@@ -263,6 +300,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         raise CommandError(f"the folder of {args.out!r} does not exist")
     with _database(args) as engine:
         rows, window = _summary_rows(args, engine)
+        hint = "" if rows else _nothing_hint(args, engine)
+    if hint:
+        print(f"recalltrace: {hint}", file=sys.stderr)
     title = f"Context recall by {args.bucket}" + (f", app {args.app}" if args.app else "")
     svg = render_svg(rows, bucket=args.bucket, title=title, subtitle=window)
     if suffix == ".svg":
@@ -282,13 +322,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         stats = _history(engine).window(
             metric=metric, since=since, until=until, app=args.app, version=version
         )
+        hint = _nothing_hint(args, engine) if stats.count < args.min_count else ""
     scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")
     if version is not None:
         scope += f", version {version}"
     if stats.count < args.min_count or stats.mean is None:
         print(
             f"FAIL {metric}: {stats.count} scored traces for {scope}, fewer than the "
-            f"{args.min_count} required ({stats.skipped} skipped, {stats.failed} failed)",
+            f"{args.min_count} required ({stats.skipped} skipped, {stats.failed} failed)"
+            + (f"; {hint}" if hint else ""),
             file=sys.stderr,
         )
         return EXIT_CHECK_FAILED

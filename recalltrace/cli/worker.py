@@ -64,11 +64,11 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--judge-rpm", type=_positive_float, default=None, metavar="N",
-        help="requests per minute allowed to the judge model",
+        help="requests per minute allowed to the judge model (default: no limit)",
     )  # fmt: skip
     group.add_argument(
         "--judge-tpm", type=_positive_float, default=None, metavar="N",
-        help="tokens per minute allowed to the judge model",
+        help="tokens per minute allowed to the judge model (default: no limit)",
     )  # fmt: skip
     group.add_argument(
         "--judge-max-retries", type=_non_negative_int, default=retries, metavar="N",
@@ -142,7 +142,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     worker.add_argument(
         "--prometheus-port", type=_port, default=None, metavar="PORT",
-        help="serve Prometheus metrics on this port (0: any free port)",
+        help="serve Prometheus metrics on this port (0: any free port; default: no scrape "
+        "endpoint)",
     )  # fmt: skip
     worker.add_argument(
         "--console-metrics", action="store_true", help="print metrics and events to stdout"

@@ -604,6 +604,49 @@ def test_jobs_list_and_retry(seeded: Seeded) -> None:
 # -- errors ----------------------------------------------------------------------------------------
 
 
+def test_an_unknown_app_or_version_names_what_exists(seeded: Seeded) -> None:
+    typo, json_typo, worst, check, version = run_all(
+        ("scores", "summary", "--since", "2d", "--app", "suport-bot"),
+        ("scores", "summary", "--since", "2d", "--app", "suport-bot", "--format", "json"),
+        ("scores", "worst", "--app", "nobody"),
+        ("check", "--metric", "llm_context_recall", "--min", "0.5", "--since", "2d", "--app", "x"),
+        ("scores", "summary", "--metric", "llm_context_recall", "--version", "7"),
+        url=seeded.url,
+    )
+    text = " ".join(ok(typo).split())
+    assert "no app 'suport-bot' has scores; apps with scores: docs-search, support-bot" in text
+    assert "did you mean support-bot?" in text
+    # Machine-readable output stays what it was; the hint goes to stderr.
+    assert json.loads(ok(json_typo)) == []
+    assert "did you mean support-bot?" in json_typo.stderr
+    assert "apps with scores: docs-search, support-bot" in " ".join(ok(worst).split())
+    assert check.returncode == 1
+    assert "no app 'x' has scores" in check.stderr
+    assert "has no scores of version '7'; versions: 1" in " ".join(ok(version).split())
+    # A filter that exists but matches nothing in the window gets no hint.
+    quiet = run(
+        "scores",
+        "summary",
+        "--app",
+        "support-bot",
+        "--since",
+        "2d",
+        "--until",
+        "1d",
+        url=seeded.url,
+    )
+    assert "Note:" not in ok(quiet)
+
+
+def test_a_bare_path_as_database_url_shows_the_url_to_write(tmp_path: Path) -> None:
+    result = run("scores", "summary", "--database-url", "./recalltrace.db")
+    message = one_line_error(result)
+    assert message == (
+        "recalltrace: error: './recalltrace.db' is not a database URL; for a SQLite file give "
+        "sqlite:///./recalltrace.db, for Postgres e.g. postgresql+psycopg://user@host:5432/db"
+    )
+
+
 def test_unknown_trace_id_is_one_line(seeded: Seeded) -> None:
     missing = "f" * 32
     message = one_line_error(run("trace", "show", missing, url=seeded.url))

@@ -110,3 +110,17 @@ def test_the_worker_flags_are_the_flagged_worker_options(
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert "--lease: expected a positive number of seconds, got 'nan'" in line
+
+
+def test_every_worker_option_says_what_it_does_and_its_default() -> None:
+    from recalltrace.cli import build_parser
+
+    worker = build_parser()._subparsers._group_actions[0].choices["worker"]  # type: ignore[union-attr]
+    for action in worker._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        if action.nargs == 0:  # an on/off flag: its default is "off"
+            continue
+        help_text = action.help % {"default": action.default}
+        assert "default" in help_text, action.option_strings
