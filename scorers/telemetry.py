@@ -270,6 +270,23 @@ class TelemetrySetup:
     meter_provider: Any
     logger_provider: Any
     prometheus_port: int | None = None
+    pushgateway: str | None = None
+    """The Prometheus Pushgateway :meth:`push` sends the metrics to."""
+
+    def push(self, *, job: str, grouping_key: dict[str, str], timeout_s: float = 10.0) -> None:
+        """Send every metric, as a scrape would read it now, to the Pushgateway (replacing what
+        the gateway held for ``job`` and ``grouping_key``); raises on any failure."""
+        from prometheus_client import REGISTRY, push_to_gateway
+
+        if self.pushgateway is None:
+            raise ValueError("no Pushgateway configured")
+        push_to_gateway(
+            self.pushgateway,
+            job=job,
+            grouping_key=grouping_key,
+            registry=REGISTRY,
+            timeout=timeout_s,
+        )
 
     def shutdown(self) -> None:
         """Flush and stop every exporter."""
@@ -298,13 +315,15 @@ def setup_telemetry(
     otlp: bool | None = None,
     extra_metric_readers: Sequence[Any] = (),
     set_global: bool = True,
+    pushgateway: str | None = None,
 ) -> TelemetrySetup:
     """Build meter and logger providers for a stand-alone worker.
 
     OTLP over HTTP is used when ``otlp`` is true, or when it is ``None`` and the standard
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_METRICS_EXPORTER=otlp`` variables ask for it.
     ``prometheus_port`` serves a scrape endpoint on ``prometheus_host`` (loopback by default;
-    ``0`` picks a free port, reported back); a busy port raises ``OSError``.
+    ``0`` picks a free port, reported back); a busy port raises ``OSError``. ``pushgateway``
+    (a URL) prepares the same series for :meth:`TelemetrySetup.push` (batch runs).
     The resource honours ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``.
     """
     from opentelemetry.sdk._logs import LoggerProvider
@@ -320,11 +339,14 @@ def setup_telemetry(
     resource = Resource.create(defaults)
     readers: list[Any] = list(extra_metric_readers)
     bound_port: int | None = None
-    if prometheus_port is not None:
+    if prometheus_port is not None or pushgateway is not None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        # One reader serves both: it turns the instruments into the registry's series.
+        readers.append(PrometheusMetricReader())
+    if prometheus_port is not None:
         from prometheus_client import REGISTRY, start_http_server
 
-        readers.append(PrometheusMetricReader())
         server, _thread = start_http_server(
             prometheus_port, addr=prometheus_host, registry=REGISTRY
         )
@@ -351,4 +373,4 @@ def setup_telemetry(
     if set_global:
         metrics.set_meter_provider(meter_provider)
         _logs.set_logger_provider(logger_provider)
-    return TelemetrySetup(meter_provider, logger_provider, bound_port)
+    return TelemetrySetup(meter_provider, logger_provider, bound_port, pushgateway)

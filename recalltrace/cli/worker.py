@@ -80,6 +80,8 @@ EXIT_JUDGE_PAUSED = 3
 """``worker --once``: the judge was paused (a configuration error or an unreachable judge)."""
 EXIT_JOBS_FAILED = 4
 """``worker --once``: some jobs failed for good (after their attempts)."""
+EXIT_PUSH_FAILED = 5
+"""``worker --pushgateway``: the metrics could not be pushed (the scores are stored)."""
 
 
 def _port(text: str) -> int:
@@ -144,6 +146,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--prometheus-port", type=_port, default=None, metavar="PORT",
         help="serve Prometheus metrics on this port (0: any free port; default: no scrape "
         "endpoint)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--pushgateway", default=None, metavar="URL",
+        help="when the worker ends, push its metrics to this Prometheus Pushgateway (e.g. "
+        "http://127.0.0.1:9091), grouped by job recalltrace_worker and instance (this host); "
+        "for --once runs from cron (default: no push)",
     )  # fmt: skip
     worker.add_argument(
         "--console-metrics", action="store_true", help="print metrics and events to stdout"
@@ -224,6 +232,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             prometheus_port=args.prometheus_port,
             prometheus_host=args.prometheus_host,
             console=args.console_metrics,
+            pushgateway=args.pushgateway,
         )
     except OSError as exc:
         raise CommandError(
@@ -260,6 +269,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             stats = _run_with_progress(worker)
         else:
             stats = asyncio.run(worker.run(once=args.once))
+        pushed = _push(setup, args.pushgateway)
     finally:
         worker.close()
         setup.shutdown()
@@ -270,6 +280,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         f"retried {stats.retried}, given back {stats.released}; database time per job {per_job}",
         flush=True,
     )
+    if not pushed:
+        return EXIT_PUSH_FAILED
     if not args.once:
         return EXIT_OK
     # A scheduler (cron, a CI job) must be able to tell a run that did its work from one that
@@ -291,6 +303,30 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
         return EXIT_JOBS_FAILED
     return EXIT_OK
+
+
+def _push(setup: Any, url: str | None) -> bool:
+    """Push the run's metrics (queue gauges as the run left them) to the Pushgateway; False,
+    with one line saying why, when that failed."""
+    if url is None:
+        return True
+    import socket
+
+    from recalltrace.storage.db import redact_url
+
+    try:
+        setup.push(job="recalltrace_worker", grouping_key={"instance": socket.gethostname()})
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"exit {EXIT_PUSH_FAILED}: could not push metrics to the Pushgateway at "
+            f"{redact_url(url) if '://' in url else url}: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    print(f"pushed metrics to the Pushgateway at {url}", flush=True)
+    return True
 
 
 def _run_with_progress(worker: Any) -> Any:
