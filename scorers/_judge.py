@@ -401,6 +401,8 @@ class JudgeClient:
         )
         self._schema_support: bool | None = None
         self._random = random.Random()
+        self.oversized_answers = 0
+        """Answers longer than :data:`MAX_ANSWER_CHARS`, cut before parsing."""
 
     def __repr__(self) -> str:
         return f"JudgeClient(model={self.config.model!r})"
@@ -599,8 +601,10 @@ class JudgeClient:
                 continue
             latency = time.perf_counter() - attempt_started
             usage = getattr(response, "usage", None)
-            prompt_tokens = getattr(usage, "prompt_tokens", None)
-            completion_tokens = getattr(usage, "completion_tokens", None)
+            # Counts the server reports are checked: a negative, fractional, absurd or
+            # non-numeric count is unknown, never a reason to fail a valid answer.
+            prompt_tokens = token_count(getattr(usage, "prompt_tokens", None))
+            completion_tokens = token_count(getattr(usage, "completion_tokens", None))
             if prompt_tokens is not None and completion_tokens is not None:
                 used = float(prompt_tokens + completion_tokens)
             limits.release(estimated, used)
@@ -620,6 +624,13 @@ class JudgeClient:
             )
             choice = response.choices[0]
             content = getattr(choice.message, "content", None) or ""
+            if not isinstance(content, str):
+                content = str(content)
+            if len(content) > MAX_ANSWER_CHARS:
+                # Cut before anything parses or keeps it: the scorer sees an answer too long to
+                # be valid, and a 10 MB reason is never stored.
+                self.oversized_answers += 1
+                content = content[:MAX_ANSWER_CHARS] + OVERSIZED_MARK
             return JudgeReply(
                 content=content,
                 finish_reason=getattr(choice, "finish_reason", None),
@@ -630,6 +641,24 @@ class JudgeClient:
                 latency_s=time.perf_counter() - started,
                 attempts=failures + 1,
             )
+
+
+MAX_ANSWER_CHARS = 256 * 1024
+"""Longest judge answer read; a longer one is cut here and fails validation as too long."""
+OVERSIZED_MARK = "\n[recalltrace: answer cut at 262144 characters]"
+MAX_TOKEN_COUNT = 100_000_000
+"""Largest token count of one call believed; beyond it (or below 0) the count is unknown."""
+
+
+def token_count(value: Any) -> int | None:
+    """A reported token count if it is a plausible whole number, else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        return None
+    return value
 
 
 async def _within(call: Awaitable[T], seconds: float) -> T:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,7 +20,13 @@ from typing import Any, TypeVar
 from recalltrace.scorers import _prompts as prompts
 from recalltrace.scorers._base import BaseScorer, elapsed_ms
 from recalltrace.scorers._cache import DEFAULT_CACHE, ReferenceCache, cache_key
-from recalltrace.scorers._judge import JudgeClient, JudgeInputRejected, JudgeReply
+from recalltrace.scorers._judge import (
+    MAX_ANSWER_CHARS,
+    OVERSIZED_MARK,
+    JudgeClient,
+    JudgeInputRejected,
+    JudgeReply,
+)
 from recalltrace.scorers._prompts import JudgeTask
 from recalltrace.scorers._result import ScoreResult
 
@@ -73,8 +78,20 @@ def _add(total: int | None, value: int | None) -> int | None:
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```\s*$", re.S)
 
 
+def _no_constant(name: str) -> Any:
+    raise InvalidAnswer(f"The answer holds {name}, which is not a JSON number.")
+
+
 def parse_json_object(content: str, finish_reason: str | None = None) -> dict[str, Any]:
-    """Parse a judge answer into a JSON object, tolerating a code fence or text around it."""
+    """Parse a judge answer into a JSON object, tolerating a code fence or text around it.
+
+    Answers cut by the client for their size, and ``NaN``/``Infinity`` (which Python's JSON
+    reader would otherwise accept), are invalid.
+    """
+    if content.endswith(OVERSIZED_MARK):
+        raise InvalidAnswer(
+            f"The answer was longer than {MAX_ANSWER_CHARS:,} characters; answer briefly."
+        )
     if finish_reason == "length":
         raise InvalidAnswer("The answer was cut off at the token limit before the JSON ended.")
     text = content.strip()
@@ -84,13 +101,13 @@ def parse_json_object(content: str, finish_reason: str | None = None) -> dict[st
     if fenced:
         text = fenced.group(1).strip()
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError:
         start, end = text.find("{"), text.rfind("}")
         if start < 0 or end <= start:
             raise InvalidAnswer("The answer was not JSON.") from None
         try:
-            data = json.loads(text[start : end + 1])
+            data = json.loads(text[start : end + 1], parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise InvalidAnswer(f"The answer was not valid JSON ({exc.msg}).") from None
     if not isinstance(data, dict):
@@ -106,10 +123,11 @@ def _list_field(data: dict[str, Any], name: str) -> list[Any]:
 
 
 def _flag(value: Any, what: str) -> bool:
-    """A 0/1 or true/false verdict; any truthy number counts as 1, as in Ragas' legacy code."""
+    """A 0/1 or true/false verdict. Other numbers (2, -1, infinities) are invalid: a judge that
+    answers them did not follow the schema, and counting them as 1 would inflate recall."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in {"1", "0", "true", "false", "yes", "no"}:
         return value.strip().lower() in {"1", "true", "yes"}
@@ -128,12 +146,19 @@ def _index(value: Any, what: str) -> int:
     raise InvalidAnswer(f"{what} must be an integer id, not {value!r}.")
 
 
+MAX_TEXT_CHARS = 2000
+"""Longest statement or reason kept from a judge answer; longer ones are cut (and marked)."""
+
+
 def _text(value: Any, what: str, *, allow_empty: bool = True) -> str:
     if value is None and allow_empty:
         return ""
     if not isinstance(value, str) or (not allow_empty and not value.strip()):
         raise InvalidAnswer(f"{what} must be a non-empty string.")
-    return value.strip()
+    text = value.strip()
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[:MAX_TEXT_CHARS] + f" … (cut, {len(text) - MAX_TEXT_CHARS} more characters)"
+    return text
 
 
 def normalise_entity(entity: str) -> str:
@@ -218,6 +243,10 @@ class LLMScorer(BaseScorer):
             reply = await self.judge.chat(messages, schema_name=task.name, schema=task.schema)
             accounting.add(reply)
             try:
+                example = prompts.example_of(task)
+                if example and example in reply.content:
+                    # A judge that echoes the instructions must not be scored on their example.
+                    raise InvalidAnswer("The answer repeats the instructions' example.")
                 return parse(parse_json_object(reply.content, reply.finish_reason))
             except InvalidAnswer as exc:
                 problem = exc

@@ -8,6 +8,7 @@ schema or the parsing means bumping the variant's version in ``scorers.catalog``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,14 +24,39 @@ def joined(items: Sequence[str]) -> str:
     return "\n\n".join(items)
 
 
+#: Every tag the prompts wrap inputs in. Untrusted text (documents, questions, answers,
+#: references) can hold these too; :func:`tagged` makes such text inert.
+TAGS = ("question", "context", "reference", "claims", "text", "answer", "response")
+_TAG_LIKE = re.compile(r"<(\s*/?\s*)(" + "|".join(TAGS) + r")\b", re.IGNORECASE)
+_ID_LIKE = re.compile(r"(?m)^(\s*)\[(\d+)\]")
+_ID_SHOWN = r"\1(\2)"
+
+
+def _inert(text: str) -> str:
+    """``text`` unable to open or close a prompt tag (``<`` of a tag-like sequence becomes
+    ``&lt;``): a document holding ``</context><reference>`` cannot forge a block."""
+    return _TAG_LIKE.sub(r"&lt;\1\2", text)
+
+
 def numbered(items: Sequence[str]) -> str:
-    """Items on their own lines as ``[0] text``, ``[1] text``: the ids the judge refers to."""
-    return "\n".join(f"[{index}] {item}" for index, item in enumerate(items))
+    """Items on their own lines as ``[0] text``, ``[1] text``: the ids the judge refers to. A
+    line inside an item that starts like an id (``[3] ...``) is shown as ``(3) ...``, so no item
+    can forge another's id."""
+    return "\n".join(
+        f"[{index}] {_ID_LIKE.sub(_ID_SHOWN, item)}" for index, item in enumerate(items)
+    )
 
 
 def tagged(**parts: str) -> str:
-    """Inputs wrapped in light tags, e.g. ``<question>...</question>``, in the given order."""
-    return "\n".join(f"<{name}>\n{text}\n</{name}>" for name, text in parts.items())
+    """Inputs wrapped in light tags, e.g. ``<question>...</question>``, in the given order; tag-
+    like sequences inside the inputs are made inert first."""
+    return "\n".join(f"<{name}>\n{_inert(text)}\n</{name}>" for name, text in parts.items())
+
+
+def example_of(task: JudgeTask) -> str:
+    """The example answer a task's instructions show (after ``JSON only:``), or ``""``."""
+    _, found, example = task.system.partition("JSON only:")
+    return example.strip() if found else ""
 
 
 def messages(system: str, user: str) -> list[dict[str, Any]]:
