@@ -412,13 +412,22 @@ def _document_attributes(
                 return index
             room -= needed
         keys = _DOC_KEYS[index] if index < _DOC_KEY_CACHE else _doc_keys(index)
-        if doc.id is not None:
-            attributes[keys[0]] = doc.id
-        attributes[keys[1]] = doc.content if scrub is None else scrub(doc.content)
+        if scrub is None:
+            if doc.id is not None:
+                attributes[keys[0]] = doc.id
+            attributes[keys[1]] = doc.content
+            if doc.metadata:
+                attributes[keys[3]] = metadata_json(doc.metadata)
+        else:
+            # Ids, and metadata keys and values (as their JSON text, where a sensitive key's
+            # value is redacted whole), carry secrets as content does.
+            if doc.id is not None:
+                attributes[keys[0]] = scrub(doc.id)
+            attributes[keys[1]] = scrub(doc.content)
+            if doc.metadata:
+                attributes[keys[3]] = scrub(metadata_json(doc.metadata))
         if doc.score is not None:
             attributes[keys[2]] = doc.score
-        if doc.metadata:
-            attributes[keys[3]] = metadata_json(doc.metadata)
     return len(docs)
 
 
@@ -603,10 +612,15 @@ def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> N
                 # An exception passing up through nested decorated calls is recorded, with
                 # its stack trace, on the span it left first; the outer ones get the status
                 # (formatting the trace at every level costs depth squared).
+                scrub = call.runtime.span_scrub
                 if call.state.last_error is not exc:
-                    call.span.record_exception(exc)
+                    if scrub is None:
+                        call.span.record_exception(exc)
+                    else:
+                        # The message and the stack trace are user text like any other.
+                        call.span.record_exception(exc, attributes=_scrubbed_exception(exc, scrub))
                     call.state.last_error = exc
-                call.span.set_status(call_status(exc))
+                call.span.set_status(call_status(exc, scrub))
             if call.outermost:
                 call.state.error = True
         elif call.outermost and not isinstance(exc, GeneratorExit):
@@ -618,9 +632,19 @@ def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> N
         internal_error("ending a failed span")
 
 
-def call_status(exc: BaseException) -> Any:
-    """The ERROR status OpenTelemetry's own context managers set for ``exc``."""
-    return _otel.Status(_otel.ERROR, f"{type(exc).__name__}: {exc}")
+def call_status(exc: BaseException, scrub: Any = None) -> Any:
+    """The ERROR status OpenTelemetry's own context managers set for ``exc`` (its description
+    scrubbed when span scrubbing is on)."""
+    description = f"{type(exc).__name__}: {exc}"
+    return _otel.Status(_otel.ERROR, description if scrub is None else scrub(description))
+
+
+def _scrubbed_exception(exc: BaseException, scrub: Any) -> dict[str, str]:
+    """The exception event's message and stack trace, scrubbed."""
+    import traceback
+
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception.message": scrub(str(exc)), "exception.stacktrace": scrub(stack)}
 
 
 def _detach(token: Any) -> None:

@@ -1,9 +1,10 @@
 """Scrubbing of secrets and personal data from a trace record before it is stored.
 
-Two kinds of rules: value patterns found inside text (API keys, bearer tokens, passwords written
-as ``password=...``, e-mail addresses, card numbers) and sensitive key names in metadata (the
-whole value under such a key is redacted). A callback may keep or replace each match. Every
-change is noted on the record, without the secret itself.
+Two kinds of rules: value patterns found inside text (API keys and tokens of many vendors,
+webhook URLs, bearer and basic credentials, passwords written as ``password=...`` or inside a
+URL, e-mail addresses, card numbers, IBANs, social security and phone numbers) and sensitive key
+names in metadata (the whole value under such a key is redacted). A callback may keep or replace
+each match. Every change is noted on the record, without the secret itself.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ _VALUE = r"((?:[^\s\"',;\\]|\\(?![\"']))+)"
 _VALUE_6 = r"((?:[^\s\"',;\\]|\\(?![\"'])){6,})"
 _PASSWORD = (
     "password",
-    r"\b(?:password|passwd|passphrase|pwd)\b" + _QUOTE + r"\s*[:=]\s*" + _QUOTE + _VALUE,
+    # A prefix joined by "_" or "-" is part of the name (DB_PASSWORD=, smtp-password:).
+    r"(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_\-])*(?:password|passwd|passphrase|pwd)\b"
+    + _QUOTE
+    + r"\s*[:=]\s*"
+    + _QUOTE
+    + _VALUE,
     1,
     re.IGNORECASE,
 )
@@ -77,7 +83,122 @@ _JSON_PAIR = (
     0,
 )
 _CARD = ("card_number", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])", 0, 0)
-_VALUE_PATTERNS = (_BEARER, _JWT, _VENDOR_KEY, _KEY_ASSIGNMENT, _PASSWORD, _EMAIL, _CARD)
+
+# More kinds, as maintained secret-detection rule sets know them (each with its own gate, a
+# substring that must be present, in ``_GATED``).
+_GITLAB = (
+    "gitlab_token",
+    r"\b(?:glpat|gldt|glptt|glrt|gloas|glcbt|glft|glimt|glagent|glsoat)-[A-Za-z0-9_\-]{20,}"
+    r"|\bGR1348941[A-Za-z0-9_\-]{20,}",
+    0,
+    0,
+)
+_WEBHOOK = (
+    "webhook_url",
+    r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/_\-]{20,}"
+    r"|https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}",
+    0,
+    0,
+)
+_AZURE_KEY = (
+    "azure_key",
+    r"\bAccountKey=([A-Za-z0-9+/]{40,}={0,2})",
+    1,
+    0,
+)
+_AZURE_SAS = ("azure_sas", r"[?&]sig=([A-Za-z0-9%+/=]{16,})", 1, 0)
+_AWS_SECRET = (
+    "aws_secret_key",
+    # Forty characters of base64 near the word AWS (checked in _apply: mixed case and a digit).
+    r"(?<![A-Za-z0-9/+=])([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+    1,
+    0,
+)
+_URL_PASSWORD = (
+    "url_password",
+    # scheme://user:password@host: the password whole, whatever it holds but "@" and "/".
+    r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]*:([^@\s/]+)@",
+    1,
+    0,
+)
+_BASIC_AUTH = (
+    "authorization",
+    r"\bauthorization\b"
+    + _QUOTE
+    + r"\s*[:=]\s*"
+    + _QUOTE
+    + r"(?:(?:basic|bearer|digest|token|apikey|negotiate)\s+)?([^\s\"',;]{6,})",
+    1,
+    re.IGNORECASE,
+)
+_ENV_SECRET = (
+    "env_secret",
+    # NAME_TOKEN=..., MY_SECRET: ... (upper-case configuration names, as in .env files)
+    r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY"
+    r"|CREDENTIALS?|AUTH)(?:_[A-Z0-9]+)*\b" + _QUOTE + r"\s*[:=]\s*" + _QUOTE + _VALUE,
+    1,
+    0,
+)
+_SERVICE_KEY = (
+    "api_key",
+    r"\bSK[0-9a-fA-F]{32}\b"  # Twilio
+    r"|\bSG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}"  # SendGrid
+    r"|\bnpm_[A-Za-z0-9]{36}\b"  # npm
+    r"|\bkey-[0-9a-zA-Z]{32}\b"  # Mailgun
+    r"|\b[0-9a-f]{32}-[0-9a-f]{8}-[0-9a-f]{8}\b"  # Mailgun private keys
+    r"|\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}\b"  # Shopify
+    r"|\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]+",  # Slack app-level tokens
+    0,
+    0,
+)
+_IBAN = ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b", 0, 0)
+_SSN = ("ssn", r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])", 0, 0)
+_PHONE = (
+    "phone_number",
+    r"(?<![\w+])\+\d{1,3}[ .\-]?(?:\(\d{1,4}\)[ .\-]?)?\d{1,4}(?:[ .\-]?\d{2,4}){1,4}(?![\w])"
+    r"|(?<![\w(])\(?\d{3}\)?[ .\-]\d{3}[ .\-]\d{4}(?![\w])",
+    0,
+    0,
+)
+_GATED = (
+    (
+        _GITLAB,
+        (
+            "glpat-",
+            "gldt-",
+            "glptt-",
+            "glrt-",
+            "gloas-",
+            "glcbt-",
+            "glft-",
+            "glimt-",
+            "glagent-",
+            "glsoat-",
+            "GR1348941",
+        ),
+    ),
+    (_WEBHOOK, ("hooks.slack.com", "discord")),
+    (_AZURE_KEY, ("AccountKey=",)),
+    (_AZURE_SAS, ("sig=",)),
+    (_AWS_SECRET, ("aws", "AWS", "Aws")),
+    (_BASIC_AUTH, ("uthorization", "UTHORIZATION")),
+    (_ENV_SECRET, ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")),
+    (_SERVICE_KEY, ("SK", "SG.", "npm_", "key-", "shp", "xapp-")),
+)
+# Patterns whose gate is "enough digits", checked with the card number's.
+_DIGIT_GATED = (_IBAN, _SSN, _PHONE)
+_VALUE_PATTERNS = (
+    _BEARER,
+    _JWT,
+    _VENDOR_KEY,
+    _KEY_ASSIGNMENT,
+    _PASSWORD,
+    _EMAIL,
+    _CARD,
+    *(rule for rule, _ in _GATED),
+    _URL_PASSWORD,
+    *_DIGIT_GATED,
+)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _Rules = list[tuple[str, "re.Pattern[str]", int]]
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
@@ -93,6 +214,33 @@ _SENSITIVE_KEY = (
 
 # Metadata keys the tracer writes itself; their values are model names and token counts.
 _OWN_METADATA_KEYS = frozenset({"llm"})
+
+
+def _iban_ok(text: str) -> bool:
+    """ISO 13616's check: the country and check digits moved to the end, read as a number,
+    leave 1 modulo 97."""
+    compact = text.replace(" ", "")
+    if not 15 <= len(compact) <= 34:
+        return False
+    moved = compact[4:] + compact[:4]
+    number = "".join(str(int(c, 36)) for c in moved)
+    return int(number) % 97 == 1
+
+
+def _plausible(name: str, secret: str, text: str) -> bool:
+    """Checks a pattern cannot express: a checksum, a character mix, a context word."""
+    if name == "iban":
+        return _iban_ok(secret)
+    if name == "phone_number":
+        return 8 <= sum(c.isdigit() for c in secret) <= 15
+    if name == "aws_secret_key":
+        return (
+            any(c.isupper() for c in secret)
+            and any(c.islower() for c in secret)
+            and any(c.isdigit() for c in secret)
+            and "aws" in text.lower()
+        )
+    return True
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -124,6 +272,9 @@ class Scrubber:
         self._password = compiled[id(_PASSWORD)]
         self._email = compiled[id(_EMAIL)]
         self._card = compiled[id(_CARD)]
+        self._gated = tuple((compiled[id(rule)], gates) for rule, gates in _GATED)
+        self._url_password = compiled[id(_URL_PASSWORD)]
+        self._digit_gated = tuple(compiled[id(rule)] for rule in _DIGIT_GATED)
         self._json_pair = (_JSON_PAIR[0], re.compile(_JSON_PAIR[1]), _JSON_PAIR[2])
         key_parts = [_SENSITIVE_KEY] if options.default_patterns else []
         custom: list[tuple[str, re.Pattern[str], int]] = []
@@ -191,9 +342,17 @@ class Scrubber:
         if '":' in text or '" :' in text:
             rules.append(self._json_pair)
         if "@" in text:
+            # Before the e-mail rule, which would take "password@host" for an address.
+            if "://" in text:
+                rules.append(self._url_password)
             rules.append(self._email)
+        for rule, gates in self._gated:
+            if any(gate in text for gate in gates):
+                rules.append(rule)
+        # Numbers last: a webhook URL or a key holding a long number is taken whole first.
         if b"0000" in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
+            rules.extend(self._digit_gated)
         return rules
 
     def _apply(
@@ -218,6 +377,8 @@ class Scrubber:
                 continue
             secret = text[start:end]
             if name == "card_number" and not _luhn_ok(re.sub(r"[ -]", "", secret)):
+                continue
+            if not _plausible(name, secret, text):
                 continue
             replacement = self._decide(path, secret, name)
             if replacement == secret:
