@@ -77,6 +77,10 @@ def _friendly(exc: BaseException) -> str | None:
         from sqlalchemy.exc import OperationalError, ProgrammingError
     except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
         return None
+    from sqlalchemy.exc import DatabaseError
+
+    if isinstance(exc, DatabaseError) and "file is not a database" in str(exc.orig):
+        return "the database file is not a SQLite database (or it is damaged): check --database-url"
     if isinstance(exc, OperationalError):
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         if "no such table" in detail or ("does not exist" in detail and "relation" in detail):

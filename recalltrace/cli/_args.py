@@ -147,23 +147,107 @@ def _unit_float(text: str) -> float:
     return value
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_sqlite_target(url: str, *, creating: bool, into_existing: bool = False) -> None:
+    """Refuse, in one line, a SQLite file recalltrace must not use: a missing file (a typo'd
+    path would silently become an empty database; only ``creating`` commands make one), a file
+    that is not SQLite, and another application's database (tables but no recalltrace schema;
+    ``into_existing`` allows adding recalltrace's tables to it). Other URLs pass."""
+    import sqlite3
+
+    from recalltrace.storage.db import redact_url
+    from recalltrace.storage.migrate import VERSION_TABLE
+
+    if not url.startswith("sqlite"):
+        return
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database
+    if not path or path == ":memory:" or str(path).startswith("file:"):
+        return
+    shown = redact_url(url)
+    file = Path(path)
+    if not file.exists():
+        if creating:
+            return
+        raise CommandError(
+            f"no database file at {shown}: check --database-url, or create it with "
+            "`recalltrace db upgrade`"
+        )
+    if file.is_dir():
+        raise CommandError(f"{shown} is a directory, not a database file: check --database-url")
+    try:
+        with file.open("rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise CommandError(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if not header:
+        return  # an empty file is a new SQLite database
+    if header != _SQLITE_HEADER:
+        raise CommandError(
+            f"{shown} is not a SQLite database file (or it is damaged): check --database-url"
+        )
+    try:
+        connection = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+        try:
+            tables = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+                )
+            ]
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as exc:
+        raise CommandError(f"{shown} cannot be read as a SQLite database ({exc})") from None
+    if tables and VERSION_TABLE not in tables and not into_existing:
+        listed = ", ".join(tables[:5]) + (" ..." if len(tables) > 5 else "")
+        raise CommandError(
+            f"{shown} holds another application's tables ({listed}) and no recalltrace schema: "
+            "give recalltrace a file of its own, or add its tables to this one with "
+            "`recalltrace db upgrade --into-existing`"
+        )
+
+
+def require_current_schema(url: str) -> None:
+    """Refuse, in one line, a database whose schema is not this version's: a worker or a
+    backfill on it would fail on every query, or quietly do nothing."""
+    from sqlalchemy.exc import OperationalError
+
+    from recalltrace.storage.db import create_engine_from_url, redact_url
+    from recalltrace.storage.migrate import current_revision_of, head_revision
+
+    engine = create_engine_from_url(url)
+    try:
+        current = current_revision_of(engine)
+    except OperationalError:
+        return  # not reachable now: the worker waits for it and says so (not a schema problem)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    if current is None:
+        raise CommandError(f"{redact_url(url)} is not migrated: run `recalltrace db upgrade` first")
+    if current != head:
+        raise CommandError(
+            f"{redact_url(url)} is at schema revision {current}, this recalltrace needs {head}: "
+            "run `recalltrace db upgrade` (or, if the database is newer, upgrade recalltrace)"
+        )
+
+
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
     """An engine on ``--database-url``; refuses to create a SQLite file that does not exist."""
-    from recalltrace.storage.db import create_engine_from_url, redact_url, resolve_database_url
+    from recalltrace.storage.db import create_engine_from_url, resolve_database_url
 
     url = resolve_database_url(args.database_url)
     engine = create_engine_from_url(url)
     try:
-        if engine.dialect.name == "sqlite":
-            path = engine.url.database
-            # SQLite would silently create an empty file for a mistyped path.
-            in_file = bool(path) and path != ":memory:" and not str(path).startswith("file:")
-            if in_file and not Path(str(path)).exists():
-                raise CommandError(
-                    f"no database file at {redact_url(url)}: check --database-url, or "
-                    "create it with `recalltrace db upgrade`"
-                )
+        # SQLite would silently create an empty file for a mistyped path, or read a file that
+        # is not a database; reading another application's file finds "not migrated" below.
+        check_sqlite_target(url, creating=False, into_existing=True)
         yield engine
     finally:
         engine.dispose()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from recalltrace.cli._args import EXIT_CHECK_FAILED, EXIT_OK, CommandError, _add_database_option
+from recalltrace.cli._args import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    CommandError,
+    _add_database_option,
+    check_sqlite_target,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,6 +20,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
     _add_database_option(up)
     up.add_argument("--revision", default="head", help="target revision (default: head)")
+    up.add_argument(
+        "--into-existing",
+        action="store_true",
+        help="add recalltrace's tables to a SQLite file that already holds another "
+        "application's tables (refused without it)",
+    )
     up.set_defaults(handler=_cmd_db_upgrade)
     cur = db_sub.add_parser("current", help="show the schema revision of the database")
     _add_database_option(cur)
@@ -34,6 +46,7 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from recalltrace.storage.migrate import current_revision, upgrade
 
     url = resolve_database_url(args.database_url)
+    check_sqlite_target(url, creating=True, into_existing=args.into_existing)
     upgrade(url, args.revision)
     print(f"{redact_url(url)}: at revision {current_revision(url)}")
     return EXIT_OK
@@ -44,6 +57,7 @@ def _cmd_db_current(args: argparse.Namespace) -> int:
     from recalltrace.storage.migrate import current_revision, head_revision
 
     url = resolve_database_url(args.database_url)
+    check_sqlite_target(url, creating=False, into_existing=True)
     current = current_revision(url)
     head = head_revision()
     if current is None:
@@ -70,6 +84,7 @@ def _cmd_db_prune(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     cutoff = datetime.now(timezone.utc) - age
     url = resolve_database_url(args.database_url)
+    check_sqlite_target(url, creating=False, into_existing=True)
     repo = open_repository(url, create_schema=False)
     try:
         if not args.yes:

@@ -21,6 +21,8 @@ from recalltrace.cli._args import (
     _positive_int,
     _stored_text,
     _window,
+    check_sqlite_target,
+    require_current_schema,
 )
 from recalltrace.cli._render import _console, _print_csv, _print_json, _safe, _short_when
 
@@ -375,9 +377,12 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from recalltrace._wiring import open_repository
+    from recalltrace.storage.db import resolve_database_url
 
     since, until = _window(args)
     metrics = _metrics_arg(args.metric)
+    check_sqlite_target(resolve_database_url(args.database_url), creating=False)
+    require_current_schema(resolve_database_url(args.database_url))
     repo = open_repository(args.database_url)
     progress = Progress(transient=True) if sys.stdout.isatty() else None
     try:

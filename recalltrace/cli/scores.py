@@ -296,7 +296,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
                 f"{out.with_suffix('.html')} or an image with --out {out.with_suffix('.svg')}"
             )
         raise CommandError(f"cannot tell the chart format from {args.out!r}: use .html or .svg")
-    if not out.parent.exists():
+    try:
+        is_folder, parent_exists = out.is_dir(), out.parent.is_dir()
+    except OSError as exc:  # a name too long for the file system, say
+        raise CommandError(f"cannot write {args.out!r}: {exc.strerror or exc}") from None
+    if is_folder:
+        raise CommandError(f"{args.out!r} is a folder: give a file name ending in .html or .svg")
+    if not parent_exists:
         raise CommandError(f"the folder of {args.out!r} does not exist")
     with _database(args) as engine:
         rows, window = _summary_rows(args, engine)
@@ -309,7 +315,10 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         document = '<?xml version="1.0" encoding="UTF-8"?>\n' + svg
     else:
         document = render_html(rows, svg=svg, bucket=args.bucket, title=title, subtitle=window)
-    out.write_text(document, encoding="utf-8")
+    try:
+        out.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.out!r}: {exc.strerror or exc}") from None
     print(f"wrote {out} ({len(rows)} bucket rows, {window})")
     return EXIT_OK
 

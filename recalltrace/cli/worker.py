@@ -8,7 +8,14 @@ import os
 import sys
 from typing import Any
 
-from recalltrace.cli._args import EXIT_OK, CommandError, _add_database_option, _metrics_arg
+from recalltrace.cli._args import (
+    EXIT_OK,
+    CommandError,
+    _add_database_option,
+    _metrics_arg,
+    check_sqlite_target,
+    require_current_schema,
+)
 
 
 def _positive_float(text: str) -> float:
@@ -216,6 +223,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     logging.getLogger("recalltrace").setLevel(logging.INFO)
     url = resolve_database_url(args.database_url)
+    check_sqlite_target(url, creating=False)
+    require_current_schema(url)
     metrics = _metrics_arg(args.metric)
     judge = judge_config_from_args(args, args.concurrency)
     try:
