@@ -367,16 +367,25 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
                 self._drain(length_header)
                 self._error(503, "the record queue is full; retry later", {"Retry-After": "2"})
                 return
-            if length_header is None or not length_header.isdigit():
-                self._error(411, "a Content-Length is required")
-                self.close_connection = True
-                return
-            length = int(length_header)
-            if length > MAX_BODY:
-                self._error(413, f"the body is larger than {MAX_BODY} bytes")
-                self.close_connection = True
-                return
-            body = self.rfile.read(length)
+            chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+            if chunked:
+                try:
+                    body = _read_chunked(self.rfile)
+                except ValueError as exc:
+                    self._error(413 if "larger" in str(exc) else 400, str(exc))
+                    self.close_connection = True
+                    return
+            else:
+                if length_header is None or not length_header.isdigit():
+                    self._error(411, "a Content-Length or a chunked body is required")
+                    self.close_connection = True
+                    return
+                length = int(length_header)
+                if length > MAX_BODY:
+                    self._error(413, f"the body is larger than {MAX_BODY} bytes")
+                    self.close_connection = True
+                    return
+                body = self.rfile.read(length)
             content_type = (self.headers.get("Content-Type") or PROTOBUF).split(";")[0].strip()
             if content_type not in (PROTOBUF, JSON):
                 self._error(415, f"Content-Type must be {PROTOBUF} or {JSON}")
@@ -407,6 +416,27 @@ def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
     return Handler
+
+
+def _read_chunked(stream: Any) -> bytes:
+    """A ``Transfer-Encoding: chunked`` body, at most ``MAX_BODY`` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        line = stream.readline(1026)
+        try:
+            length = int(line.split(b";")[0].strip(), 16)
+        except ValueError:
+            raise ValueError("the chunked body is malformed") from None
+        if length == 0:
+            while stream.readline(1026) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(parts)
+        size += length
+        if size > MAX_BODY:
+            raise ValueError(f"the body is larger than {MAX_BODY} bytes")
+        parts.append(stream.read(length))
+        stream.readline(3)
 
 
 def _gunzip(body: bytes) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -236,3 +237,59 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
     finally:
         service.process.kill()
         service.process.communicate(timeout=30)
+
+
+def node_modules() -> Path:
+    """The OpenTelemetry JS packages, installed once with npm into the user's cache."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed")
+    folder = Path.home() / ".cache" / "recalltrace-tests" / "node-otlp"
+    marker = folder / "node_modules" / "@opentelemetry" / "exporter-trace-otlp-http"
+    if not marker.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--silent", *NODE_PACKAGES],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+    return folder / "node_modules"
+
+
+@pytest.mark.postgres
+def test_a_node_app_sends_genai_spans_as_json_and_they_are_stored_and_scored(
+    collect: Collect, postgres_url: str, pg_engine: Engine
+) -> None:
+    modules = node_modules()
+    scenario = [
+        {
+            "question": question,
+            "answer": ANSWERS[question],
+            "documents": [
+                {"id": doc_id, "score": 1.0 - index / 10, "content": CORPUS[doc_id]}
+                for index, doc_id in enumerate(ranked(question))
+            ],
+        }
+        for question in QUESTIONS
+    ]
+    app = ROOT / "tests" / "acceptance" / "node_app" / "app.js"
+    done = subprocess.run(
+        ["node", str(app), collect.url, json.dumps(scenario)],
+        env={**os.environ, "NODE_PATH": str(modules)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    records = wait_for_records(pg_engine, len(QUESTIONS))
+    assert [r.user_input for r in records] == list(QUESTIONS)
+    for record in records:
+        question = record.user_input
+        assert record.ids == ranked(question)
+        assert record.contents == [CORPUS[i] for i in ranked(question)]
+        assert record.response == ANSWERS[question]
+        assert record.app_name == "support"
+        assert record.notes == []
+    score_all(postgres_url, pg_engine, records)
