@@ -377,7 +377,9 @@ def span_documents(span: SpanView, role: int) -> list[Doc]:
     traceloop = _json(attributes.get(TRACELOOP_OUTPUT))
     if traceloop is not None:
         return _decoded_documents(traceloop)
-    return []
+    # A retriever's output listing its documents (OpenInference leaves documents without text
+    # out of the document attributes).
+    return _decoded_documents(_json(attributes.get("output.value")))
 
 
 # -- generations -------------------------------------------------------------------------------

@@ -121,3 +121,35 @@ def test_documents_without_ids_are_noted_and_the_id_variant_is_skipped(
     (record,) = stored(pg_engine)
     assert record.scores["id_based_context_recall"] == "skipped"
     assert record.scores["llm_context_recall"] == "scored"
+
+
+@pytest.mark.postgres
+def test_documents_without_content_are_noted_and_the_text_variants_are_skipped(
+    provider: TracerProvider, postgres_url: str, pg_engine: Engine
+) -> None:
+    class IdsOnly(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> Any:
+            return [Document(page_content="", id=i) for i in ranked(query)]
+
+    llm = FakeListLLM(responses=["Paris."])
+    chain = IdsOnly() | (lambda docs: "no text") | llm
+    question = next(iter(QUESTIONS))
+    chain.invoke(question)
+    assert recalltrace.flush(10.0)
+    (record,) = stored(pg_engine)
+    assert record.ids == ranked(question)
+    assert any("carry no document content" in note for note in record.notes)
+    recalltrace.set_reference(
+        record.trace_id,
+        reference="Paris is the capital.",
+        reference_contexts=[CORPUS["d1"]],
+        reference_context_ids=["d1"],
+    )
+    assert recalltrace.flush(10.0)
+    with JudgeServer() as judge:
+        done = run_worker(postgres_url, judge)
+    assert done.returncode == 0, done.stderr
+    (record,) = stored(pg_engine)
+    assert record.scores["id_based_context_recall"] == "scored"
+    assert record.scores["llm_context_recall"] == "skipped"
+    assert record.scores["non_llm_context_recall"] == "skipped"
