@@ -5,8 +5,9 @@
 into trace records by the same code as the in-process span processor; the records go through
 the tracer's sampling, scrubbing, bounded queue and writer.
 
-- A trace's requests are built when its root span (no parent) arrives, or, for a trace whose
-  root is never sent here, after ``--trace-idle`` seconds without a new span.
+- A trace's requests are built half a second after its root span (no parent) arrived with no
+  newer span, or, for a trace whose root is never sent here, after ``--trace-idle`` seconds
+  without a new span.
 - Back pressure: while the writer's queue is full, requests are answered ``503`` with
   ``Retry-After`` (what OTLP exporters retry) instead of being held in memory.
 - Partial success: spans that cannot be read (ids of the wrong length) are rejected and counted
@@ -40,6 +41,9 @@ TOKEN_ENV = "RECALLTRACE_COLLECT_TOKEN"
 MAX_BODY = 32 * 1024 * 1024
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+# Seconds a trace whose root span arrived waits for late spans (exporters send spans
+# separately, and a child may arrive after its parent).
+ROOT_SETTLE = 0.5
 
 
 def register(sub: Any) -> None:
@@ -249,12 +253,12 @@ class TraceBuffer:
         self.max_open_traces = max_open_traces
         self._traces: dict[int, tuple[float, list[Any]]] = {}
         self._lock = threading.Lock()
+        self._rooted: set[int] = set()
         self.evicted = 0
         self.requests = 0
 
     def add(self, views: list[Any]) -> None:
-        """Buffer ``views``; build the traces whose root span is among them."""
-        ready: list[tuple[Any, list[Any]]] = []
+        """Buffer ``views`` (:meth:`sweep` builds the traces that are complete)."""
         evicted = 0
         now = time.monotonic()
         with self._lock:
@@ -269,12 +273,9 @@ class TraceBuffer:
                 spans.append(view)
                 self._traces[view.trace_id] = (now, spans)
             for view in views:
-                if view.parent_id is None and view.trace_id in self._traces:
-                    _, spans = self._traces.pop(view.trace_id)
-                    ready.append((view, spans))
+                if view.parent_id is None:
+                    self._rooted.add(view.trace_id)
         self._evict(evicted)
-        for root, spans in ready:
-            self.requests += self.assembler.finish(root, spans)
 
     def _evict(self, count: int) -> None:
         if count:
@@ -291,14 +292,17 @@ class TraceBuffer:
     def sweep(self, everything: bool = False) -> None:
         """Build the traces idle for ``idle`` seconds (all of them with ``everything``) from
         the spans that arrived: each span whose parent never came is a top."""
-        limit = time.monotonic() - self.idle
+        now = time.monotonic()
+        limit = now - self.idle
+        settled = now - min(ROOT_SETTLE, self.idle)
         with self._lock:
             due = [
                 trace_id
                 for trace_id, (touched, _) in self._traces.items()
-                if everything or touched < limit
+                if everything or touched < limit or (trace_id in self._rooted and touched < settled)
             ]
             taken = [self._traces.pop(trace_id)[1] for trace_id in due]
+            self._rooted.difference_update(due)
         for spans in taken:
             ids = {view.span_id for view in spans}
             for top in (view for view in spans if view.parent_id not in ids):

@@ -230,7 +230,11 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
     service = start_collect(url, env={"RECALLTRACE_MAX_QUEUE_SIZE": "1"})
     try:
         send_openinference_requests(service.url)  # the SDK exporter retries 503s for a while
-        status, headers, reply = service.post(b"{}")
+        for _ in range(100):  # the records are built within a second of their root span
+            status, headers, reply = service.post(b"{}")
+            if status == 503:
+                break
+            time.sleep(0.1)
         assert status == 503
         assert headers.get("Retry-After") == "2"
         assert b"queue is full" in reply
