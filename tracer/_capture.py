@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -197,6 +198,16 @@ def _view(span: Any) -> SpanView:
     )
 
 
+_instances: weakref.WeakSet[SpanCapture] = weakref.WeakSet()
+
+
+def mark_covered(trace_id: int, span_id: int) -> None:
+    """A decorator recorded the call of this instrumentor span itself: span capture leaves it
+    out of the decorated request's record."""
+    for capture in list(_instances):
+        capture.cover(trace_id, span_id)
+
+
 class SpanCapture:
     """An OpenTelemetry span processor that stores the RAG requests in the application's spans.
 
@@ -252,6 +263,14 @@ class SpanCapture:
         self._state_key: Any = None
         self._get_current: Any = None
         self.active = True
+        _instances.add(self)
+
+    def cover(self, trace_id: int, span_id: int) -> None:
+        """Leave span ``span_id`` out of a decorated request's record (the decorator has it)."""
+        with self._lock:
+            trace = self._traces.get(trace_id)
+            if trace is not None:
+                trace.covered.add(span_id)
 
     # -- SpanProcessor -------------------------------------------------------------------------
 
@@ -358,9 +377,7 @@ class SpanCapture:
         if state is not None:
             # The decorator's @rag span: the instrumentors' calls inside it join its record.
             children = children_index(spans)
-            skip = covered | {
-                s.span_id for s in spans if s.scope == RECALLTRACE_SCOPE and _is_call_view(s)
-            }
+            skip = covered | _recorded_by_decorators(spans)
             merge_into_state(state, build_parts(view, children, skip, root_is_request=False))
             return
         if view.scope == RECALLTRACE_SCOPE and _inside_decorated(spans):
@@ -415,10 +432,32 @@ def _is_decorator_call(span: Any) -> bool:
     return kind in ("RETRIEVER", "LLM")
 
 
-def _is_call_view(view: SpanView) -> bool:
+def _recorded_by_decorators(spans: list[SpanView]) -> set[int]:
+    """The spans of calls a decorator recorded itself: the decorators' own retrieval and model
+    spans, and an instrumentor's span of the same kind that a decorated call ran within (its
+    child, or its sibling when the instrumentor does not make its span current, as
+    OpenInference's LangChain tracer does)."""
     from recalltrace.tracer._capture_build import span_role
 
-    return span_role(view.attributes, view.events) in (RETRIEVER, LLM)
+    decorated: list[tuple[SpanView, int]] = []
+    others: list[tuple[SpanView, int]] = []
+    for view in spans:
+        role = span_role(view.attributes, view.events)
+        if role not in (RETRIEVER, LLM):
+            continue
+        (decorated if view.scope == RECALLTRACE_SCOPE else others).append((view, role))
+    skip = {view.span_id for view, _ in decorated}
+    for view, role in others:
+        for call, call_role in decorated:
+            if (
+                call_role == role
+                and call.parent_id in (view.span_id, view.parent_id)
+                and view.start <= call.start
+                and call.end <= view.end
+            ):
+                skip.add(view.span_id)
+                break
+    return skip
 
 
 def _inside_decorated(spans: list[SpanView]) -> bool:
