@@ -171,29 +171,57 @@ def merge_into_state(state: Any, parts: RequestParts) -> None:
     state.notes.extend(parts.notes)
 
 
+_services: dict[int, tuple[Any, str | None]] = {}
+
+
+def _service_of(resource: Any) -> str | None:
+    """``service.name`` of a span's resource (remembered per resource object)."""
+    if resource is None:
+        return None
+    known = _services.get(id(resource))
+    if known is not None and known[0] is resource:
+        return known[1]
+    name = resource.attributes.get("service.name")
+    service = (
+        name if isinstance(name, str) and name and not name.startswith("unknown_service") else None
+    )
+    if len(_services) < 64:
+        _services[id(resource)] = (resource, service)
+    return service
+
+
 def _view(span: Any) -> SpanView:
-    """A :class:`SpanView` of an SDK ``ReadableSpan``."""
-    context = span.get_span_context()
-    parent = span.parent
-    resource = getattr(span, "resource", None)
-    service = None
-    if resource is not None:
-        name = resource.attributes.get("service.name")
-        if isinstance(name, str) and name and not name.startswith("unknown_service"):
-            service = name
-    status = span.status
-    scope = span.instrumentation_scope
+    """A :class:`SpanView` of an SDK ``ReadableSpan`` (its fields read directly: the public
+    properties copy the attributes and events)."""
+    try:
+        context = span._context
+        parent = span._parent
+        attributes = span._attributes
+        events = span._events
+        status = span._status
+        resource = span._resource
+        scope = span._instrumentation_scope
+        start, end = span._start_time, span._end_time
+    except AttributeError:
+        context = span.get_span_context()
+        parent = span.parent
+        attributes = span.attributes
+        events = span.events
+        status = span.status
+        resource = getattr(span, "resource", None)
+        scope = span.instrumentation_scope
+        start, end = span.start_time, span.end_time
     return SpanView(
         span.name,
         context.trace_id,
         context.span_id,
         parent.span_id if parent is not None else None,
-        span.start_time or 0,
-        span.end_time or 0,
-        span.attributes or {},
-        [(event.name, event.attributes or {}) for event in span.events] if span.events else (),
+        start or 0,
+        end or 0,
+        attributes if attributes is not None else {},
+        [(event.name, event.attributes or {}) for event in events] if events else (),
         status is not None and status.status_code.value == 2,
-        service,
+        _service_of(resource),
         scope.name if scope is not None else "",
     )
 

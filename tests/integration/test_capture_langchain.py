@@ -4,6 +4,8 @@ a real ``recalltrace worker --once`` scores them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import Engine
 
 import recalltrace
+from tests.support import ROOT
 from tests.support.capture import (
     ANSWERS,
     CORPUS,
@@ -153,3 +156,27 @@ def test_documents_without_content_are_noted_and_the_text_variants_are_skipped(
     assert record.scores["id_based_context_recall"] == "scored"
     assert record.scores["llm_context_recall"] == "skipped"
     assert record.scores["non_llm_context_recall"] == "skipped"
+
+
+@pytest.mark.postgres
+def test_doctor_reports_the_fields_the_spans_lacked_per_app(
+    provider: TracerProvider, postgres_url: str, pg_engine: Engine
+) -> None:
+    class NoIds(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> Any:
+            return [Document(page_content=CORPUS[i]) for i in ranked(query)]
+
+    build_chain().invoke(next(iter(QUESTIONS)))
+    (NoIds() | (lambda docs: docs[0].page_content)).invoke(list(QUESTIONS)[1])
+    assert recalltrace.flush(10.0)
+    done = subprocess.run(
+        [sys.executable, "-m", "recalltrace", "doctor", "--database-url", postgres_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "RunnableSequence: 2 record(s), 2 captured from spans" in done.stdout
+    assert "retrieved_context_ids      missing in 1 of 2" in done.stdout
+    assert "user_input                 carried by all" in done.stdout
