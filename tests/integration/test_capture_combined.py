@@ -302,3 +302,30 @@ def test_configure_before_or_after_the_applications_provider_ends_the_same(
     assert app_first == recalltrace_first
     assert app_first["records"] == [["chain", "And this?"], ["decorated", "Is this stored?"]]
     assert app_first["exported"] == ["chain", "decorated", "retrieve"]
+
+
+def test_open_traces_are_bounded_and_what_is_pushed_out_is_counted() -> None:
+    import time
+
+    state = make_traced()
+    try:
+        capture = recalltrace.SpanCapture(max_open_traces=2, open_trace_timeout=0.05)
+        state.provider.add_span_processor(capture)
+        tracer = state.provider.get_tracer("vendor")
+        attributes = {"openinference.span.kind": "CHAIN", "input.value": "q"}
+        evicted, timed_out = dropped("capture_evicted"), dropped("capture_timeout")
+        roots = [tracer.start_span(f"chain-{i}", attributes=attributes) for i in range(3)]
+        assert dropped("capture_evicted") == evicted + 1  # the oldest open trace made room
+        for root in roots:
+            root.end()
+        assert sorted(r.app_name for r in state.records()) == ["chain-1", "chain-2"]
+
+        stale = tracer.start_span("stale", attributes=attributes)
+        time.sleep(1.1)  # past the timeout and the once-a-second sweep
+        tracer.start_span("next", attributes=attributes).end()
+        assert dropped("capture_timeout") == timed_out + 1
+        stale.end()  # arrives after its trace was dropped: not stored, not counted twice
+        assert sorted(r.app_name for r in state.records()) == ["chain-1", "chain-2", "next"]
+        assert dropped("capture_timeout") == timed_out + 1
+    finally:
+        recalltrace.shutdown(2.0)
