@@ -71,15 +71,26 @@ class CapturedState(TraceState):
 class _Trace:
     """The spans of one OpenTelemetry trace seen so far in this process."""
 
-    __slots__ = ("covered", "dropped", "ended", "open", "states", "touched")
+    __slots__ = ("dropped", "ended", "mapped", "open", "touched")
 
     def __init__(self, now: float) -> None:
         self.open: dict[int, int | None] = {}  # open span id -> its local parent's id
         self.ended: list[SpanView] = []
-        self.states: dict[int, Any] = {}  # decorator state by its root span id
-        self.covered: set[int] = set()
+        self.mapped: dict[int, int] = {}  # span id -> root span id of its decorated request
         self.touched = now
         self.dropped = 0
+
+
+class _Group:
+    """The instrumentors' spans of one decorated request, whatever trace they are in."""
+
+    __slots__ = ("covered", "state", "touched", "views")
+
+    def __init__(self, state: Any, now: float) -> None:
+        self.state = state
+        self.views: list[SpanView] = []
+        self.covered: set[int] = set()
+        self.touched = now
 
 
 class _Counter:
@@ -113,7 +124,11 @@ class RequestAssembler:
             "recalltrace: %d retrieval or model span(s) ran outside any request (no chain, "
             "agent or workflow span around them): they are not stored (said once)",
         )
-        self.no_retrieval = 0
+        self.no_retrieval = _Counter(
+            "capture_no_retrieval",
+            "recalltrace: %d chain, agent or workflow span(s) held no retrieval: not a RAG "
+            "request, not stored (said once)",
+        )
 
     def finish(self, top: SpanView, spans: Iterable[SpanView]) -> int:
         """The requests in the subtree of ``top`` (``spans`` holds it), offered to the writer;
@@ -126,6 +141,9 @@ class RequestAssembler:
         for root in roots:
             if _holds_decorated_request(root, children):
                 continue  # the decorated @rag request inside made its own record
+            if not _retrieves(root, children):
+                self.no_retrieval.add()
+                continue
             self.offer(root, children)
             found += 1
         return found
@@ -271,6 +289,7 @@ class SpanCapture:
         self.max_spans_per_trace = max_spans_per_trace
         self.open_trace_timeout = open_trace_timeout
         self._traces: dict[int, _Trace] = {}
+        self._groups: dict[int, _Group] = {}
         self._lock = threading.Lock()
         self._next_sweep = time.monotonic() + _SWEEP_EVERY
         self._evicted = _Counter(
@@ -296,9 +315,9 @@ class SpanCapture:
     def cover(self, trace_id: int, span_id: int) -> None:
         """Leave span ``span_id`` out of a decorated request's record (the decorator has it)."""
         with self._lock:
-            trace = self._traces.get(trace_id)
-            if trace is not None:
-                trace.covered.add(span_id)
+            for group in self._groups.values():
+                if group.state.otel_trace_id == trace_id:
+                    group.covered.add(span_id)
 
     # -- SpanProcessor -------------------------------------------------------------------------
 
@@ -342,9 +361,16 @@ class SpanCapture:
                 local_parent = None  # started on another provider, or already ended
             trace.open[context.span_id] = local_parent
             if state is not None:
-                trace.states[state.otel_span_id] = state
+                group = self._groups.get(state.otel_span_id)
+                if group is None:
+                    if len(self._groups) >= self.max_open_traces:
+                        del self._groups[next(iter(self._groups))]
+                        evicted += 1
+                    group = self._groups[state.otel_span_id] = _Group(state, now)
+                group.touched = now
+                trace.mapped[context.span_id] = state.otel_span_id
                 if local_parent is not None and _is_decorator_call(span):
-                    trace.covered.add(local_parent)
+                    group.covered.add(local_parent)
             if now >= self._next_sweep:
                 timed_out = self._sweep(now)
         if evicted:
@@ -358,7 +384,10 @@ class SpanCapture:
         stale = [trace_id for trace_id, trace in self._traces.items() if trace.touched < limit]
         for trace_id in stale:
             del self._traces[trace_id]
-        return len(stale)
+        old_groups = [key for key, group in self._groups.items() if group.touched < limit]
+        for key in old_groups:
+            del self._groups[key]
+        return len(stale) + len(old_groups)
 
     def _on_ending(self, span: Any) -> None:
         """Called by newer SDKs just before a span ends; nothing to do then."""
@@ -378,53 +407,74 @@ class SpanCapture:
     def _on_end(self, span: Any) -> None:
         view = _view(span)
         too_many = 0
+        tops: list[tuple[SpanView, list[SpanView]]] = []
         with self._lock:
             trace = self._traces.get(view.trace_id)
+            group = self._groups.pop(view.span_id, None)  # a decorated request's root span
             if trace is None:
-                return  # evicted or timed out: already counted
-            trace.touched = time.monotonic()
-            parent = trace.open.pop(view.span_id, None)
-            if len(trace.ended) < self.max_spans_per_trace:
-                trace.ended.append(view)
+                if group is None:
+                    return  # evicted or timed out: already counted
             else:
-                trace.dropped += 1
-                too_many = 1
-            state = trace.states.pop(view.span_id, None)
-            is_top = parent is None or parent not in trace.open
-            if state is None and not is_top:
-                spans = None
-            else:
-                spans = _take_subtree(trace, view)
+                trace.touched = time.monotonic()
+                parent = trace.open.pop(view.span_id, None)
+                root_id = trace.mapped.pop(view.span_id, None)
+                member = self._groups.get(root_id) if root_id is not None else None
+                if root_id is not None:
+                    if member is not None and len(member.views) < self.max_spans_per_trace:
+                        member.views.append(view)
+                    elif member is not None:
+                        too_many = 1
+                elif len(trace.ended) < self.max_spans_per_trace:
+                    trace.ended.append(view)
+                else:
+                    trace.dropped += 1
+                    too_many = 1
                 if not trace.open:
+                    # Nothing of this trace is open here any more: every ended span whose
+                    # parent is not among them is the top of a subtree.
                     del self._traces[view.trace_id]
-                covered = frozenset(trace.covered)
+                    spans, trace.ended = trace.ended, []
+                    ids = {s.span_id for s in spans}
+                    tops = [(s, spans) for s in spans if s.parent_id not in ids]
+                elif root_id is None and parent not in trace.open:
+                    tops = [(view, _take_subtree(trace, view))]
         if too_many:
             self._too_many.add(too_many)
-        if spans is None:
+        if group is not None:
+            self._merge(view, group)
+        for top, spans in tops:
+            if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
+                continue  # the decorators made the record, or said why not
+            self.assembler.finish(top, spans)
+
+    def _merge(self, root: SpanView, group: _Group) -> None:
+        """The decorator's ``@rag`` span ended: the instrumentors' calls inside it join the
+        decorator's record (each call once)."""
+        views = group.views
+        if not views:
             return
-        if state is not None:
-            # The decorator's @rag span: the instrumentors' calls inside it join its record.
-            children = children_index(spans)
-            skip = covered | _recorded_by_decorators(spans)
-            merge_into_state(state, build_parts(view, children, skip, root_is_request=False))
-            return
-        if view.scope == RECALLTRACE_SCOPE and _inside_decorated(spans):
-            return
-        self.assembler.finish(view, spans)
+        children = children_index(views)
+        ids = {view.span_id for view in views}
+        children[root.span_id] = sorted(
+            (view for view in views if view.parent_id not in ids), key=lambda v: v.start
+        )
+        skip = group.covered | _recorded_by_decorators(views)
+        merge_into_state(group.state, build_parts(root, children, skip, root_is_request=False))
 
     def shutdown(self) -> None:
         """Forget the open traces."""
         with self._lock:
             self._traces.clear()
+            self._groups.clear()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered for export: records go through the tracer's own writer."""
         return True
 
 
-def _take_subtree(trace: _Trace, top: SpanView) -> list[SpanView]:
-    """Remove ``top`` and its ended descendants from ``trace`` and return them."""
-    if not trace.open:
+def _take_subtree(trace: _Trace, top: SpanView, keep: bool = False) -> list[SpanView]:
+    """``top`` and its ended descendants, removed from ``trace`` unless ``keep``."""
+    if not trace.open and not keep:
         spans, trace.ended = trace.ended, []
         return spans
     members = {top.span_id}
@@ -437,8 +487,21 @@ def _take_subtree(trace: _Trace, top: SpanView) -> list[SpanView]:
                 members.add(view.span_id)
                 changed = True
     spans = [view for view in remaining if view.span_id in members]
-    trace.ended = [view for view in remaining if view.span_id not in members]
+    if not keep:
+        trace.ended = [view for view in remaining if view.span_id not in members]
     return spans
+
+
+def _retrieves(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
+    from recalltrace.tracer._capture_build import RERANKER, span_role
+
+    stack = list(children.get(root.span_id, ()))
+    while stack:
+        span = stack.pop()
+        if span_role(span.attributes, span.events) in (RETRIEVER, RERANKER):
+            return True
+        stack.extend(children.get(span.span_id, ()))
+    return False
 
 
 def _holds_decorated_request(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
@@ -488,10 +551,10 @@ def _recorded_by_decorators(spans: list[SpanView]) -> set[int]:
     return skip
 
 
-def _inside_decorated(spans: list[SpanView]) -> bool:
-    """A decorator span ending on its own, outside any instrumented request: the decorator
-    already handled it (a record of its own, or the warning for calls outside a request)."""
-    return len(spans) == 1
+def _has_instrumented(top: SpanView, spans: list[SpanView]) -> bool:
+    """Whether an instrumentor's spans sit under this decorator span (a decorated retrieval
+    outside any decorated request, around an instrumented chain)."""
+    return any(view.scope != RECALLTRACE_SCOPE for view in spans if view is not top)
 
 
 # -- configure(capture_spans=True) ---------------------------------------------------------------

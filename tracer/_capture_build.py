@@ -593,7 +593,7 @@ def _note_missing(parts: RequestParts, found: Sequence[Any], root_is_request: bo
             return
         missing.append("retrieved_contexts")
         parts.notes.append(
-            "no retrieval span with documents in this request: the variants that read "
+            "the retrieval spans of this request carry no documents: the variants that read "
             "the retrieved contexts are skipped"
         )
     elif docs:

@@ -312,20 +312,47 @@ def test_open_traces_are_bounded_and_what_is_pushed_out_is_counted() -> None:
         capture = recalltrace.SpanCapture(max_open_traces=2, open_trace_timeout=0.05)
         state.provider.add_span_processor(capture)
         tracer = state.provider.get_tracer("vendor")
+        from opentelemetry import trace as otel_trace
+
         attributes = {"openinference.span.kind": "CHAIN", "input.value": "q"}
+        found = {"openinference.span.kind": "RETRIEVER", "retrieval.documents.0.document.id": "d"}
+
+        def request(name: str) -> Any:
+            root = tracer.start_span(name, attributes=attributes)
+            context = otel_trace.set_span_in_context(root)
+            tracer.start_span("retrieve", context=context, attributes=found).end()
+            return root
+
         evicted, timed_out = dropped("capture_evicted"), dropped("capture_timeout")
-        roots = [tracer.start_span(f"chain-{i}", attributes=attributes) for i in range(3)]
+        roots = [request(f"chain-{i}") for i in range(3)]
         assert dropped("capture_evicted") == evicted + 1  # the oldest open trace made room
         for root in roots:
             root.end()
         assert sorted(r.app_name for r in state.records()) == ["chain-1", "chain-2"]
 
-        stale = tracer.start_span("stale", attributes=attributes)
+        stale = request("stale")
         time.sleep(1.1)  # past the timeout and the once-a-second sweep
-        tracer.start_span("next", attributes=attributes).end()
+        request("next").end()
         assert dropped("capture_timeout") == timed_out + 1
         stale.end()  # arrives after its trace was dropped: not stored, not counted twice
         assert sorted(r.app_name for r in state.records()) == ["chain-1", "chain-2", "next"]
         assert dropped("capture_timeout") == timed_out + 1
     finally:
         recalltrace.shutdown(2.0)
+
+
+def test_a_decorated_request_inside_an_instrumented_chain_is_stored_once(
+    traced: Traced, langchain: None
+) -> None:
+    from langchain_core.runnables import RunnableLambda
+
+    @recalltrace.rag("inner")
+    def answer(question: str) -> str:
+        KnowledgeBase().invoke(question)
+        return "Paris."
+
+    outer = RunnableLambda(lambda q: q) | RunnableLambda(answer)
+    assert outer.invoke(QUESTION) == "Paris."
+    (record,) = traced.records()
+    assert record.app_name == "inner"
+    assert [c.id for c in record.retrieved_contexts] == ranked(QUESTION)
