@@ -547,6 +547,11 @@ def build_parts(
             docs = span_documents(span, role)
             if first_query is None:
                 first_query = _retrieval_query(span)
+            source = span.attributes.get("gen_ai.data_source.id")
+            if isinstance(source, str) and source:
+                sources = parts.metadata.setdefault("data_source_ids", [])
+                if source not in sources:
+                    sources.append(source)
             if docs:
                 retrieved.append((span, docs))
                 continue  # a retrieval inside it is the same call seen again

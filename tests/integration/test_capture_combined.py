@@ -49,6 +49,7 @@ def test_genai_spans_make_one_record(traced: Traced) -> None:
             "retrieval",
             attributes={
                 "gen_ai.operation.name": "retrieval",
+                "gen_ai.data_source.id": "kb",
                 "gen_ai.retrieval.query.text": QUESTION,
                 "gen_ai.retrieval.documents": json.dumps(documents),
             },
@@ -76,6 +77,7 @@ def test_genai_spans_make_one_record(traced: Traced) -> None:
         {"model": "m", "prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
     ]
     assert record.service_name == "test-service"
+    assert record.metadata["data_source_ids"] == ["kb"]
 
 
 def test_reranked_documents_are_the_contexts(traced: Traced) -> None:
@@ -356,3 +358,35 @@ def test_a_decorated_request_inside_an_instrumented_chain_is_stored_once(
     (record,) = traced.records()
     assert record.app_name == "inner"
     assert [c.id for c in record.retrieved_contexts] == ranked(QUESTION)
+
+
+def oi_request(tracer: Any, question: str) -> None:
+    with tracer.start_as_current_span("chain") as root:
+        root.set_attribute("openinference.span.kind", "CHAIN")
+        root.set_attribute("input.value", question)
+        with tracer.start_as_current_span("retrieve") as retriever:
+            retriever.set_attribute("openinference.span.kind", "RETRIEVER")
+            retriever.set_attribute("retrieval.documents.0.document.id", "d1")
+            content = "retrieval.documents.0.document.content"
+            retriever.set_attribute(content, "Mail ops@example.com")
+        root.set_attribute("output.value", "Ask ops.")
+
+
+def test_captured_records_are_scrubbed_like_decorated_ones(traced: Traced) -> None:
+    oi_request(traced.provider.get_tracer("vendor"), "My key is sk-abcdefghijklmnopqrstuvwx")
+    record = traced.record()
+    assert "sk-abc" not in (record.user_input or "")
+    assert "ops@example.com" not in record.retrieved_contexts[0].content
+    assert any(note.startswith("scrubbed api_key in user_input") for note in record.notes)
+
+
+def test_captured_requests_are_sampled_like_decorated_ones() -> None:
+    state = make_traced(capture_spans=True, sample_rate=0.0)
+    try:
+        oi_request(state.provider.get_tracer("vendor"), QUESTION)
+        assert state.records() == []
+        from recalltrace.tracer._runtime import stats
+
+        assert stats().snapshot()["captured"].get("chain", 0) >= 1
+    finally:
+        recalltrace.shutdown(2.0)
