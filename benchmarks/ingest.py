@@ -10,7 +10,7 @@
   the same requests are sent as OTLP protobuf batches by one client over HTTP; spans per
   second from the first request to the last record stored (the receiver's drain included).
 
-Run: ``python -m benchmarks.ingest [--requests 5000] [--batch 100]``
+Run: ``python -m benchmarks.ingest [--requests 5000] [--batch 100] [--sample-rate 1]``
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def one_request(tracer: Any, index: int) -> None:
         root.set_attribute("output.value", "an answer")
 
 
-def in_process(requests: int, blocks: int) -> dict[str, float]:
+def in_process(requests: int, blocks: int, rate: float) -> dict[str, float]:
     bare_provider = TracerProvider()
     bare_provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
     captured_provider = TracerProvider()
@@ -93,6 +93,7 @@ def in_process(requests: int, blocks: int) -> dict[str, float]:
         sink=sink,
         handle_signals=False,
         max_queue_size=1_000_000,
+        sample_rate=rate,
     )
     tracers = {
         "bare SDK": bare_provider.get_tracer("bench"),
@@ -205,15 +206,25 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--blocks", type=int, default=20)
+    parser.add_argument(
+        "--sample-rate",
+        type=float,
+        default=1.0,
+        help="share of requests stored (0: the span processor's request-path cost alone)",
+    )
+    parser.add_argument("--skip-collect", action="store_true")
     args = parser.parse_args()
-    local = in_process(args.requests, args.blocks)
+    local = in_process(args.requests, args.blocks, args.sample_rate)
     print(
-        f"span processor: bare SDK {local['bare_us']:.1f} us/request, with SpanCapture "
+        f"span processor (sample rate {args.sample_rate:g}): bare SDK "
+        f"{local['bare_us']:.1f} us/request, with SpanCapture "
         f"{local['captured_us']:.1f} us/request, ratio {local['ratio']:.2f} (target <= 1.30); "
         f"{local['spans_per_s']:,.0f} spans/s on one core; "
         f"{local['records']:.0f} of {local['expected']:.0f} records written "
         f"(writer drained {local['drain_s']:.2f} s after the last request)"
     )
+    if args.skip_collect:
+        return
     remote = over_otlp(args.requests, args.batch)
     print(
         f"collect: {args.requests} requests ({args.requests * SPANS_PER_REQUEST} spans) in "
