@@ -27,6 +27,7 @@ from typing import Any
 from recalltrace.tracer._capture_build import (
     LLM,
     OI_KIND,
+    RERANKER,
     RETRIEVER,
     RequestParts,
     SpanView,
@@ -34,6 +35,7 @@ from recalltrace.tracer._capture_build import (
     build_parts,
     children_index,
     find_requests,
+    role_of,
 )
 from recalltrace.tracer._state import TraceState
 
@@ -139,9 +141,10 @@ class RequestAssembler:
             self.outside.add(len(stray))
         found = 0
         for root in roots:
-            if _holds_decorated_request(root, children):
+            retrieves, decorated = _scan(root, children)
+            if decorated:
                 continue  # the decorated @rag request inside made its own record
-            if not _retrieves(root, children):
+            if not retrieves:
                 self.no_retrieval.add()
                 continue
             self.offer(root, children)
@@ -150,13 +153,10 @@ class RequestAssembler:
 
     def offer(self, root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
         """Hand the request rooted at ``root`` to the writer (sampled like a decorated one)."""
-        from recalltrace.tracer import _runtime
-        from recalltrace.tracer._decorators import _record_ids
-
-        runtime = _runtime.get()
+        runtime = _runtime_now()
         if not runtime.enabled:
             return False
-        record_id = _record_ids.getrandbits(128) or 1
+        record_id = _new_record_id()
         app = self.app_name or app_name_of(root)
         sampled = runtime.sampler.should_sample(record_id, app)
         state = CapturedState(
@@ -178,6 +178,18 @@ class RequestAssembler:
         if sampled:
             return bool(runtime.writer.offer(state))
         return False
+
+
+def _runtime_now() -> Any:
+    from recalltrace.tracer import _runtime
+
+    return _runtime.current or _runtime.get()
+
+
+def _new_record_id() -> int:
+    from recalltrace.tracer._decorators import _record_ids
+
+    return int(_record_ids.getrandbits(128)) or 1
 
 
 def merge_into_state(state: Any, parts: RequestParts) -> None:
@@ -492,26 +504,19 @@ def _take_subtree(trace: _Trace, top: SpanView, keep: bool = False) -> list[Span
     return spans
 
 
-def _retrieves(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
-    from recalltrace.tracer._capture_build import RERANKER, span_role
-
-    stack = list(children.get(root.span_id, ()))
-    while stack:
-        span = stack.pop()
-        if span_role(span.attributes, span.events) in (RETRIEVER, RERANKER):
-            return True
-        stack.extend(children.get(span.span_id, ()))
-    return False
-
-
-def _holds_decorated_request(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
+def _scan(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> tuple[bool, bool]:
+    """Whether the request under ``root`` holds a retrieval (or reranker) span, and whether it
+    holds a decorated ``@rag`` request (whose record the decorator made)."""
+    retrieves = False
     stack = [root]
     while stack:
         span = stack.pop()
         if span.scope == RECALLTRACE_SCOPE and span.attributes.get(OI_KIND) == "CHAIN":
-            return True
+            return retrieves, True
+        if span is not root and role_of(span) in (RETRIEVER, RERANKER):
+            retrieves = True
         stack.extend(children.get(span.span_id, ()))
-    return False
+    return retrieves, False
 
 
 def _is_decorator_call(span: Any) -> bool:

@@ -71,6 +71,7 @@ class SpanView:
         "events",
         "name",
         "parent_id",
+        "role",
         "scope",
         "service",
         "span_id",
@@ -103,6 +104,15 @@ class SpanView:
         self.error = error
         self.service = service
         self.scope = scope
+        self.role = -1
+
+
+def role_of(view: SpanView) -> int:
+    """:func:`span_role` of a view, computed once."""
+    role = view.role
+    if role < 0:
+        role = view.role = span_role(view.attributes, view.events)
+    return role
 
 
 def span_role(attributes: Mapping[str, Any], events: Sequence[tuple[str, Any]] = ()) -> int:
@@ -512,7 +522,7 @@ def find_requests(
     stack = [top]
     while stack:
         span = stack.pop()
-        role = span_role(span.attributes, span.events)
+        role = role_of(span)
         if role == BOUNDARY:
             roots.append(span)
             continue
@@ -542,7 +552,7 @@ def build_parts(
         span = stack.pop()
         if span.span_id in skip:
             continue
-        role = span_role(span.attributes, span.events)
+        role = role_of(span)
         if role == RETRIEVER:
             docs = span_documents(span, role)
             if first_query is None:
