@@ -26,6 +26,7 @@ from recalltrace._wiring import open_history, open_repository
 from recalltrace.tracer import (
     ScrubbingOptions,
     ScrubMatch,
+    SpanCapture,
     TracerConfig,
     TraceSink,
     configure,
@@ -44,6 +45,7 @@ _set_default_sink_factory(_default_sink, _check_default_sink)
 __all__ = [
     "ScrubMatch",
     "ScrubbingOptions",
+    "SpanCapture",
     "TraceSink",
     "TracerConfig",
     "configure",

@@ -123,7 +123,7 @@ class TraceInputs:
     started_at: datetime
     user_input: str | None
     response: str | None
-    retrieved_contexts: list[str]
+    retrieved_contexts: list[str] | None
     retrieved_context_ids: list[str] | None
     reference: str | None
     reference_contexts: list[str] | None

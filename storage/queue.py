@@ -804,13 +804,18 @@ class JobQueue:
             # No contexts at all is an empty retrieval (recall 0); contexts without ids mean
             # the retriever gives no ids, so the id-based variant has nothing to compare.
             retrieved_ids: list[str] | None = ids_known if (ids_known or not ctx) else None
+            # Contexts that all lack text (a span that gave ids only) are no contexts to read:
+            # the variants needing them skip the trace instead of scoring empty documents 0.
+            texts: list[str] | None = [c.content for c in ctx]
+            if ctx and not any(texts or ()):
+                texts = None
             result[t.trace_id] = TraceInputs(
                 trace_id=t.trace_id,
                 app_name=t.app_name,
                 started_at=t.started_at,
                 user_input=t.user_input,
                 response=t.response,
-                retrieved_contexts=[c.content for c in ctx],
+                retrieved_contexts=texts,
                 retrieved_context_ids=retrieved_ids,
                 reference=t.reference,
                 reference_contexts=t.reference_contexts,

@@ -16,11 +16,13 @@ from recalltrace.tracer._api import (
     set_reference,
     shutdown,
 )
+from recalltrace.tracer._capture import SpanCapture
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch, TracerConfig, TraceSink
 
 __all__ = [
     "ScrubMatch",
     "ScrubbingOptions",
+    "SpanCapture",
     "TraceSink",
     "TracerConfig",
     "configure",

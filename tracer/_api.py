@@ -51,6 +51,7 @@ def configure(
     meter_provider: Any = None,
     sink: TraceSink | None = None,
     enabled: bool | None = None,
+    capture_spans: bool | None = None,
 ) -> TracerConfig:
     """Configure the tracer for this process and return the configuration in effect.
 

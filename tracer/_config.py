@@ -239,6 +239,11 @@ class TracerConfig:
     )
     """``False`` turns the decorators into plain calls (``RECALLTRACE_ENABLED=0`` or
     ``OTEL_SDK_DISABLED=true``)."""
+    capture_spans: bool = option(False, env=[("RECALLTRACE_CAPTURE_SPANS", _truthy)])
+    """Also store the RAG requests found in the spans of the application's instrumentors
+    (OpenInference, OpenTelemetry GenAI, OpenLLMetry): a :class:`recalltrace.SpanCapture` is
+    added to the application's TracerProvider, also to one it sets after ``configure``
+    (see ``docs/ingest.md``)."""
     register_atexit: bool = option(True)
     """Drain the queue when the interpreter exits."""
 

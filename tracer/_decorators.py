@@ -196,7 +196,13 @@ class _Otel:
 
     def load(self) -> None:
         from opentelemetry import context as otel_context
-        from opentelemetry.trace import Status, StatusCode, set_span_in_context
+        from opentelemetry.trace import (
+            NonRecordingSpan,
+            Status,
+            StatusCode,
+            get_current_span,
+            set_span_in_context,
+        )
 
         from recalltrace.tracer import _runtime
         from recalltrace.tracer._state import TraceState
@@ -207,6 +213,11 @@ class _Otel:
         self.detach = otel_context.detach
         self.set_value = otel_context.set_value
         self.set_span_in_context = set_span_in_context
+        self.get_current_span = get_current_span
+        self.NonRecordingSpan = NonRecordingSpan
+        from recalltrace.tracer._capture import mark_covered
+
+        self.cover = mark_covered
         self.state_key = _runtime.STATE_KEY
         self.TraceState = TraceState
         self.Status = Status
@@ -247,7 +258,14 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         otel = _otel
         parent = otel.get_current()
         state: Any = parent.get(otel.state_key)
-        span = runtime.otel_tracer.start_span(spec.name, parent, attributes=attributes)
+        same_call = (
+            None if spec.kind == RAG else _instrumented_call(spec, otel.get_current_span(parent))
+        )
+        if same_call is not None:
+            # An instrumentor's span for this very call is current: no second span.
+            span = otel.NonRecordingSpan(same_call)
+        else:
+            span = runtime.otel_tracer.start_span(spec.name, parent, attributes=attributes)
     except Exception:
         internal_error("opening a span")
         return None
@@ -288,6 +306,27 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         span.end()
         internal_error("opening a span")
         return None
+
+
+_CALL_KINDS = {RETRIEVAL: ("RETRIEVER", "retrieval"), GENERATION: ("LLM", "chat")}
+
+
+def _instrumented_call(spec: _Spec, current: Any) -> Any:
+    """The span context of ``current`` when it is another instrumentation's span of the same
+    kind of call (an OpenInference ``RETRIEVER``/``LLM`` or GenAI ``retrieval``/``chat``
+    span), else None; span capture is told that the decorator records that call."""
+    if not current.is_recording():
+        return None
+    scope = getattr(current, "instrumentation_scope", None)
+    if scope is None or scope.name == "recalltrace":
+        return None
+    attributes = getattr(current, "attributes", None) or {}
+    kind, operation = _CALL_KINDS[spec.kind]
+    if attributes.get(SPAN_KIND) != kind and attributes.get(GEN_AI_OPERATION) != operation:
+        return None
+    context = current.get_span_context()
+    _otel.cover(context.trace_id, context.span_id)
+    return context
 
 
 class _Detached:

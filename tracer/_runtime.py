@@ -195,6 +195,9 @@ def configure(config: TracerConfig) -> Runtime:
             _signals.install(_drain_on_signal, _write_eagerly)
         else:
             _signals.uninstall()
+        from recalltrace.tracer import _capture
+
+        _capture.configure_capture(runtime)
     if previous is not None:
         previous.writer.shutdown(previous.config.shutdown_timeout)
     return runtime

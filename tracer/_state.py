@@ -165,6 +165,9 @@ def assemble_record(
     state: TraceState, scrubber: Scrubber | None, max_text_length: int | None
 ) -> TraceRecord:
     """Build the storage record of a finished, sampled trace (on the writer thread)."""
+    prepare = getattr(state, "prepare", None)
+    if prepare is not None:
+        prepare()  # a trace captured from spans reads them here, off the request path
     notes = list(state.notes)
     response = state.response
     if response is None and state.response_chunks is not None:

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from recalltrace.cli import db, jobs, scores, trace, worker
+    from recalltrace.cli import collect, db, doctor, jobs, scores, trace, worker
 
     db.register(sub)
     demo = sub.add_parser(
@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace.register(sub)
     jobs.register(sub)
     worker.register(sub)
+    collect.register(sub)
+    doctor.register(sub)
 
     return parser
 

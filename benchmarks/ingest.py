@@ -1,0 +1,239 @@
+"""Spans per second turned into trace records, in process and over OTLP.
+
+- **Span processor**: one OpenInference-style request (a ``CHAIN`` root, a ``RETRIEVER`` with
+  10 documents of 300 characters with ids and scores, an ``LLM`` span) written by hand with the
+  SDK, on a provider whose BatchSpanProcessor discards; with and without ``SpanCapture``
+  (``configure(capture_spans=True)``, records assembled and scrubbed on the writer thread and
+  handed to a discarding sink), in interleaved blocks. The ratio is the processor's cost per
+  request over the bare SDK (target: at most 1.3).
+- **collect**: ``recalltrace collect`` in its own process, storing into a scratch SQLite file;
+  the same requests are sent as OTLP protobuf batches by one client over HTTP; spans per
+  second from the first request to the last record stored (the receiver's drain included).
+
+Run: ``python -m benchmarks.ingest [--requests 5000] [--batch 100] [--sample-rate 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import recalltrace
+
+DOCUMENTS = 10
+DOCUMENT_CHARS = 300
+SPANS_PER_REQUEST = 3
+
+
+class DiscardingExporter(SpanExporter):
+    """Accepts spans and drops them (and keeps the last batch for the OTLP run)."""
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+        self.keep = False
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        if self.keep:
+            self.kept.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class DiscardingSink:
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write_traces(self, records: Sequence[Any]) -> None:
+        self.written += len(records)
+
+    def attach_reference(self, update: Any) -> int:
+        raise LookupError(update.trace_id)
+
+
+def one_request(tracer: Any, index: int) -> None:
+    with tracer.start_as_current_span("answer") as root:
+        root.set_attribute("openinference.span.kind", "CHAIN")
+        root.set_attribute("input.value", f"question {index}?")
+        with tracer.start_as_current_span("search") as retriever:
+            retriever.set_attribute("openinference.span.kind", "RETRIEVER")
+            for doc in range(DOCUMENTS):
+                prefix = f"retrieval.documents.{doc}.document."
+                retriever.set_attribute(prefix + "id", f"doc-{doc}")
+                retriever.set_attribute(prefix + "content", "x" * DOCUMENT_CHARS)
+                retriever.set_attribute(prefix + "score", 1.0 - doc / 100)
+        with tracer.start_as_current_span("generate") as llm:
+            llm.set_attribute("openinference.span.kind", "LLM")
+            llm.set_attribute("output.value", "an answer")
+            llm.set_attribute("llm.token_count.prompt", 100)
+        root.set_attribute("output.value", "an answer")
+
+
+def in_process(requests: int, blocks: int, rate: float) -> dict[str, float]:
+    bare_provider = TracerProvider()
+    bare_provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
+    captured_provider = TracerProvider()
+    captured_provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
+    sink = DiscardingSink()
+    recalltrace.configure(
+        tracer_provider=captured_provider,
+        capture_spans=True,
+        sink=sink,
+        handle_signals=False,
+        max_queue_size=1_000_000,
+        sample_rate=rate,
+    )
+    tracers = {
+        "bare SDK": bare_provider.get_tracer("bench"),
+        "with SpanCapture": captured_provider.get_tracer("bench"),
+    }
+    per_block = max(requests // blocks, 1)
+    timings: dict[str, list[float]] = {name: [] for name in tracers}
+    for tracer in tracers.values():  # warm-up
+        for index in range(200):
+            one_request(tracer, index)
+    for _ in range(blocks):
+        for name, tracer in tracers.items():
+            started = time.perf_counter()
+            for index in range(per_block):
+                one_request(tracer, index)
+            timings[name].append((time.perf_counter() - started) / per_block)
+    flushed_at = time.perf_counter()
+    recalltrace.flush(120)
+    drain = time.perf_counter() - flushed_at
+    bare = statistics.median(timings["bare SDK"])
+    captured = statistics.median(timings["with SpanCapture"])
+    expected = 200 + per_block * blocks
+    return {
+        "bare_us": bare * 1e6,
+        "captured_us": captured * 1e6,
+        "ratio": captured / bare,
+        "spans_per_s": SPANS_PER_REQUEST / captured,
+        "records": float(sink.written),
+        "expected": float(expected),
+        "drain_s": drain,
+    }
+
+
+def otlp_batches(requests: int, batch: int) -> list[bytes]:
+    """The requests as OTLP protobuf bodies of ``batch`` requests each, encoded by the SDK's
+    own OTLP encoder."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    exporter = DiscardingExporter()
+    provider = TracerProvider()
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter.keep = True
+    tracer = provider.get_tracer("bench")
+    bodies = []
+    for start in range(0, requests, batch):
+        exporter.kept.clear()
+        for index in range(start, min(start + batch, requests)):
+            one_request(tracer, index)
+        bodies.append(bytes(encode_spans(exporter.kept).SerializeToString()))
+    return bodies
+
+
+def over_otlp(requests: int, batch: int) -> dict[str, float]:
+    bodies = otlp_batches(requests, batch)
+    with tempfile.TemporaryDirectory() as folder:
+        url = f"sqlite:///{folder}/ingest.db"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+        env["RECALLTRACE_MAX_QUEUE_SIZE"] = str(requests + 10)
+        env["RECALLTRACE_SHUTDOWN_TIMEOUT"] = "300"
+        command = [sys.executable, "-m", "recalltrace", "collect", "--listen", "127.0.0.1:0"]
+        process = subprocess.Popen(
+            [*command, "--database-url", url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        endpoint = process.stdout.readline().split()[1]
+        started = time.perf_counter()
+        refused = 0
+        for body in bodies:
+            while True:
+                request = urllib.request.Request(
+                    endpoint, data=body, headers={"Content-Type": "application/x-protobuf"}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        response.read()
+                    break
+                except urllib.error.HTTPError as error:
+                    if error.code != 503:
+                        raise
+                    refused += 1
+                    time.sleep(0.2)
+        sent = time.perf_counter() - started
+        process.terminate()
+        _, summary = process.communicate(timeout=300)
+        elapsed = time.perf_counter() - started
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT count(*) FROM traces")).scalar_one()
+        engine.dispose()
+    return {
+        "send_s": sent,
+        "elapsed_s": elapsed,
+        "spans_per_s": requests * SPANS_PER_REQUEST / elapsed,
+        "records": float(stored),
+        "refused": float(refused),
+        "summary": summary.strip().splitlines()[-1] if summary.strip() else "",  # type: ignore[dict-item]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--blocks", type=int, default=20)
+    parser.add_argument(
+        "--sample-rate",
+        type=float,
+        default=1.0,
+        help="share of requests stored (0: the span processor's request-path cost alone)",
+    )
+    parser.add_argument("--skip-collect", action="store_true")
+    args = parser.parse_args()
+    local = in_process(args.requests, args.blocks, args.sample_rate)
+    print(
+        f"span processor (sample rate {args.sample_rate:g}): bare SDK "
+        f"{local['bare_us']:.1f} us/request, with SpanCapture "
+        f"{local['captured_us']:.1f} us/request, ratio {local['ratio']:.2f} (target <= 1.30); "
+        f"{local['spans_per_s']:,.0f} spans/s on one core; "
+        f"{local['records']:.0f} of {local['expected']:.0f} records written "
+        f"(writer drained {local['drain_s']:.2f} s after the last request)"
+    )
+    if args.skip_collect:
+        return
+    remote = over_otlp(args.requests, args.batch)
+    print(
+        f"collect: {args.requests} requests ({args.requests * SPANS_PER_REQUEST} spans) in "
+        f"batches of {args.batch}: sent in {remote['send_s']:.2f} s, stored in "
+        f"{remote['elapsed_s']:.2f} s: {remote['spans_per_s']:,.0f} spans/s; "
+        f"{remote['records']:.0f} records stored, {remote['refused']:.0f} batches refused "
+        f"(503) and resent\n  {remote['summary']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""``recalltrace doctor``: per app, which fields the records captured from spans carried and
+which the spans lacked (the variants needing a missing field skip those traces)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from recalltrace.cli._args import (
+    DEFAULT_WINDOW,
+    EXIT_OK,
+    _add_database_option,
+    _database,
+    _piped,
+    _window,
+)
+
+FIELDS = (
+    "user_input",
+    "response",
+    "retrieved_contexts",
+    "retrieved_context_ids",
+    "retrieved_context_content",
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``doctor``."""
+    parser = sub.add_parser(
+        "doctor",
+        help="per app, which fields the records captured from spans carried and which were missing",
+    )
+    _add_database_option(parser)
+    parser.add_argument(
+        "--since", default=DEFAULT_WINDOW, help="look at records since (default: 7d)"
+    )
+    parser.add_argument("--until", default=None, help="and until (default: now)")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="look at the N most recent records at most (default: 10000)",
+    )
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(handler=_piped(_cmd_doctor))
+
+
+def field_report(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``{app: {"records": n, "from_spans": n, "missing": {field: n}}}`` from
+    ``(app_name, metadata)`` rows."""
+    report: dict[str, dict[str, Any]] = {}
+    for app, metadata in rows:
+        entry = report.setdefault(
+            app, {"records": 0, "from_spans": 0, "missing": dict.fromkeys(FIELDS, 0)}
+        )
+        entry["records"] += 1
+        if not isinstance(metadata, dict) or metadata.get("captured_from") != "spans":
+            continue
+        entry["from_spans"] += 1
+        for name in metadata.get("capture_missing") or ():
+            if name in entry["missing"]:
+                entry["missing"][name] += 1
+    return report
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+
+    from recalltrace.storage.models import Trace
+
+    since, until = _window(args)
+    with _database(args) as engine:
+        query = select(Trace.app_name, Trace.metadata_).order_by(Trace.started_at.desc())
+        if since is not None:
+            query = query.where(Trace.started_at >= since)
+        if until is not None:
+            query = query.where(Trace.started_at < until)
+        with engine.connect() as conn:
+            rows = [(app, meta or {}) for app, meta in conn.execute(query.limit(args.limit))]
+    report = field_report(rows)
+    if args.format == "json":
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return EXIT_OK
+    if not report:
+        print("no records in this window")
+        return EXIT_OK
+    for app in sorted(report):
+        entry = report[app]
+        spans = entry["from_spans"]
+        print(f"{app}: {entry['records']} record(s), {spans} captured from spans")
+        if not spans:
+            continue
+        for name in FIELDS:
+            missing = entry["missing"][name]
+            state = "carried by all" if not missing else f"missing in {missing} of {spans}"
+            print(f"  {name:<26} {state}")
+    return EXIT_OK
