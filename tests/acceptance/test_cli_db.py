@@ -28,6 +28,11 @@ def run_cli(
 
 def test_db_upgrade_and_current_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
+    # Asking about a file that does not exist does not create it (a mistyped path).
+    missing = run_cli("db", "current", "--database-url", url)
+    assert missing.returncode == 2 and "no database file at" in missing.stderr
+    assert not (tmp_path / "cli.db").exists()
+    (tmp_path / "cli.db").touch()
     before = run_cli("db", "current", "--database-url", url)
     assert before.returncode == 1
     assert "not migrated" in before.stdout

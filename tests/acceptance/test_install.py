@@ -132,6 +132,10 @@ def test_an_app_with_its_own_storage_tracer_scorers_and_migrations(
 def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'judge.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    subprocess.run(
+        [str(venv / "bin" / "recalltrace"), "db", "upgrade", "--database-url", url],
+        cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
     for command in (
         ["worker", "--once", "--database-url", url, "--judge-model", "openai/gpt-4o-mini"],
         ["demo", "--database-url", url, "--judge-model", "openai/gpt-4o-mini"],

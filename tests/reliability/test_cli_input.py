@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 
 from recalltrace.cli import main
 from recalltrace.scorers._result import ScoreResult
+from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Score, ScoringJob, Trace
 from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import ROOT, python_env
@@ -229,6 +230,7 @@ def test_a_busy_prometheus_port_is_one_line(tmp_path: Path) -> None:
     import socket
 
     url = f"sqlite:///{tmp_path / 'busy.db'}"
+    upgrade(url)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
