@@ -29,6 +29,7 @@ from recalltrace.tracer._extract import (
     Doc,
     Usage,
     document_list,
+    is_plain_data,
     metadata_json,
     read_answer,
     read_chunk_text,
@@ -36,6 +37,7 @@ from recalltrace.tracer._extract import (
     read_generation_text,
     read_model,
     read_usage,
+    snapshot,
     to_text,
 )
 from recalltrace.tracer._internal import internal_error, user_code_error
@@ -297,7 +299,8 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         call = _Call(spec, runtime, span, state, ctx, outermost, span.is_recording())
         if state.sampled:
             if spec.kind == RAG and outermost:
-                state.user_input = value
+                # A snapshot: the application may change the object after the call.
+                state.user_input = snapshot(value)
                 _capture_references(spec, state, args, kwargs)
             if spec.metadata:
                 state.metadata.update(spec.metadata)
@@ -357,7 +360,17 @@ def _outside_request(spec: _Spec) -> None:
 
 def _with_input(runtime: Any, attributes: dict[str, Any], value: Any, spec: _Spec) -> Any:
     try:
-        text = value if isinstance(value, str) else to_text(value)
+        if isinstance(value, str):
+            text = value
+        elif is_plain_data(value):
+            text = to_text(value) or ""
+        else:
+            # Printing an application object runs its code (a __str__ may be slow, hang or
+            # raise): not on the request path. The span shows its type; the record gets its
+            # text, read on the writer thread with a time bound.
+            attributes = dict(attributes)
+            attributes[INPUT_VALUE] = f"<{type(value).__name__}>"
+            return attributes
         if runtime.span_scrub is not None:
             text = runtime.span_scrub(text)
     except Exception:
@@ -374,15 +387,15 @@ def _capture_references(spec: _Spec, state: Any, args: tuple[Any, ...], kwargs: 
     if spec.reference is not None:
         value = _argument(spec.reference, args, kwargs)
         if value is not None:
-            state.reference = value
+            state.reference = snapshot(value)
     if spec.reference_contexts is not None:
         value = _argument(spec.reference_contexts, args, kwargs)
         if value is not None:
-            state.reference_contexts = value
+            state.reference_contexts = snapshot(value)
     if spec.reference_context_ids is not None:
         value = _argument(spec.reference_context_ids, args, kwargs)
         if value is not None:
-            state.reference_context_ids = value
+            state.reference_context_ids = snapshot(value)
 
 
 def _docs_of(spec: _Spec, result: Any) -> tuple[list[Doc], int]:

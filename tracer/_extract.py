@@ -66,10 +66,69 @@ def _as_metadata(value: Any) -> dict[str, Any]:
     if not value:
         return _EMPTY
     if isinstance(value, dict):
-        return value
+        return snapshot(value)
     if isinstance(value, Mapping):
-        return dict(value)
+        return snapshot(dict(value))
     return _EMPTY
+
+
+_LEAF_TYPES = frozenset({str, int, float, bool, type(None), bytes})
+SNAPSHOT_BUDGET = 2000
+"""Most containers (dicts, lists, tuples, sets) copied for one snapshot; past it, the rest is
+kept as it is."""
+
+
+def is_plain_data(value: Any, budget: int = SNAPSHOT_BUDGET) -> bool:
+    """Whether ``value`` is strings, numbers, booleans and ``None`` in dicts (with string
+    keys), lists and tuples only (at most ``budget`` containers): printing it runs no
+    application code."""
+    left = [budget]
+
+    def plain(item: Any, depth: int) -> bool:
+        kind = type(item)
+        if kind in _LEAF_TYPES:
+            return kind is not bytes
+        if depth > 20 or left[0] <= 0:
+            return False
+        left[0] -= 1
+        if kind is dict:
+            return all(type(k) is str and plain(v, depth + 1) for k, v in item.items())
+        if kind is list or kind is tuple:
+            return all(plain(v, depth + 1) for v in item)
+        return False
+
+    return plain(value, 0)
+
+
+def snapshot(value: Any, budget: int = SNAPSHOT_BUDGET) -> Any:
+    """``value`` as it is now: dicts, lists, tuples and sets are copied (up to ``budget`` of
+    them, 20 levels deep), so that a later change by the application does not change the
+    record; other objects are kept as they are and read later, with a time bound. Cheap for
+    the common case: a string, a number, or a small flat dict."""
+    if type(value) in _LEAF_TYPES:
+        return value
+    left = [budget]
+
+    def copy(item: Any, depth: int) -> Any:
+        kind = type(item)
+        if kind in _LEAF_TYPES or depth > 20 or left[0] <= 0:
+            return item
+        if kind is dict:
+            left[0] -= 1
+            return {key: copy(inner, depth + 1) for key, inner in item.items()}
+        if kind is list or kind is tuple:
+            left[0] -= 1
+            copied = [copy(inner, depth + 1) for inner in item]
+            return copied if kind is list else tuple(copied)
+        if kind is set or kind is frozenset:
+            left[0] -= 1
+            return kind(copy(inner, depth + 1) for inner in item)
+        return item
+
+    try:
+        return copy(value, 0)
+    except Exception:  # a mapping whose items() raises, a set of unhashable copies
+        return value
 
 
 def _as_text(value: Any) -> str:

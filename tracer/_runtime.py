@@ -21,6 +21,7 @@ from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
 from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import TracerStats, register_instruments
+from recalltrace.tracer._reader import BoundedReader, needs_reading, without_application_objects
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
 from recalltrace.tracer._sinks import check_default_sink, open_default_sink
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from recalltrace.tracer._config import TraceSink
 
 logger = logging.getLogger("recalltrace.tracer")
+
+READ_TIMEOUT_S = 2.0
+"""Longest the writer waits for one record's application objects to be read."""
 
 INSTRUMENTATION_NAME = "recalltrace"
 STATE_KEY = otel_context.create_key("recalltrace-trace")
@@ -75,6 +79,7 @@ class Runtime:
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
         self.stats = _stats
+        self.reader = BoundedReader(READ_TIMEOUT_S)
         self.writer = BatchWriter(
             sink_factory=self._open_sink,
             assemble=self._assemble,
@@ -97,6 +102,27 @@ class Runtime:
         )
 
     def _assemble(self, state: TraceState) -> TraceRecord:
+        if not needs_reading(state):
+            return self._assemble_now(state)
+        done, record = self.reader.run(self._assemble_now, state)
+        if done:
+            return record
+        clone = without_application_objects(state)
+        clone.notes.append(
+            f"reading this request's values did not finish within {READ_TIMEOUT_S:g} s (an "
+            "object's __str__ or __repr__, or an extractor, hangs or is very slow): stored "
+            "without them"
+        )
+        if self.reader.timed_out == 1:
+            logger.warning(
+                "recalltrace writer: reading a request's values did not finish within %g s; "
+                "the record is stored without them (and so is every such record; each says so "
+                "in its notes)",
+                READ_TIMEOUT_S,
+            )
+        return self._assemble_now(clone)
+
+    def _assemble_now(self, state: TraceState) -> TraceRecord:
         return assemble_record(state, self.scrubber, self.config.max_text_length)
 
     def finish_trace(self, state: TraceState) -> None:
