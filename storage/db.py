@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
+
+logger = logging.getLogger("recalltrace.storage")
+
+_ENGINE_NOTES: weakref.WeakKeyDictionary[Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def engine_notes(engine: Engine) -> dict[str, Any]:
+    """What storage remembers about ``engine`` (SQLite file changes, schema permission)."""
+    notes = _ENGINE_NOTES.get(engine)
+    if notes is None:
+        notes = _ENGINE_NOTES[engine] = {}
+    return notes
+
 
 DEFAULT_DATABASE_URL = "sqlite:///./recalltrace.db"
 """The embedded default: a SQLite file in the working directory."""
@@ -94,7 +109,54 @@ def create_engine_from_url(url: str | None = None, **kwargs: Any) -> Engine:
         ) from None
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
+        path = parsed.database
+        if path and path != ":memory:" and not str(path).startswith("file:"):
+            _watch_sqlite_file(engine, str(path))
     return engine
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino)
+
+
+def _watch_sqlite_file(engine: Engine, path: str) -> None:
+    """Reopen the file when it is deleted or replaced while in use.
+
+    An open SQLite connection keeps writing into the file it opened, even after that file was
+    deleted or another was moved to its path: everything written after that is lost, and
+    nothing says so. Each connection remembers the file it opened; before a connection is
+    handed out, the path is checked (one ``stat``), and a connection to a file that is no longer
+    at the path is discarded, so the next one opens what is there now. Said once per change;
+    ``engine_notes(engine)["sqlite_reopened"]`` counts the changes seen.
+    """
+
+    def remember(dbapi_connection: Any, record: Any) -> None:
+        record.info["sqlite_file"] = _file_identity(path)
+
+    def check(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        opened = record.info.get("sqlite_file")
+        current = _file_identity(path)
+        if current == opened:
+            return
+        notes = engine_notes(engine)
+        said = notes.setdefault("sqlite_changes_said", set())
+        if (opened, current) not in said:
+            said.add((opened, current))
+            notes["sqlite_reopened"] = notes.get("sqlite_reopened", 0) + 1
+            logger.warning(
+                "the SQLite file %s was %s while in use; reopening it: what is written from now "
+                "on goes to the file now at that path",
+                path,
+                "deleted" if current is None else "replaced",
+            )
+        raise DisconnectionError(f"the SQLite file {path} was deleted or replaced")
+
+    event.listen(engine, "connect", remember)
+    event.listen(engine, "checkout", check)
 
 
 def is_postgres(engine: Engine) -> bool:

@@ -26,7 +26,7 @@ from recalltrace.storage.contracts import (
     TraceNotFound,
     spec_map,
 )
-from recalltrace.storage.db import create_engine_from_url, is_postgres
+from recalltrace.storage.db import create_engine_from_url, engine_notes, is_postgres
 from recalltrace.storage.queue import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_REFERENCE_TTL,
@@ -125,6 +125,8 @@ def open_repository(
         from recalltrace.storage.migrate import upgrade_engine
 
         upgrade_engine(engine)
+        # Allowed to create the schema: also on a SQLite file that replaces this one.
+        engine_notes(engine)["recreate_schema"] = True
     return Repository(
         engine,
         specs=specs,

@@ -18,6 +18,8 @@ from recalltrace.storage import summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
 from recalltrace.storage._storable import json_safe, storable_record
 from recalltrace.storage.contracts import JobSpec
+from recalltrace.storage.db import engine_notes
+from recalltrace.storage.errors import is_schema_missing
 from recalltrace.storage.models import JobStatus, RetrievedContext, ScoringJob, Trace
 from recalltrace.storage.queue import job_rows
 from recalltrace.storage.records import TraceRecord
@@ -54,6 +56,25 @@ class TraceWrites:
         """
         if not records:
             return
+        try:
+            self._write_traces(records)
+        except Exception as exc:
+            # A SQLite file deleted or replaced in use is reopened (storage.db); the new file
+            # has no tables. Where this repository may create the schema, it does, once.
+            info = engine_notes(self.engine)
+            if not (
+                info.get("recreate_schema")
+                and info.get("sqlite_reopened", 0) > info.get("sqlite_recreated", 0)
+                and is_schema_missing(exc)
+            ):
+                raise
+            from recalltrace.storage.migrate import upgrade_engine
+
+            info["sqlite_recreated"] = info.get("sqlite_reopened", 0)
+            upgrade_engine(self.engine)
+            self._write_traces(records)
+
+    def _write_traces(self, records: Sequence[TraceRecord]) -> None:
         unique: dict[str, TraceRecord] = {}
         for record in records:
             unique.setdefault(record.trace_id, record)
