@@ -188,6 +188,8 @@ class WorkerTelemetry:
         trace_id: str,
         judge_model: str | None,
         duration_s: float | None,
+        otel_trace_id: str | None = None,
+        otel_span_id: str | None = None,
     ) -> None:
         """Record a stored score: the histogram, the duration, and the evaluation event."""
         attributes: dict[str, Any] = {ATTR_METRIC: result.metric, ATTR_APP: app_name}
@@ -197,15 +199,33 @@ class WorkerTelemetry:
             self.recall.record(result.value, attributes)
         if duration_s is not None:
             self.scoring_duration.record(duration_s, {ATTR_METRIC: result.metric})
-        self.emit_evaluation(result, app_name=app_name, trace_id=trace_id)
+        self.emit_evaluation(
+            result,
+            app_name=app_name,
+            trace_id=trace_id,
+            otel_trace_id=otel_trace_id,
+            otel_span_id=otel_span_id,
+        )
 
-    def emit_evaluation(self, result: ScoreResult, *, app_name: str, trace_id: str) -> None:
-        """Emit one ``gen_ai.evaluation.result`` event linked to the scored trace."""
+    def emit_evaluation(
+        self,
+        result: ScoreResult,
+        *,
+        app_name: str,
+        trace_id: str,
+        otel_trace_id: str | None = None,
+        otel_span_id: str | None = None,
+    ) -> None:
+        """Emit one ``gen_ai.evaluation.result`` event linked to the request it judges: the
+        OpenTelemetry trace and the request's root span (``trace_id``, the record's own id,
+        is an attribute; records stored before records had their own ids use it as the trace
+        id, which it was)."""
         attributes: dict[str, Any] = {
             "gen_ai.evaluation.name": result.metric,
             "gen_ai.evaluation.explanation": result.reason,
             "rag.score.status": result.status,
             "rag.metric.version": result.version,
+            "rag.record.id": trace_id,
             ATTR_APP: app_name,
         }
         if result.value is not None:
@@ -213,18 +233,21 @@ class WorkerTelemetry:
         if result.model:
             attributes[ATTR_REQUEST_MODEL] = model_name(result.model)
         try:
-            trace_int = int(trace_id, 16)
+            trace_int = int(otel_trace_id or trace_id, 16)
         except ValueError:
             trace_int = 0
-        # Scores are linked to the trace they judge; the trace's own spans are long gone, so
-        # the link carries the trace id and no span id.
+        try:
+            span_int = int(otel_span_id, 16) if otel_span_id else 0
+        except ValueError:
+            span_int = 0
+        # Scores are linked to the request they judge: its trace, and its root span when known.
         context = None
         if trace_int:
             context = set_span_in_context(
                 NonRecordingSpan(
                     SpanContext(
                         trace_id=trace_int,
-                        span_id=0,
+                        span_id=span_int,
                         is_remote=True,
                         trace_flags=TraceFlags(TraceFlags.SAMPLED),
                     )

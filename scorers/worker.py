@@ -411,6 +411,8 @@ class Worker:
         self._next_status = 0.0
         self._started_at = datetime.now(timezone.utc)
         self._unserved_said: set[str] = set()
+        # The OpenTelemetry ids of the requests being scored, for their evaluation events.
+        self._otel_ids: dict[int, tuple[str, str | None]] = {}
         if self._stop_requested.is_set():
             self._stop.set()
         signals = self._install_signal_handlers()
@@ -558,6 +560,8 @@ class Worker:
             # Claimed before the judge was paused: give it back untouched.
             await self._give_back(job)
             return
+        if trace is not None and trace.otel_trace_id:
+            self._otel_ids[job.id] = (trace.otel_trace_id, trace.otel_span_id)
         try:
             if scorer is None:
                 raise RuntimeError(f"no scorer for metric {job.metric!r} in this worker")
@@ -701,6 +705,9 @@ class Worker:
                 written = await self._db_call(self.repo.finish_jobs, outcomes)
                 # Counted are the scores stored now: not those of traces deleted while they
                 # were scored, nor a second finish of a job another worker already stored.
+                for entry, new in zip(batch, written, strict=True):
+                    if not new:
+                        self._otel_ids.pop(entry[0].id, None)
                 batch = [entry for entry, new in zip(batch, written, strict=True) if new]
                 break
             except Exception as exc:
@@ -729,12 +736,15 @@ class Worker:
             outcome = result.status
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self.telemetry.record_job(outcome, job.metric)
+            otel_trace_id, otel_span_id = self._otel_ids.pop(job.id, (None, None))
             self.telemetry.record_score(
                 result,
                 app_name=app,
                 trace_id=job.trace_id,
                 judge_model=result.model,
                 duration_s=duration,
+                otel_trace_id=otel_trace_id,
+                otel_span_id=otel_span_id,
             )
         if self.on_progress is not None:
             self.on_progress(self.stats)
@@ -924,7 +934,13 @@ class Worker:
                 details={"skipped_by": "reference_ttl"},
                 version=job.version,
             )
-            self.telemetry.emit_evaluation(result, app_name=job.app_name, trace_id=job.trace_id)
+            self.telemetry.emit_evaluation(
+                result,
+                app_name=job.app_name,
+                trace_id=job.trace_id,
+                otel_trace_id=job.otel_trace_id,
+                otel_span_id=job.otel_span_id,
+            )
 
     async def _maintenance_loop(self) -> None:
         while True:

@@ -128,6 +128,11 @@ class TraceInputs:
     reference: str | None
     reference_contexts: list[str] | None
     reference_context_ids: list[str] | None
+    otel_trace_id: str | None = None
+    """The OpenTelemetry trace id the request ran in (``None`` for records stored before
+    records had their own ids, whose ``trace_id`` is it)."""
+    otel_span_id: str | None = None
+    """The span id of the request's root span."""
 
     def scorer_inputs(self) -> dict[str, Any]:
         """Keyword inputs for ``Scorer.ascore`` (the spec's names)."""
@@ -162,6 +167,8 @@ class SkippedJob:
     version: str
     app_name: str
     reason: str
+    otel_trace_id: str | None = None
+    otel_span_id: str | None = None
 
 
 class JobStore(Protocol):

@@ -337,9 +337,13 @@ class JobQueue:
             traces = {
                 t.trace_id: t
                 for t in conn.execute(
-                    select(Trace.trace_id, Trace.app_name, Trace.started_at).where(
-                        Trace.trace_id.in_({r.trace_id for r in rows})
-                    )
+                    select(
+                        Trace.trace_id,
+                        Trace.app_name,
+                        Trace.started_at,
+                        Trace.otel_trace_id,
+                        Trace.otel_span_id,
+                    ).where(Trace.trace_id.in_({r.trace_id for r in rows}))
                 )
             }
             ttl = older_than if older_than is not None else self.reference_ttl
@@ -371,7 +375,15 @@ class JobQueue:
                 conn, self.dialect, ((r.metric, traces[r.trace_id].started_at) for r in rows)
             )
             return [
-                SkippedJob(r.trace_id, r.metric, r.version, traces[r.trace_id].app_name, reason)
+                SkippedJob(
+                    r.trace_id,
+                    r.metric,
+                    r.version,
+                    traces[r.trace_id].app_name,
+                    reason,
+                    traces[r.trace_id].otel_trace_id,
+                    traces[r.trace_id].otel_span_id,
+                )
                 for r in rows
             ]
 
@@ -541,9 +553,13 @@ class JobQueue:
             traces = {
                 t.trace_id: t
                 for t in conn.execute(
-                    select(Trace.trace_id, Trace.app_name, Trace.started_at).where(
-                        Trace.trace_id.in_(trace_ids)
-                    )
+                    select(
+                        Trace.trace_id,
+                        Trace.app_name,
+                        Trace.started_at,
+                        Trace.otel_trace_id,
+                        Trace.otel_span_id,
+                    ).where(Trace.trace_id.in_(trace_ids))
                 )
             }
             # A trace deleted (by retention) while its job ran took the job with it: there is
@@ -779,6 +795,8 @@ class JobQueue:
                     Trace.reference,
                     Trace.reference_contexts,
                     Trace.reference_context_ids,
+                    Trace.otel_trace_id,
+                    Trace.otel_span_id,
                 ).where(Trace.trace_id.in_(ids))
             ).all()
             contexts = conn.execute(
@@ -820,6 +838,8 @@ class JobQueue:
                 reference=t.reference,
                 reference_contexts=t.reference_contexts,
                 reference_context_ids=t.reference_context_ids,
+                otel_trace_id=t.otel_trace_id,
+                otel_span_id=t.otel_span_id,
             )
         return result
 

@@ -72,3 +72,34 @@ def test_a_once_run_exports_the_queue_it_left_and_its_skips(tmp_path: Path) -> N
     skipped = [a for a in skipped if a.get("rag.score.status") == "skipped"]
     assert all(a["gen_ai.evaluation.name"] == METRIC for a in skipped)
     assert all("reference" in a["gen_ai.evaluation.explanation"] for a in skipped)
+
+
+def test_evaluation_events_point_at_the_request_they_judge(tmp_path: Path) -> None:
+    """A record has its own id; its events carry the OpenTelemetry trace and root span the
+    request ran in, so a trace viewer shows the score on that request."""
+    url = f"sqlite:///{tmp_path / 'linked.db'}"
+    upgrade(url)
+    repo = make_repository(create_engine_from_url(url), metrics=[METRIC])
+    records = [make_trace(reference_context_ids=["doc_0"]) for _ in range(3)]
+    for index, record in enumerate(records):
+        record.otel_trace_id = f"{index + 1:032x}"
+        record.otel_span_id = f"{index + 10:016x}"
+    repo.write_traces(records)
+    repo.dispose()
+    with OTLPReceiver() as receiver:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLTRACE_", "OTEL_"))}
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        command = [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url]
+        run = subprocess.run(
+            [*command, "--metric", METRIC, "--no-progress"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        events = receiver.log_records()
+    from tests.support.otlp_receiver import attributes
+
+    linked = {
+        attributes(e.attributes)["rag.record.id"]: (e.trace_id.hex(), e.span_id.hex())
+        for e in events
+    }
+    assert linked == {r.trace_id: (r.otel_trace_id, r.otel_span_id) for r in records}
