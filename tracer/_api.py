@@ -12,6 +12,7 @@ from recalltrace.tracer._config import (
     TraceSink,
 )
 from recalltrace.tracer._decorators import (
+    GEN_AI_DATA_SOURCE,
     GEN_AI_OPERATION,
     GEN_AI_REQUEST_MODEL,
     GENERATION,
@@ -140,6 +141,7 @@ def retrieval(
     name: str | None = None,
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
+    data_source: str | None = None,
 ) -> Callable[[F], F]: ...
 def retrieval(
     func: Any = None,
@@ -148,6 +150,7 @@ def retrieval(
     name: str | None = None,
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
+    data_source: str | None = None,
 ) -> Any:
     """Trace a retriever (an OpenInference ``RETRIEVER`` span) and capture its documents.
 
@@ -157,15 +160,19 @@ def retrieval(
     such a list (``source_nodes``, ``documents``, ...). A generator may yield documents or
     lists of them. ``extractor`` maps the return value (or each yielded item) to an iterable of
     documents of any of those shapes. ``query_param`` names the query parameter (default: the
-    first string argument).
+    first string argument). ``data_source`` names the index or store searched (the GenAI
+    conventions' ``gen_ai.data_source.id`` on the span).
+
+    Besides OpenInference's attributes, the span carries the GenAI conventions' retrieval
+    attributes: ``gen_ai.operation.name=retrieval``, ``gen_ai.retrieval.query.text`` and
+    ``gen_ai.retrieval.documents`` (a JSON list of ``{id, score}`` for the documents on it).
     """
 
     def build(fn: Any, name: str | None) -> Any:
-        spec = _Spec(
-            RETRIEVAL,
-            name or function_name(fn),
-            {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"},
-        )
+        attributes: dict[str, Any] = {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"}
+        if data_source:
+            attributes[GEN_AI_DATA_SOURCE] = data_source
+        spec = _Spec(RETRIEVAL, name or function_name(fn), attributes)
         spec.input = locate(fn, query_param)
         spec.extractor = extractor
         return decorate(fn, spec)
@@ -199,7 +206,10 @@ def generation(
     dict with ``text``/``content``/``output``. A generator's chunks are accumulated (strings,
     ``choices[0].delta.content``, ``delta.text``, message chunks). The model name and token
     usage are taken from the value when it carries them; ``model`` names the requested model.
-    ``prompt_param`` names the prompt parameter (default: the first string argument).
+    ``prompt_param`` names the prompt parameter (default: the first string argument). A
+    prompt given as a list of ``{"role", "content"}`` dicts is put on the span as messages
+    (OpenInference's ``llm.input_messages``/``llm.output_messages`` and the GenAI conventions'
+    ``gen_ai.input.messages``/``gen_ai.output.messages``).
     """
 
     def build(fn: Any, name: str | None) -> Any:

@@ -50,6 +50,7 @@ SPAN_KIND = "openinference.span.kind"
 INPUT_VALUE = "input.value"
 INPUT_MIME_TYPE = "input.mime_type"
 OUTPUT_VALUE = "output.value"
+OUTPUT_MIME_TYPE = "output.mime_type"
 LLM_MODEL_NAME = "llm.model_name"
 LLM_PROMPT_TOKENS = "llm.token_count.prompt"
 LLM_COMPLETION_TOKENS = "llm.token_count.completion"
@@ -59,12 +60,23 @@ GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_QUERY_TEXT = "gen_ai.retrieval.query.text"
+GEN_AI_DOCUMENTS = "gen_ai.retrieval.documents"
+GEN_AI_DATA_SOURCE = "gen_ai.data_source.id"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+# At most this many messages of a chat prompt are put on a generation span, flattened as
+# OpenInference's llm.input_messages.N.message.{role,content} and in gen_ai.input.messages
+# (input.value keeps the whole prompt).
+MAX_SPAN_MESSAGES = 32
 DOCUMENTS_TOTAL = "recalltrace.retrieval.documents"
 DOCUMENTS_ON_SPAN = "recalltrace.retrieval.documents_on_span"
 
 # Attributes kept free on a retrieval span for what is set after the documents (an output, the
 # two counts above, an error status's exception attributes).
 _ATTRIBUTE_RESERVE = 8
+# Set with the documents besides their own attributes: the two counts and the GenAI list.
+_WITH_DOCUMENTS = 3
 
 _DOC_KEY_CACHE = 256
 
@@ -166,7 +178,17 @@ class _Spec:
 class _Call:
     """One open decorated call."""
 
-    __slots__ = ("ctx", "outermost", "recording", "runtime", "sampled", "span", "spec", "state")
+    __slots__ = (
+        "chat",
+        "ctx",
+        "outermost",
+        "recording",
+        "runtime",
+        "sampled",
+        "span",
+        "spec",
+        "state",
+    )
 
     def __init__(
         self,
@@ -186,6 +208,7 @@ class _Call:
         self.outermost = outermost
         self.recording = recording
         self.sampled = state.sampled
+        self.chat = False
 
 
 # -- OpenTelemetry, bound on first use ----------------------------------------------------------
@@ -297,6 +320,8 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
             ctx = otel.set_span_in_context(span, parent)
             outermost = False
         call = _Call(spec, runtime, span, state, ctx, outermost, span.is_recording())
+        if attributes is not spec.attributes and GEN_AI_INPUT_MESSAGES in attributes:
+            call.chat = True
         if state.sampled:
             if spec.kind == RAG and outermost:
                 # A snapshot: the application may change the object after the call.
@@ -380,6 +405,12 @@ def _with_input(runtime: Any, attributes: dict[str, Any], value: Any, spec: _Spe
     attributes[INPUT_VALUE] = text
     if not isinstance(value, str):
         attributes[INPUT_MIME_TYPE] = "application/json"
+        if spec.kind == GENERATION:
+            pairs = _chat_messages(value)
+            if pairs is not None:
+                _message_attributes(pairs, attributes, runtime.span_scrub)
+    elif spec.kind == RETRIEVAL:
+        attributes[GEN_AI_QUERY_TEXT] = text
     return attributes
 
 
@@ -486,7 +517,7 @@ def _document_attributes(
 def _finish_retrieval(call: _Call, result: Any) -> None:
     room = _attribute_room(call.span) if call.recording else None
     if room is not None:
-        room -= 2  # the two counts below
+        room -= _WITH_DOCUMENTS
     # A span takes only the documents that fit (at most one per attribute): those are read
     # now. The record needs every document: the rest are kept as a shallow copy of the
     # retriever's list and read on the writer thread, so k documents cost the request path
@@ -519,9 +550,70 @@ def _finish_documents(call: _Call, docs: list[Doc], total: int, room: int | None
         if shown < total:
             attributes[DOCUMENTS_TOTAL] = total
             attributes[DOCUMENTS_ON_SPAN] = shown
+        if shown:
+            attributes[GEN_AI_DOCUMENTS] = _genai_documents(docs[:shown], call.runtime.span_scrub)
         call.span.set_attributes(attributes)
     if call.sampled and docs:
         call.state.contexts.extend(docs)
+
+
+def _genai_documents(docs: list[Doc], scrub: Any) -> str:
+    """The GenAI conventions' ``gen_ai.retrieval.documents``: a JSON list of ``{id, score}``
+    in rank order (the content is on the OpenInference attributes beside it)."""
+    entries: list[dict[str, Any]] = []
+    for doc in docs:
+        entry: dict[str, Any] = {}
+        if doc.id is not None:
+            entry["id"] = doc.id if scrub is None else scrub(doc.id)
+        if doc.score is not None:
+            entry["score"] = doc.score
+        entries.append(entry)
+    return to_text(entries) or "[]"
+
+
+def _chat_messages(value: Any) -> list[tuple[str, str]] | None:
+    """``value`` as (role, text) pairs when it is a chat prompt of plain dicts (``role`` and a
+    string or a list of text parts as ``content``), at most ``MAX_SPAN_MESSAGES`` of them;
+    else None. Application objects are not read here (the request path runs no user code)."""
+    if type(value) is not list or not value:
+        return None
+    pairs: list[tuple[str, str]] = []
+    for item in value[:MAX_SPAN_MESSAGES]:
+        if type(item) is not dict:
+            return None
+        role, content = item.get("role"), item.get("content")
+        if type(role) is not str:
+            return None
+        if content is None:
+            text = ""
+        elif type(content) is str:
+            text = content
+        elif type(content) is list:
+            text = "".join(
+                part["text"]
+                for part in content
+                if type(part) is dict and type(part.get("text")) is str
+            )
+        else:
+            return None
+        pairs.append((role, text))
+    return pairs
+
+
+def _message_attributes(
+    pairs: list[tuple[str, str]], attributes: dict[str, Any], scrub: Any
+) -> None:
+    """A chat prompt on a generation span: OpenInference's flattened messages and the GenAI
+    conventions' ``gen_ai.input.messages``."""
+    messages: list[dict[str, Any]] = []
+    for index, (role, text) in enumerate(pairs):
+        if scrub is not None:
+            text = scrub(text)
+        prefix = f"llm.input_messages.{index}.message."
+        attributes[prefix + "role"] = role
+        attributes[prefix + "content"] = text
+        messages.append({"role": role, "parts": [{"type": "text", "content": text}]})
+    attributes[GEN_AI_INPUT_MESSAGES] = to_text(messages)
 
 
 def _finish_generation(
@@ -531,7 +623,15 @@ def _finish_generation(
         attributes: dict[str, Any] = {}
         if text is not None:
             scrub = call.runtime.span_scrub
-            attributes[OUTPUT_VALUE] = text if scrub is None else scrub(text)
+            output = text if scrub is None else scrub(text)
+            attributes[OUTPUT_VALUE] = output
+            attributes[OUTPUT_MIME_TYPE] = "text/plain"
+            if call.chat:
+                attributes["llm.output_messages.0.message.role"] = "assistant"
+                attributes["llm.output_messages.0.message.content"] = output
+                attributes[GEN_AI_OUTPUT_MESSAGES] = to_text(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": output}]}]
+                )
         if model is not None:
             attributes[LLM_MODEL_NAME] = model
             attributes[GEN_AI_RESPONSE_MODEL] = model
@@ -554,7 +654,12 @@ def _finish_generation(
 def _finish_rag(call: _Call, answer: str | None) -> None:
     if answer is not None and call.recording:
         scrub = call.runtime.span_scrub
-        call.span.set_attribute(OUTPUT_VALUE, answer if scrub is None else scrub(answer))
+        call.span.set_attributes(
+            {
+                OUTPUT_VALUE: answer if scrub is None else scrub(answer),
+                OUTPUT_MIME_TYPE: "text/plain",
+            }
+        )
     if call.outermost and call.sampled and answer is not None:
         call.state.response = answer
 
@@ -763,7 +868,10 @@ def _stream_record(call: _Call, stream: _Stream) -> None:
         if kind == RETRIEVAL:
             room = _attribute_room(call.span) if call.recording else None
             _finish_documents(
-                call, stream.docs, len(stream.docs), None if room is None else room - 2
+                call,
+                stream.docs,
+                len(stream.docs),
+                None if room is None else room - _WITH_DOCUMENTS,
             )
         elif kind == GENERATION:
             text = "".join(stream.texts) if stream.texts else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import json
 import logging
 import sys
 import threading
@@ -673,15 +674,18 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
         "openinference.span.kind": "CHAIN",
         "input.value": "capital?",
         "output.value": "Paris.",
+        "output.mime_type": "text/plain",
     }
     assert dict(traced.span("search").attributes) == {
         "openinference.span.kind": "RETRIEVER",
         "gen_ai.operation.name": "retrieval",
         "input.value": "capital?",
+        "gen_ai.retrieval.query.text": "capital?",
         "retrieval.documents.0.document.id": "d1",
         "retrieval.documents.0.document.content": "Paris...",
         "retrieval.documents.0.document.score": 0.5,
         "retrieval.documents.0.document.metadata": '{"page": 3}',
+        "gen_ai.retrieval.documents": '[{"id": "d1", "score": 0.5}]',
     }
     assert dict(traced.span("generate").attributes) == {
         "openinference.span.kind": "LLM",
@@ -691,6 +695,7 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
         "llm.model_name": "gpt-4o-mini-2024",
         "input.value": "capital?",
         "output.value": "Paris.",
+        "output.mime_type": "text/plain",
         "llm.token_count.prompt": 12,
         "llm.token_count.completion": 3,
         "llm.token_count.total": 15,
@@ -706,6 +711,93 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
             "total_tokens": 15,
         }
     ]
+
+
+def test_chat_prompts_and_data_sources_follow_both_conventions(traced: Traced) -> None:
+    @recalltrace.retrieval(data_source="kb-prod")
+    def search(query: str) -> list[dict[str, Any]]:
+        return [{"content": "no id, no score"}, {"id": 7, "content": "x", "score": 0.25}]
+
+    @recalltrace.generation(prompt_param="messages")
+    def generate(messages: list[dict[str, Any]]) -> str:
+        return "Paris."
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        search(question)
+        return generate(
+            [
+                {"role": "system", "content": "Answer from the context."},
+                {"role": "user", "content": [{"type": "text", "text": question}]},
+            ]
+        )
+
+    answer("capital?")
+    search_span = traced.span("search").attributes
+    assert search_span["gen_ai.data_source.id"] == "kb-prod"
+    assert json.loads(search_span["gen_ai.retrieval.documents"]) == [
+        {},
+        {"id": "7", "score": 0.25},
+    ]
+    span = traced.span("generate").attributes
+    assert span["llm.input_messages.0.message.role"] == "system"
+    assert span["llm.input_messages.0.message.content"] == "Answer from the context."
+    assert span["llm.input_messages.1.message.role"] == "user"
+    assert span["llm.input_messages.1.message.content"] == "capital?"
+    assert json.loads(span["gen_ai.input.messages"]) == [
+        {"role": "system", "parts": [{"type": "text", "content": "Answer from the context."}]},
+        {"role": "user", "parts": [{"type": "text", "content": "capital?"}]},
+    ]
+    assert span["llm.output_messages.0.message.role"] == "assistant"
+    assert span["llm.output_messages.0.message.content"] == "Paris."
+    assert json.loads(span["gen_ai.output.messages"]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "Paris."}]}
+    ]
+    assert span["input.mime_type"] == "application/json"
+    assert span["output.mime_type"] == "text/plain"
+
+
+def test_prompts_that_are_not_chat_messages_add_no_messages(traced: Traced) -> None:
+    class Message:
+        role = "user"
+        content = "hi"
+
+    @recalltrace.generation(prompt_param="prompt")
+    def generate(prompt: Any) -> str:
+        return "ok"
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        generate([{"role": "user", "content": 3}])
+        generate([Message()])
+        return generate("plain text")
+
+    answer("q")
+    for span in traced.spans():
+        keys = set(span.attributes)
+        assert not any(key.startswith(("llm.input_messages", "llm.output_messages")) for key in keys)
+        assert "gen_ai.input.messages" not in keys and "gen_ai.output.messages" not in keys
+
+
+def test_chat_messages_are_scrubbed_on_spans() -> None:
+    traced = make_traced(scrubbing=recalltrace.ScrubbingOptions(scrub_span_attributes=True))
+    try:
+
+        @recalltrace.generation(prompt_param="messages")
+        def generate(messages: list[dict[str, Any]]) -> str:
+            return "mail ops@example.com"
+
+        @recalltrace.rag
+        def answer(question: str) -> str:
+            return generate([{"role": "user", "content": "key sk-abcdefghijklmnopqrstuvwxyz123456"}])
+
+        answer("q")
+        text = json.dumps(dict(traced.span("generate").attributes))
+        assert "abcdefghijklmnopqrstuvwxyz123456" not in text
+        assert "ops@example.com" not in text
+        assert "gen_ai.output.messages" in text
+    finally:
+        recalltrace.shutdown(2.0)
 
 
 def test_non_string_input_is_json(traced: Traced) -> None:
