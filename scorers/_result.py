@@ -57,6 +57,17 @@ class ScoreResult:
         if not self.reason or not self.reason.strip():
             raise ValueError("a result always carries a reason")
 
+    @property
+    def label(self) -> str:
+        """A word for the result, for viewers that show labels beside scores: ``complete``
+        (1), ``partial`` (between 0 and 1), ``none`` (0), else the status (``skipped``,
+        ``failed``)."""
+        if self.status != "scored" or self.value is None:
+            return self.status
+        if self.value >= 1.0:
+            return "complete"
+        return "none" if self.value <= 0.0 else "partial"
+
     def to_dict(self) -> dict[str, Any]:
         """Return the result as a plain, JSON-serialisable dictionary."""
         return asdict(self)

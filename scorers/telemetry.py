@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -223,6 +224,7 @@ class WorkerTelemetry:
         attributes: dict[str, Any] = {
             "gen_ai.evaluation.name": result.metric,
             "gen_ai.evaluation.explanation": result.reason,
+            "gen_ai.evaluation.score.label": result.label,
             "rag.score.status": result.status,
             "rag.metric.version": result.version,
             "rag.record.id": trace_id,
@@ -253,8 +255,13 @@ class WorkerTelemetry:
                     )
                 )
             )
+        now = time.time_ns()
         record = _logs.LogRecord(
-            event_name=EVALUATION_EVENT, attributes=attributes, context=context
+            timestamp=now,
+            observed_timestamp=now,
+            event_name=EVALUATION_EVENT,
+            attributes=attributes,
+            context=context,
         )
         self._events.emit(record)
 

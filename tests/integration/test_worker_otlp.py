@@ -86,6 +86,7 @@ def test_evaluation_events_point_at_the_request_they_judge(tmp_path: Path) -> No
         record.otel_span_id = f"{index + 10:016x}"
     repo.write_traces(records)
     repo.dispose()
+    started_ns = time.time_ns()
     with OTLPReceiver() as receiver:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLTRACE_", "OTEL_"))}
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
@@ -103,3 +104,10 @@ def test_evaluation_events_point_at_the_request_they_judge(tmp_path: Path) -> No
         for e in events
     }
     assert linked == {r.trace_id: (r.otel_trace_id, r.otel_span_id) for r in records}
+    # Each event says when it was scored, and a label beside the value.
+    for event in events:
+        assert started_ns <= event.time_unix_nano <= time.time_ns()
+        assert event.observed_time_unix_nano == event.time_unix_nano
+        values = attributes(event.attributes)
+        assert values["gen_ai.evaluation.score.value"] == 1.0
+        assert values["gen_ai.evaluation.score.label"] == "complete"

@@ -337,3 +337,16 @@ def test_the_test_judge_answers_every_task_of_every_variant_from_the_catalog() -
             reply = auto_answer(request)
             answer = json.loads(reply.content)
             assert set(answer) == set(task.schema["required"]), name
+
+
+def test_result_labels_name_the_outcome() -> None:
+    from recalltrace.scorers import ScoreResult
+
+    def result(value: float | None, status: str = "scored") -> ScoreResult:
+        return ScoreResult(metric="m", value=value, status=status, reason="r")  # type: ignore[arg-type]
+
+    assert result(1.0).label == "complete"
+    assert result(0.999).label == "partial"
+    assert result(0.0).label == "none"
+    assert result(None, "skipped").label == "skipped"
+    assert result(None, "failed").label == "failed"
