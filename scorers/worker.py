@@ -46,6 +46,7 @@ from recalltrace.scorers.catalog import (
     metric_info,
     metrics_from_env,
 )
+from recalltrace.scorers.phoenix import AnnotationStats, PhoenixAnnotations
 from recalltrace.scorers.telemetry import WorkerTelemetry
 from recalltrace.storage.contracts import NOTIFY_CHANNEL, JobStore, QueueStats
 from recalltrace.storage.errors import is_database_unavailable
@@ -75,6 +76,16 @@ def positive_seconds(raw: str) -> float:
     if not 0 < value < 1e9:  # also refuses nan and inf
         raise ValueError(f"expected a positive number of seconds, got {raw!r}")
     return value
+
+
+def http_url(raw: str) -> str:
+    """Parse an ``http://`` or ``https://`` URL with a host (``ValueError`` otherwise)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL with a host, got {raw!r}")
+    return raw.strip()
 
 
 def flag_option(
@@ -184,6 +195,19 @@ class WorkerOptions:
         help="a long-running worker logs one status line (scored, skipped, failed, queue, lag) "
         "every S seconds",
     )
+    phoenix_url: str | None = flag_option(
+        None,
+        flag="--phoenix",
+        parse=http_url,
+        metavar="URL",
+        help="post every score to this Arize Phoenix server (e.g. http://127.0.0.1:6006) as an "
+        "annotation of the request's span; PHOENIX_API_KEY, when set, is sent as a bearer token "
+        "(default: no annotations)",
+    )
+    """Post every stored score to this Phoenix server as a span annotation (see
+    :class:`~recalltrace.scorers.phoenix.PhoenixAnnotations`)."""
+    phoenix_api_key: str | None = None
+    """Bearer token for Phoenix; ``None`` reads ``PHOENIX_API_KEY``."""
     listen: bool = True
     """Wake on Postgres LISTEN/NOTIFY when new jobs arrive."""
     worker_id: str | None = None
@@ -211,6 +235,8 @@ class WorkerOptions:
         if self.metrics is not None:
             for key in self.metrics:
                 metric_info(key)  # raises with the list of known keys
+        if self.phoenix_url is not None:
+            http_url(self.phoenix_url)
 
 
 @dataclass
@@ -225,6 +251,8 @@ class WorkerStats:
     paused: int = 0
     db_seconds: float = 0.0
     """Wall time spent in database calls (claims, loads, writes, leases, maintenance)."""
+    annotations: AnnotationStats | None = None
+    """What was posted to Phoenix (with ``phoenix_url``), counted when the run ends."""
 
     @property
     def finished(self) -> int:
@@ -297,6 +325,7 @@ class Worker:
         """The signal that stopped the last run (``SIGINT``, ``SIGTERM``), if one did."""
         self._db: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._annotations: PhoenixAnnotations | None = None
 
     # -- set-up -------------------------------------------------------------------------
     def _build_scorers(self) -> None:
@@ -415,6 +444,11 @@ class Worker:
         self._otel_ids: dict[int, tuple[str, str | None]] = {}
         if self._stop_requested.is_set():
             self._stop.set()
+        if self.options.phoenix_url:
+            self._annotations = PhoenixAnnotations(
+                self.options.phoenix_url,
+                api_key=self.options.phoenix_api_key or os.environ.get("PHOENIX_API_KEY"),
+            )
         signals = self._install_signal_handlers()
         if self._not_configured:
             logger.warning(
@@ -446,6 +480,11 @@ class Worker:
             with contextlib.suppress(Exception):
                 await finisher
             await self._report_presence(stopped=True)
+            if self._annotations is not None:
+                annotations, self._annotations = self._annotations, None
+                self.stats.annotations = await asyncio.to_thread(
+                    annotations.close, self.options.grace_period_s
+                )
             for task in helpers:
                 task.cancel()
             for task in helpers:
@@ -746,6 +785,10 @@ class Worker:
                 otel_trace_id=otel_trace_id,
                 otel_span_id=otel_span_id,
             )
+            if self._annotations is not None:
+                self._annotations.send(
+                    result, record_id=job.trace_id, app_name=app, otel_span_id=otel_span_id
+                )
         if self.on_progress is not None:
             self.on_progress(self.stats)
         return True
@@ -941,6 +984,13 @@ class Worker:
                 otel_trace_id=job.otel_trace_id,
                 otel_span_id=job.otel_span_id,
             )
+            if self._annotations is not None:
+                self._annotations.send(
+                    result,
+                    record_id=job.trace_id,
+                    app_name=job.app_name,
+                    otel_span_id=job.otel_span_id,
+                )
 
     async def _maintenance_loop(self) -> None:
         while True:
