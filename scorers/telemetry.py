@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -327,16 +327,6 @@ class TelemetrySetup:
                 logger.debug("telemetry shutdown failed", exc_info=True)
 
 
-def _otlp_wanted(signal: str) -> bool:
-    exporter = os.environ.get(f"OTEL_{signal.upper()}_EXPORTER")
-    if exporter is not None:
-        return "otlp" in {e.strip() for e in exporter.split(",")}
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    )
-
-
 def setup_telemetry(
     *,
     prometheus_port: int | None = None,
@@ -346,11 +336,15 @@ def setup_telemetry(
     extra_metric_readers: Sequence[Any] = (),
     set_global: bool = True,
     pushgateway: str | None = None,
+    otlp_exporters: Callable[[str], Any] | None = None,
 ) -> TelemetrySetup:
     """Build meter and logger providers for a stand-alone worker.
 
-    OTLP over HTTP is used when ``otlp`` is true, or when it is ``None`` and the standard
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_METRICS_EXPORTER=otlp`` variables ask for it.
+    ``otlp_exporters(signal)`` (``"metrics"``, ``"logs"``) returns the OTLP exporter the
+    environment asks for, or ``None`` (the command line passes the one that reads the standard
+    ``OTEL_*`` variables, HTTP or gRPC); it may raise ``ValueError`` for a configuration it
+    cannot honour. ``otlp=True`` exports both over OTLP/HTTP whatever it says; ``False``
+    never exports over OTLP.
     ``prometheus_port`` serves a scrape endpoint on ``prometheus_host`` (loopback by default;
     ``0`` picks a free port, reported back); a busy port raises ``OSError``. ``pushgateway``
     (a URL) prepares the same series for :meth:`TelemetrySetup.push` (batch runs).
@@ -381,21 +375,17 @@ def setup_telemetry(
             prometheus_port, addr=prometheus_host, registry=REGISTRY
         )
         bound_port = int(server.server_port)
-    use_otlp = _otlp_wanted("metrics") if otlp is None else otlp
-    if use_otlp:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    metric_exporter, log_exporter = _otlp_exporters(otlp, otlp_exporters)
+    if metric_exporter is not None:
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
     if console:
         readers.append(
             PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=10_000)
         )
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     logger_provider = LoggerProvider(resource=resource)
-    if (otlp is None and _otlp_wanted("logs")) or otlp:
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-
-        logger_provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+    if log_exporter is not None:
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
     if console:
         logger_provider.add_log_record_processor(
             BatchLogRecordProcessor(ConsoleLogRecordExporter())
@@ -404,3 +394,18 @@ def setup_telemetry(
         metrics.set_meter_provider(meter_provider)
         _logs.set_logger_provider(logger_provider)
     return TelemetrySetup(meter_provider, logger_provider, bound_port, pushgateway)
+
+
+def _otlp_exporters(
+    otlp: bool | None, factory: Callable[[str], Any] | None
+) -> tuple[Any | None, Any | None]:
+    """The metric and log exporters: both over HTTP when ``otlp`` is true, none when it is
+    false, else what ``factory`` returns for each."""
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(), OTLPLogExporter()
+    if otlp is False or factory is None:
+        return None, None
+    return factory("metrics"), factory("logs")

@@ -258,7 +258,10 @@ def _runtime() -> Any:
         _otel.load()
     runtime = _otel.runtime_module.current
     if runtime is None:
-        runtime = _otel.runtime_module.get()
+        try:
+            runtime = _otel.runtime_module.get()
+        except ValueError:
+            return None  # the refused configuration was said once; run untraced
     return runtime
 
 
@@ -270,7 +273,7 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
     disabled or failed."""
     try:
         runtime = _runtime()
-        if not runtime.enabled:
+        if runtime is None or not runtime.enabled:
             return None
         value = (
             _argument(spec.input, args, kwargs)

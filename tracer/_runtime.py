@@ -45,6 +45,8 @@ _lock = threading.RLock()
 _atexit_registered = False
 current: Runtime | None = None
 _installed_provider: Any = None
+# Whether an environment configuration refused on first use was said (it is said once).
+_refusal_said = False
 
 
 def _after_fork_in_child() -> None:
@@ -177,29 +179,38 @@ def _resolve_tracer_provider(config: TracerConfig) -> tuple[Any, bool]:
 
 
 def _make_own_provider(config: TracerConfig) -> Any:
+    """An SDK provider exporting where the standard variables say: ``OTEL_TRACES_EXPORTER``
+    (``otlp``, ``console``, ``none``), else OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+    Raises ``ValueError`` for an exporter that cannot be set up."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    from recalltrace.tracer._otlp import otlp_exporter, otlp_wanted
 
     attributes = {"service.name": config.service_name} if config.service_name else {}
+    raw = os.environ.get("OTEL_TRACES_EXPORTER")
+    names = [part.strip().lower() for part in (raw or "").split(",") if part.strip()]
+    if raw is None and otlp_wanted("traces"):
+        names = ["otlp"]
+    processors: list[Any] = []
+    for name in names:
+        if name == "otlp":
+            processors.append(BatchSpanProcessor(otlp_exporter("traces")))
+        elif name == "console":
+            processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif name != "none":
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER names {name!r}, which recalltrace cannot set up: use "
+                "otlp, console or none, or install your own TracerProvider before configure()"
+            )
     provider = TracerProvider(resource=Resource.create(attributes))
-    exporter_name = (os.environ.get("OTEL_TRACES_EXPORTER") or "").strip().lower()
-    for name in filter(None, (part.strip() for part in exporter_name.split(","))):
-        try:
-            if name == "otlp":
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter,
-                )
-                from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-            elif name == "console":
-                from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
-
-                provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-            elif name != "none":
-                logger.warning("recalltrace: unsupported OTEL_TRACES_EXPORTER %r ignored", name)
-        except Exception:
-            logger.exception("recalltrace: could not set up the %s span exporter", name)
+    for processor in processors:
+        provider.add_span_processor(processor)
     return provider
 
 
@@ -238,7 +249,18 @@ def get() -> Runtime:
         if current is not None:
             return current
         logger.debug("recalltrace: not configured; using the environment defaults")
-        return configure(TracerConfig.from_env())
+        try:
+            return configure(TracerConfig.from_env())
+        except ValueError as exc:
+            global _refusal_said
+            if not _refusal_said:
+                _refusal_said = True
+                logger.error(
+                    "recalltrace: the configuration the environment gives is refused (%s); "
+                    "decorated calls run untraced until configure() succeeds",
+                    exc,
+                )
+            raise
 
 
 def _at_exit() -> None:

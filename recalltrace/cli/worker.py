@@ -235,6 +235,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
 
     from recalltrace.scorers.telemetry import WorkerTelemetry, setup_telemetry
+    from recalltrace.tracer._otlp import environment_exporter
 
     try:
         setup = setup_telemetry(
@@ -242,7 +243,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             prometheus_host=args.prometheus_host,
             console=args.console_metrics,
             pushgateway=args.pushgateway,
+            otlp_exporters=environment_exporter,
         )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(
             f"cannot serve Prometheus metrics on {args.prometheus_host}:{args.prometheus_port}: "

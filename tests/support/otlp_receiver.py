@@ -114,6 +114,67 @@ class OTLPReceiver:
             for record in scope.log_records
         ]
 
+    def spans(self) -> list[Any]:
+        """Every span received, in order."""
+        with self._lock:
+            requests = list(self.requests["/v1/traces"])
+        return [
+            span
+            for request in requests
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+
+
+class OTLPGrpcReceiver(OTLPReceiver):
+    """The same over OTLP/gRPC (``grpcio``, from the ``grpc`` extra): ``endpoint`` is what
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` takes with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        self.requests = {path: [] for path in _KINDS}
+        self._lock = threading.Lock()
+        receiver = self
+
+        def servicer(base: type, path: str) -> Any:
+            class Servicer(base):  # type: ignore[misc, valid-type]
+                def Export(self, request: Any, context: Any) -> Any:
+                    with receiver._lock:
+                        receiver.requests[path].append(request)
+                    return _KINDS[path][1]()
+
+            return Servicer()
+
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
+            servicer(trace_service_pb2_grpc.TraceServiceServicer, "/v1/traces"), self._grpc
+        )
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+            servicer(metrics_service_pb2_grpc.MetricsServiceServicer, "/v1/metrics"), self._grpc
+        )
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
+            servicer(logs_service_pb2_grpc.LogsServiceServicer, "/v1/logs"), self._grpc
+        )
+        self._port = self._grpc.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    def __enter__(self) -> OTLPGrpcReceiver:
+        self._grpc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._grpc.stop(grace=None)
+
 
 def attributes(kvs: Any) -> dict[str, Any]:
     """OTLP key-values as a dictionary of plain values."""

@@ -775,7 +775,9 @@ def test_prompts_that_are_not_chat_messages_add_no_messages(traced: Traced) -> N
     answer("q")
     for span in traced.spans():
         keys = set(span.attributes)
-        assert not any(key.startswith(("llm.input_messages", "llm.output_messages")) for key in keys)
+        assert not any(
+            key.startswith(("llm.input_messages", "llm.output_messages")) for key in keys
+        )
         assert "gen_ai.input.messages" not in keys and "gen_ai.output.messages" not in keys
 
 
@@ -789,7 +791,9 @@ def test_chat_messages_are_scrubbed_on_spans() -> None:
 
         @recalltrace.rag
         def answer(question: str) -> str:
-            return generate([{"role": "user", "content": "key sk-abcdefghijklmnopqrstuvwxyz123456"}])
+            return generate(
+                [{"role": "user", "content": "key sk-abcdefghijklmnopqrstuvwxyz123456"}]
+            )
 
         answer("q")
         text = json.dumps(dict(traced.span("generate").attributes))
