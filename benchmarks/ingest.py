@@ -9,6 +9,11 @@
 - **collect**: ``recalltrace collect`` in its own process, storing into a scratch SQLite file;
   the same requests are sent as OTLP protobuf batches by one client over HTTP; spans per
   second from the first request to the last record stored (the receiver's drain included).
+- **Phoenix** (the peer): ``phoenix serve`` (Arize Phoenix, on its default SQLite storage) is
+  sent the same OTLP bodies at its ``/v1/traces``; spans per second from the first request to
+  the last span stored (counted through its GraphQL API). Phoenix needs SQLAlchemy 2.1 and
+  lives in an environment of its own: ``--phoenix PATH`` names its ``phoenix`` command (default:
+  the one the tests install under ``~/.cache/recalltrace-tests``).
 
 Run: ``python -m benchmarks.ingest [--requests 5000] [--batch 100] [--sample-rate 1]``
 """
@@ -201,6 +206,84 @@ def over_otlp(requests: int, batch: int) -> dict[str, float]:
     }
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _phoenix_spans(base: str) -> int:
+    import json
+
+    query = {"query": "{ projects { edges { node { name recordCount } } } }"}
+    request = urllib.request.Request(
+        base + "/graphql",
+        data=json.dumps(query).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        edges = json.loads(response.read())["data"]["projects"]["edges"]
+    return sum(int(edge["node"]["recordCount"]) for edge in edges)
+
+
+def phoenix_peer(requests: int, batch: int, executable: str) -> dict[str, float]:
+    """The same OTLP bodies sent to Phoenix's receiver; timed until Phoenix stored them."""
+    bodies = otlp_batches(requests, batch)
+    expected = requests * SPANS_PER_REQUEST
+    with tempfile.TemporaryDirectory() as folder:
+        port = _free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PHOENIX_"))}
+        env.update(
+            PHOENIX_WORKING_DIR=folder,
+            PHOENIX_HOST="127.0.0.1",
+            PHOENIX_PORT=str(port),
+            PHOENIX_GRPC_PORT=str(_free_port()),
+            PHOENIX_TELEMETRY_ENABLED="false",
+        )
+        process = subprocess.Popen(
+            [executable, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/healthz", timeout=2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or process.poll() is not None:
+                        raise RuntimeError("Phoenix did not start") from None
+                    time.sleep(0.5)
+            started = time.perf_counter()
+            for body in bodies:
+                request = urllib.request.Request(
+                    base + "/v1/traces",
+                    data=body,
+                    headers={"Content-Type": "application/x-protobuf"},
+                )
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    response.read()
+            sent = time.perf_counter() - started
+            stored = 0
+            give_up = time.monotonic() + 900
+            while stored < expected and time.monotonic() < give_up:
+                time.sleep(1.0)  # polled gently: the count is a query Phoenix also serves
+                stored = _phoenix_spans(base)
+            elapsed = time.perf_counter() - started
+        finally:
+            process.terminate()
+            process.wait(60)
+    return {
+        "send_s": sent,
+        "elapsed_s": elapsed,
+        "spans_per_s": stored / elapsed,
+        "stored": float(stored),
+        "expected": float(expected),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=5000)
@@ -213,6 +296,12 @@ def main() -> None:
         help="share of requests stored (0: the span processor's request-path cost alone)",
     )
     parser.add_argument("--skip-collect", action="store_true")
+    parser.add_argument(
+        "--phoenix",
+        default=os.path.expanduser("~/.cache/recalltrace-tests/phoenix-20/bin/phoenix"),
+        help="the phoenix command of an Arize Phoenix installation (the peer)",
+    )
+    parser.add_argument("--skip-phoenix", action="store_true")
     args = parser.parse_args()
     local = in_process(args.requests, args.blocks, args.sample_rate)
     print(
@@ -232,6 +321,18 @@ def main() -> None:
         f"{remote['elapsed_s']:.2f} s: {remote['spans_per_s']:,.0f} spans/s; "
         f"{remote['records']:.0f} records stored, {remote['refused']:.0f} batches refused "
         f"(503) and resent\n  {remote['summary']}"
+    )
+    if args.skip_phoenix:
+        return
+    if not os.path.exists(args.phoenix):
+        print(f"Phoenix: not measured ({args.phoenix} does not exist; see --phoenix)")
+        return
+    peer = phoenix_peer(args.requests, args.batch, args.phoenix)
+    print(
+        f"Phoenix: the same batches sent in {peer['send_s']:.2f} s, stored in "
+        f"{peer['elapsed_s']:.2f} s: {peer['spans_per_s']:,.0f} spans/s "
+        f"({peer['stored']:.0f} of {peer['expected']:.0f} spans stored)\n"
+        f"collect / Phoenix: {remote['spans_per_s'] / peer['spans_per_s']:.2f}x (target >= 3)"
     )
 
 

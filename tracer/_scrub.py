@@ -471,14 +471,17 @@ class Scrubber:
     def scrub_record(self, record: TraceRecord) -> None:
         """Scrub every text field of ``record`` in place and note what changed.
 
-        The gates of the built-in patterns run once over all the record's text joined together;
-        each field is then searched only with the patterns that passed, which for typical text
-        is none."""
+        The gates of the built-in patterns run once per group of fields, over the group's text
+        joined together: the retrieved documents' contents (most of the text), the record's
+        metadata, and everything else (question, answer, references, ids, document metadata).
+        Each field is then searched only with the patterns its group passed, which for typical
+        text is none; a number in the question does not send every document through the
+        number patterns, nor a ``prompt_tokens`` key in the metadata every document through
+        the assignment pattern."""
         notes = record.notes
         texts = [record.user_input, record.response, record.reference]
         texts.extend(record.reference_contexts or ())
         texts.extend(record.reference_context_ids or ())
-        texts.extend(context.content for context in record.retrieved_contexts)
         # Ids and metadata keys are text too: a secret can hide in them as in any value.
         texts.extend(context.id for context in record.retrieved_contexts if context.id)
         for context in record.retrieved_contexts:
@@ -489,10 +492,17 @@ class Scrubber:
         for index, context in enumerate(record.retrieved_contexts):
             if context.metadata and self._flat_and_harmless(context.metadata, texts):
                 plain_metadata.add(index)
-        if record.metadata:
-            texts.append(repr(record.metadata))
-        rules = self._default_rules_for("\x00".join(filter(None, texts))) if self._defaults else []
-        if rules or self._custom:
+        rules: _Rules = []
+        content_rules: _Rules = []
+        metadata_rules: _Rules = []
+        if self._defaults:
+            rules = self._default_rules_for("\x00".join(filter(None, texts)))
+            content_rules = self._default_rules_for(
+                "\x00".join(context.content for context in record.retrieved_contexts)
+            )
+            if record.metadata:
+                metadata_rules = self._default_rules_for(repr(record.metadata))
+        if rules or content_rules or self._custom:
             if record.user_input is not None:
                 record.user_input = self.scrub_text(record.user_input, "user_input", notes, rules)
             if record.response is not None:
@@ -510,10 +520,14 @@ class Scrubber:
                     for index, text in enumerate(record.reference_context_ids)
                 ]
             for index, context in enumerate(record.retrieved_contexts):
-                context.content = self.scrub_text(
-                    context.content, f"retrieved_contexts[{index}].content", notes, rules
-                )
-                if context.id:
+                if content_rules or self._custom:
+                    context.content = self.scrub_text(
+                        context.content,
+                        f"retrieved_contexts[{index}].content",
+                        notes,
+                        content_rules,
+                    )
+                if context.id and (rules or self._custom):
                     context.id = self.scrub_text(
                         context.id, f"retrieved_contexts[{index}].id", notes, rules
                     )
@@ -524,7 +538,9 @@ class Scrubber:
                     context.metadata, f"retrieved_contexts[{index}].metadata", notes, 0, rules
                 )
         if record.metadata:
-            record.metadata = self.scrub_value(record.metadata, "metadata", notes, 0, rules)
+            record.metadata = self.scrub_value(
+                record.metadata, "metadata", notes, 0, metadata_rules
+            )
 
 
 _UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")
