@@ -35,6 +35,7 @@ from recalltrace.tracer import (
     generation,
     rag,
     retrieval,
+    set_attributes,
     set_reference,
     shutdown,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "open_repository",
     "rag",
     "retrieval",
+    "set_attributes",
     "set_reference",
     "shutdown",
 ]

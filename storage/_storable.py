@@ -62,7 +62,15 @@ def storable_json(value: Any) -> tuple[Any, int]:
 
 
 # Lengths of the bounded text columns a record fills (storage.models).
-_NAME_LIMITS = {"app_name": 200, "service_name": 200}
+_NAME_LIMITS = {
+    "app_name": 200,
+    "service_name": 200,
+    "release": 200,
+    "environment": 200,
+    "user_id": 200,
+    "session_id": 200,
+}
+TAG_LIMIT = 200
 _CONTEXT_ID_LIMIT = 500
 MODEL_LIMIT = 200
 
@@ -85,7 +93,17 @@ def storable_record(record: TraceRecord) -> TraceRecord:
             )
         return cleaned, bool(count)
 
-    for name in ("app_name", "service_name", "user_input", "response", "reference"):
+    for name in (
+        "app_name",
+        "service_name",
+        "user_input",
+        "response",
+        "reference",
+        "release",
+        "environment",
+        "user_id",
+        "session_id",
+    ):
         value = getattr(record, name)
         if value is not None:
             cleaned, changed = clean(value, name)
@@ -105,6 +123,17 @@ def storable_record(record: TraceRecord) -> TraceRecord:
         cleaned, changed = clean(json_safe(record.metadata), "metadata")
         if changed:
             changes["metadata"] = cleaned
+    if record.tags:
+        tags: list[str] = []
+        for tag in record.tags:
+            cleaned, _ = clean(str(tag), "tags")
+            if len(cleaned) > TAG_LIMIT:
+                notes.append(f"truncated a tag from {len(cleaned)} to {TAG_LIMIT} characters")
+                cleaned = cleaned[:TAG_LIMIT]
+            if cleaned and cleaned not in tags:
+                tags.append(cleaned)
+        if tags != record.tags:
+            changes["tags"] = tags
     contexts = []
     contexts_changed = False
     for index, context in enumerate(record.retrieved_contexts):

@@ -630,6 +630,11 @@ class History:
                     Trace.notes,
                     Trace.otel_trace_id,
                     Trace.otel_span_id,
+                    Trace.release,
+                    Trace.environment,
+                    Trace.user_id,
+                    Trace.session_id,
+                    Trace.tags,
                 ).where(Trace.trace_id == trace_id)
             ).one_or_none()
             if trace is None:
@@ -686,6 +691,17 @@ class History:
             notes=trace.notes or [],
             otel_trace_id=trace.otel_trace_id,
             otel_span_id=trace.otel_span_id,
+            attributes={
+                name: value
+                for name, value in (
+                    ("release", trace.release),
+                    ("environment", trace.environment),
+                    ("user_id", trace.user_id),
+                    ("session_id", trace.session_id),
+                    ("tags", trace.tags),
+                )
+                if value
+            },
             contexts=tuple(
                 ContextRow(
                     position=c.position,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -272,6 +272,9 @@ class TraceDetail:
     """The OpenTelemetry trace id the request ran in (records stored before 0005: none)."""
     otel_span_id: str | None = None
     """The span id of the request's root span."""
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    """The request's attributes that are set: ``release``, ``environment``, ``user_id``,
+    ``session_id``, ``tags``."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary."""
@@ -279,6 +282,7 @@ class TraceDetail:
             "trace_id": self.trace_id,
             "otel_trace_id": self.otel_trace_id,
             "otel_span_id": self.otel_span_id,
+            "attributes": dict(self.attributes),
             "app_name": self.app_name,
             "service_name": self.service_name,
             "started_at": self.started_at.isoformat(),

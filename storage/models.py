@@ -103,12 +103,37 @@ class Trace(Base):
     """The OpenTelemetry trace id the request ran in; several records may share one."""
     otel_span_id: Mapped[str | None] = mapped_column(String(16))
     """The span id of the request's root span."""
+    release: Mapped[str | None] = mapped_column(String(200))
+    """The application's release (version) that served the request."""
+    environment: Mapped[str | None] = mapped_column(String(200))
+    """The deployment environment (``production``, ``staging``)."""
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    session_id: Mapped[str | None] = mapped_column(String(200))
+    tags: Mapped[list[str] | None] = mapped_column(JSONType)
+    """The request's tags (also one row each in ``trace_tags``, for filtering)."""
 
     __table_args__ = (
         Index("ix_traces_started_at", "started_at"),
         Index("ix_traces_app_started_at", "app_name", "started_at"),
         Index("ix_traces_otel_trace_id", "otel_trace_id"),
+        Index("ix_traces_release_started_at", "release", "started_at"),
+        Index("ix_traces_environment_started_at", "environment", "started_at"),
+        Index("ix_traces_user_id_started_at", "user_id", "started_at"),
+        Index("ix_traces_session_id_started_at", "session_id", "started_at"),
     )
+
+
+class TraceTag(Base):
+    """One tag of a trace (the tags are also a list on the trace)."""
+
+    __tablename__ = "trace_tags"
+
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(200), primary_key=True)
+
+    __table_args__ = (Index("ix_trace_tags_tag", "tag", "trace_id"),)
 
 
 class RetrievedContext(Base):

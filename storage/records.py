@@ -56,6 +56,16 @@ class TraceRecord:
     """The OpenTelemetry trace id of the request (32 hex digits), for finding it in a viewer."""
     otel_span_id: str | None = None
     """The span id of the request's root span (16 hex digits)."""
+    release: str | None = None
+    """The application's release (version) that served the request."""
+    environment: str | None = None
+    """The deployment environment (``production``, ``staging``, ...)."""
+    user_id: str | None = None
+    """The end user the request served, as the application names them."""
+    session_id: str | None = None
+    """The conversation or session the request belongs to."""
+    tags: list[str] = field(default_factory=list)
+    """Free-form labels to filter and group history by."""
 
 
 @dataclass(slots=True)

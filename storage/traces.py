@@ -20,7 +20,13 @@ from recalltrace.storage._storable import json_safe, storable_record
 from recalltrace.storage.contracts import JobSpec
 from recalltrace.storage.db import engine_notes
 from recalltrace.storage.errors import is_schema_missing
-from recalltrace.storage.models import JobStatus, RetrievedContext, ScoringJob, Trace
+from recalltrace.storage.models import (
+    JobStatus,
+    RetrievedContext,
+    ScoringJob,
+    Trace,
+    TraceTag,
+)
 from recalltrace.storage.queue import job_rows
 from recalltrace.storage.records import TraceRecord
 
@@ -28,6 +34,7 @@ from recalltrace.storage.records import TraceRecord
 _TRACE_COPY_TYPES = [
     "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
     "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
+    "varchar", "varchar", "varchar", "varchar", "jsonb",
 ]  # fmt: skip
 _CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
 _JOB_COPY_TYPES = [
@@ -104,9 +111,18 @@ class TraceWrites:
                 "created_at": now,
                 "otel_trace_id": r.otel_trace_id,
                 "otel_span_id": r.otel_span_id,
+                "release": r.release,
+                "environment": r.environment,
+                "user_id": r.user_id,
+                "session_id": r.session_id,
+                "tags": list(r.tags) or None,
             }
             for r in batch
         ]
+
+    @staticmethod
+    def _tag_rows(batch: Sequence[TraceRecord]) -> list[dict[str, Any]]:
+        return [{"trace_id": r.trace_id, "tag": tag} for r in batch for tag in r.tags]
 
     @staticmethod
     def _context_rows(batch: Sequence[TraceRecord]) -> list[dict[str, Any]]:
@@ -146,7 +162,8 @@ class TraceWrites:
                     "COPY traces (trace_id, app_name, service_name, started_at, duration_ms,"
                     " user_input, response, reference, reference_contexts,"
                     " reference_context_ids, metadata, error, notes, created_at,"
-                    " otel_trace_id, otel_span_id)"
+                    " otel_trace_id, otel_span_id, release, environment, user_id, session_id,"
+                    " tags)"
                     " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
                     copy.set_types(_TRACE_COPY_TYPES)
@@ -169,6 +186,11 @@ class TraceWrites:
                                 now,
                                 r.otel_trace_id,
                                 r.otel_span_id,
+                                r.release,
+                                r.environment,
+                                r.user_id,
+                                r.session_id,
+                                jsonb(list(r.tags) or None),
                             )
                         )
             except pg_errors.UniqueViolation:
@@ -189,6 +211,11 @@ class TraceWrites:
                             Jsonb(c["metadata"]),
                         )
                     )
+            tags = self._tag_rows(batch)
+            if tags:
+                with cursor.copy("COPY trace_tags (trace_id, tag) FROM STDIN") as copy:
+                    for row in tags:
+                        copy.write_row((row["trace_id"], row["tag"]))
             if jobs:
                 with cursor.copy(
                     "COPY scoring_jobs (trace_id, metric, version, status, attempts, run_at,"
@@ -228,6 +255,9 @@ class TraceWrites:
             contexts = self._context_rows(fresh)
             if contexts:
                 conn.execute(insert(RetrievedContext), contexts)
+            tags = self._tag_rows(fresh)
+            if tags:
+                conn.execute(insert(TraceTag), tags)
             jobs = job_rows(self.metrics, fresh, now, self.reference_ttl)
             if jobs:
                 conn.execute(
@@ -248,15 +278,3 @@ class TraceWrites:
     def dispose(self) -> None:
         """Close every pooled connection (call in a forked child or at exit)."""
         self.engine.dispose()
-
-
-# Column types of the binary COPY statements above, in column order.
-_TRACE_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
-    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
-]  # fmt: skip
-_CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
-_JOB_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "varchar", "int4",
-    "timestamptz", "timestamptz", "timestamptz", "timestamptz",
-]  # fmt: skip

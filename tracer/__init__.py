@@ -13,6 +13,7 @@ from recalltrace.tracer._api import (
     generation,
     rag,
     retrieval,
+    set_attributes,
     set_reference,
     shutdown,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "generation",
     "rag",
     "retrieval",
+    "set_attributes",
     "set_reference",
     "shutdown",
 ]

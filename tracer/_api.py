@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 from recalltrace.tracer._config import (
@@ -34,6 +34,8 @@ def configure(
     *,
     database_url: str | None = None,
     service_name: str | None = None,
+    release: str | None = None,
+    environment: str | None = None,
     sample_rate: float | None = None,
     sample_rates: Mapping[str, float] | None = None,
     scrubbing: ScrubbingOptions | Literal[False] | None = None,
@@ -84,24 +86,26 @@ def rag(
     /,
     *,
     name: str | None = None,
-    input_param: str | None = None,
+    input_param: str | Callable[..., Any] | None = None,
     reference_param: str | None = None,
     reference_contexts_param: str | None = None,
     reference_context_ids_param: str | None = None,
     response_extractor: Callable[[Any], Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> Callable[[F], F]: ...
 def rag(
     func: Any = None,
     /,
     *,
     name: str | None = None,
-    input_param: str | None = None,
+    input_param: str | Callable[..., Any] | None = None,
     reference_param: str | None = None,
     reference_contexts_param: str | None = None,
     reference_context_ids_param: str | None = None,
     response_extractor: Callable[[Any], Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> Any:
     """Trace the root of a RAG request (an OpenInference ``CHAIN`` span).
 
@@ -109,23 +113,32 @@ def rag(
     "question")``). The name (default: the function's name) is the app name of the stored
     record and selects per-app sample rates.
 
-    - ``input_param``: the parameter holding the user input; default the first string argument.
+    - ``input_param``: the parameter holding the user input, or a callable that takes the
+      function's arguments and returns it (``lambda body: body.question`` reads the question of
+      a FastAPI request body without storing the whole body); default the first string
+      argument.
     - ``reference_param`` / ``reference_contexts_param`` / ``reference_context_ids_param``:
       parameters carrying ground truth known at call time.
     - ``response_extractor``: turns the return value (or each yielded chunk of a generator)
       into the response text; by default a string, an ``answer``/``response``/``output``/...
       key or attribute, else the text of the last generation in the trace.
     - ``metadata``: JSON-serialisable values stored with every record of this app.
+    - ``tags``: tags of every record of this app (more per request with
+      :func:`set_attributes`).
     """
 
     def build(fn: Any, name: str | None) -> Any:
         spec = _Spec(RAG, name or function_name(fn), {SPAN_KIND: "CHAIN"})
-        spec.input = locate(fn, input_param)
+        if callable(input_param):
+            spec.input_reader = input_param
+        else:
+            spec.input = locate(fn, input_param)
         spec.reference = locate(fn, reference_param)
         spec.reference_contexts = locate(fn, reference_contexts_param)
         spec.reference_context_ids = locate(fn, reference_context_ids_param)
         spec.response_extractor = response_extractor
         spec.metadata = dict(metadata) if metadata else None
+        spec.tags = [tags] if isinstance(tags, str) else list(tags) if tags else None
         return decorate(fn, spec)
 
     return _bare_or_configured(func, name, build)
@@ -263,6 +276,45 @@ def set_reference(
         reference_contexts=reference_contexts,
         reference_context_ids=reference_context_ids,
     )
+
+
+def set_attributes(
+    *,
+    user_id: str | int | None = None,
+    session_id: str | int | None = None,
+    tags: str | Sequence[str] | None = None,
+    release: str | None = None,
+    environment: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> bool:
+    """Set attributes of the request being traced in the current context, to filter and group
+    its scores by later (``recalltrace scores compare --by user_id``, ``--where tag=beta``).
+
+    ``user_id`` and ``session_id`` name the end user and the conversation; ``tags`` adds one
+    tag or several; ``release`` and ``environment`` override the process's (``configure``'s
+    ``release``/``environment``, else ``service.version`` and ``deployment.environment.name``
+    of the OpenTelemetry resource) for this request; ``metadata`` adds JSON-serialisable
+    values to the record's metadata. Values are scrubbed like every other field: an e-mail
+    address used as a user id is stored redacted, so prefer opaque ids.
+
+    Returns ``False`` (and says so once in the log) when no request is open; never raises.
+    """
+    from recalltrace.tracer import _runtime
+
+    try:
+        return _runtime.set_attributes(
+            user_id=user_id,
+            session_id=session_id,
+            tags=tags,
+            release=release,
+            environment=environment,
+            metadata=metadata,
+        )
+    except Exception:
+        from recalltrace.tracer._internal import user_code_error
+
+        user_code_error("set_attributes()")
+        return False
 
 
 def current_trace_id() -> str | None:

@@ -35,6 +35,7 @@ from recalltrace.tracer._capture_build import (
     build_parts,
     children_index,
     find_requests,
+    request_attributes,
     role_of,
 )
 from recalltrace.tracer._state import TraceState
@@ -68,6 +69,7 @@ class CapturedState(TraceState):
         self.notes.extend(parts.notes)
         self.metadata.update(parts.metadata)
         self.metadata["captured_from"] = "spans"
+        self.user_id, self.session_id, self.tags = request_attributes(root, children)
 
 
 class _Trace:

@@ -501,6 +501,57 @@ class RequestParts:
         self.metadata: dict[str, Any] = {}
 
 
+# Where the request's user, session and tags are found (OpenInference, then GenAI).
+_USER_KEYS = ("user.id",)
+_SESSION_KEYS = ("session.id", "gen_ai.conversation.id")
+_TAG_KEYS = ("tag.tags",)
+
+
+def request_attributes(
+    root: SpanView, children: Mapping[int | None, list[SpanView]]
+) -> tuple[str | None, str | None, list[str]]:
+    """The user id, session id and tags of the request under ``root``: the root's own, else
+    the first span (in start order, breadth first) that carries them."""
+    user = session = None
+    tags: list[str] = []
+    queue = [root]
+    while queue and (user is None or session is None or not tags):
+        span = queue.pop(0)
+        attributes = span.attributes
+        if user is None:
+            user = _first_text(attributes, _USER_KEYS)
+        if session is None:
+            session = _first_text(attributes, _SESSION_KEYS)
+        if not tags:
+            for key in _TAG_KEYS:
+                value = attributes.get(key)
+                if isinstance(value, str):
+                    value = _json_list(value)
+                if isinstance(value, (list, tuple)):
+                    tags = [str(tag) for tag in value if tag is not None and str(tag)]
+                    break
+        queue.extend(children.get(span.span_id, ()))
+    return user, session, tags
+
+
+def _first_text(attributes: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = attributes.get(key)
+        if isinstance(value, (str, int)) and str(value):
+            return str(value)
+    return None
+
+
+def _json_list(text: str) -> Any:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text]
+    return value if isinstance(value, list) else [text]
+
+
 def children_index(spans: Iterable[SpanView]) -> dict[int | None, list[SpanView]]:
     """Children of every span id, each list in start order."""
     children: dict[int | None, list[SpanView]] = {}

@@ -117,12 +117,24 @@ def parse_sample_rates(raw: str) -> dict[str, float]:
     return rates
 
 
-def _service_name_from_resource(raw: str) -> Any:
-    for item in raw.split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip() == "service.name" and value.strip():
-            return value.strip()
-    return _UNSET
+def _resource_attribute(*names: str) -> Callable[[str], Any]:
+    """A parser of ``OTEL_RESOURCE_ATTRIBUTES`` that takes the first of ``names`` it holds."""
+
+    def parse(raw: str) -> Any:
+        found: dict[str, str] = {}
+        for item in raw.split(","):
+            key, sep, value = item.partition("=")
+            if sep and value.strip():
+                found[key.strip()] = value.strip()
+        for name in names:
+            if name in found:
+                return found[name]
+        return _UNSET
+
+    return parse
+
+
+_service_name_from_resource = _resource_attribute("service.name")
 
 
 def _scrubbing_switch(raw: str) -> Any:
@@ -174,6 +186,29 @@ class TracerConfig:
     """``service.name`` written on every record. ``None`` means ``RECALLTRACE_SERVICE_NAME``,
     ``OTEL_SERVICE_NAME``, ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, the resource of
     the joined TracerProvider, else ``unknown_service``."""
+    release: str | None = option(
+        None,
+        env=[
+            ("RECALLTRACE_RELEASE", _text),
+            ("OTEL_RESOURCE_ATTRIBUTES", _resource_attribute("service.version")),
+        ],
+    )
+    """The release (version) written on every record. ``None`` means ``RECALLTRACE_RELEASE``,
+    ``service.version`` in ``OTEL_RESOURCE_ATTRIBUTES``, the joined TracerProvider's resource,
+    else none."""
+    environment: str | None = option(
+        None,
+        env=[
+            ("RECALLTRACE_ENVIRONMENT", _text),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                _resource_attribute("deployment.environment.name", "deployment.environment"),
+            ),
+        ],
+    )
+    """The deployment environment written on every record: ``RECALLTRACE_ENVIRONMENT``,
+    ``deployment.environment.name`` (or the older ``deployment.environment``) in
+    ``OTEL_RESOURCE_ATTRIBUTES`` or the provider's resource, else none."""
     sample_rate: float = option(1.0, env=[("RECALLTRACE_SAMPLE_RATE", _float)])
     """Share of traces stored for scoring, 0..1. Decided once per trace from its trace id, so
     the set sampled at a higher rate contains the lower one's."""

@@ -134,6 +134,16 @@ def _argument(param: _Param, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -
     return None if param.missing else param.default
 
 
+def _read_input(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """The request's input as the ``input_param`` callable reads it from the arguments."""
+    assert spec.input_reader is not None
+    try:
+        return spec.input_reader(*args, **kwargs)
+    except Exception:
+        user_code_error(f"the input_param callable of {spec.qualname}")
+        return None
+
+
 def _first_string(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
     for value in args:
         if isinstance(value, str):
@@ -151,6 +161,7 @@ class _Spec:
         "attributes",
         "extractor",
         "input",
+        "input_reader",
         "kind",
         "metadata",
         "name",
@@ -159,6 +170,7 @@ class _Spec:
         "reference_context_ids",
         "reference_contexts",
         "response_extractor",
+        "tags",
     )
 
     def __init__(self, kind: int, name: str, attributes: dict[str, Any]) -> None:
@@ -173,6 +185,8 @@ class _Spec:
         self.extractor: Callable[[Any], Any] | None = None
         self.response_extractor: Callable[[Any], Any] | None = None
         self.metadata: dict[str, Any] | None = None
+        self.input_reader: Callable[..., Any] | None = None
+        self.tags: list[str] | None = None
 
 
 class _Call:
@@ -275,11 +289,12 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
         runtime = _runtime()
         if runtime is None or not runtime.enabled:
             return None
-        value = (
-            _argument(spec.input, args, kwargs)
-            if spec.input is not None
-            else _first_string(args, kwargs)
-        )
+        if spec.input_reader is not None:
+            value = _read_input(spec, args, kwargs)
+        elif spec.input is not None:
+            value = _argument(spec.input, args, kwargs)
+        else:
+            value = _first_string(args, kwargs)
         attributes = spec.attributes
         if value is not None:
             attributes = _with_input(runtime, attributes, value, spec)
@@ -332,6 +347,8 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
                 _capture_references(spec, state, args, kwargs)
             if spec.metadata:
                 state.metadata.update(spec.metadata)
+            if spec.tags and outermost:
+                state.tags.extend(tag for tag in spec.tags if tag not in state.tags)
         return call
     except Exception:
         span.end()

@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -19,7 +20,7 @@ from opentelemetry import trace as otel_trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
-from recalltrace.tracer._extract import to_id_list, to_text, to_text_list
+from recalltrace.tracer._extract import snapshot, to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import TracerStats, register_instruments
 from recalltrace.tracer._reader import BoundedReader, needs_reading, without_application_objects
 from recalltrace.tracer._sampling import TraceSampler
@@ -77,6 +78,10 @@ class Runtime:
         self.owns_provider = own
         self.otel_tracer = provider.get_tracer(INSTRUMENTATION_NAME)
         self.service_name = config.service_name or _resource_service_name(provider)
+        self.release = config.release or _resource_text(provider, "service.version")
+        self.environment = config.environment or _resource_text(
+            provider, "deployment.environment.name", "deployment.environment"
+        )
         self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
@@ -125,7 +130,13 @@ class Runtime:
         return self._assemble_now(clone)
 
     def _assemble_now(self, state: TraceState) -> TraceRecord:
-        return assemble_record(state, self.scrubber, self.config.max_text_length)
+        return assemble_record(
+            state,
+            self.scrubber,
+            self.config.max_text_length,
+            release=self.release,
+            environment=self.environment,
+        )
 
     def finish_trace(self, state: TraceState) -> None:
         """Called when the outermost decorated span of a trace ended."""
@@ -149,6 +160,16 @@ def _resource_service_name(provider: Any) -> str:
     if isinstance(name, str) and name and not name.startswith("unknown_service"):
         return name
     return "unknown_service"
+
+
+def _resource_text(provider: Any, *names: str) -> str | None:
+    """The first of ``names`` the provider's resource holds, as text."""
+    attributes = getattr(getattr(provider, "resource", None), "attributes", None) or {}
+    for name in names:
+        value = attributes.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _global_provider_is_set() -> bool:
@@ -355,6 +376,51 @@ def current_state() -> TraceState | None:
     """The state of the trace the current context belongs to, if a decorated call is open."""
     state = otel_context.get_current().get(STATE_KEY)
     return state if isinstance(state, TraceState) else None
+
+
+_outside_said = False
+
+
+def set_attributes(
+    *,
+    user_id: Any = None,
+    session_id: Any = None,
+    tags: Any = None,
+    release: Any = None,
+    environment: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> bool:
+    """Set attributes of the request open in the current context (see
+    ``recalltrace.set_attributes``); False, said once, outside any request."""
+    global _outside_said
+    state = current_state()
+    if state is None or state.closed:
+        if not _outside_said:
+            _outside_said = True
+            logger.warning(
+                "recalltrace: set_attributes() was called outside any @recalltrace.rag request: "
+                "nothing was set (said once)"
+            )
+        return False
+    if not state.sampled:
+        return True
+    # Read now, in the caller's own call: a value is text from here on.
+    if user_id is not None:
+        state.user_id = str(user_id)
+    if session_id is not None:
+        state.session_id = str(session_id)
+    if release is not None:
+        state.release = str(release)
+    if environment is not None:
+        state.environment = str(environment)
+    if tags is not None:
+        for tag in [tags] if isinstance(tags, str) else list(tags):
+            text = str(tag)
+            if text and text not in state.tags:
+                state.tags.append(text)
+    if metadata:
+        state.metadata.update(snapshot(dict(metadata)))
+    return True
 
 
 def current_trace_id() -> str | None:

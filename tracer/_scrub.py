@@ -480,6 +480,8 @@ class Scrubber:
         the assignment pattern."""
         notes = record.notes
         texts = [record.user_input, record.response, record.reference]
+        texts.extend(getattr(record, name) for name in _ATTRIBUTE_FIELDS)
+        texts.extend(record.tags)
         texts.extend(record.reference_contexts or ())
         texts.extend(record.reference_context_ids or ())
         # Ids and metadata keys are text too: a secret can hide in them as in any value.
@@ -509,6 +511,15 @@ class Scrubber:
                 record.response = self.scrub_text(record.response, "response", notes, rules)
             if record.reference is not None:
                 record.reference = self.scrub_text(record.reference, "reference", notes, rules)
+            for name in _ATTRIBUTE_FIELDS:
+                value = getattr(record, name)
+                if value is not None:
+                    setattr(record, name, self.scrub_text(value, name, notes, rules))
+            if record.tags:
+                record.tags = [
+                    self.scrub_text(tag, f"tags[{index}]", notes, rules)
+                    for index, tag in enumerate(record.tags)
+                ]
             if record.reference_contexts is not None:
                 record.reference_contexts = [
                     self.scrub_text(text, f"reference_contexts[{index}]", notes, rules)
@@ -542,6 +553,9 @@ class Scrubber:
                 record.metadata, "metadata", notes, 0, metadata_rules
             )
 
+
+# The record's request attributes, scrubbed like ids (a secret or an address may be one).
+_ATTRIBUTE_FIELDS = ("release", "environment", "user_id", "session_id")
 
 _UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")
 

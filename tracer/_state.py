@@ -25,6 +25,7 @@ class TraceState:
         "closed",
         "contexts",
         "duration_ms",
+        "environment",
         "error",
         "generations",
         "last_error",
@@ -35,14 +36,18 @@ class TraceState:
         "reference",
         "reference_context_ids",
         "reference_contexts",
+        "release",
         "response",
         "response_chunks",
         "sampled",
         "service_name",
+        "session_id",
         "start_perf_ns",
         "start_wall_ns",
+        "tags",
         "trace_hex",
         "trace_id",
+        "user_id",
         "user_input",
     )
 
@@ -88,6 +93,11 @@ class TraceState:
         self.reference_context_ids: Any = None
         self.metadata: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.release: str | None = None
+        self.environment: str | None = None
+        self.user_id: str | None = None
+        self.session_id: str | None = None
+        self.tags: list[str] = []
 
     def hex_id(self) -> str:
         """The record's id as 32 lowercase hex digits."""
@@ -162,9 +172,14 @@ def _text(value: Any, where: str, notes: list[str]) -> str | None:
 
 
 def assemble_record(
-    state: TraceState, scrubber: Scrubber | None, max_text_length: int | None
+    state: TraceState,
+    scrubber: Scrubber | None,
+    max_text_length: int | None,
+    release: str | None = None,
+    environment: str | None = None,
 ) -> TraceRecord:
-    """Build the storage record of a finished, sampled trace (on the writer thread)."""
+    """Build the storage record of a finished, sampled trace (on the writer thread);
+    ``release`` and ``environment`` are the process's, for requests that set none."""
     prepare = getattr(state, "prepare", None)
     if prepare is not None:
         prepare()  # a trace captured from spans reads them here, off the request path
@@ -238,7 +253,19 @@ def assemble_record(
         metadata=_json_safe(metadata),
         error=state.error,
         notes=notes,
+        release=_label(state.release) or release,
+        environment=_label(state.environment) or environment,
+        user_id=_label(state.user_id),
+        session_id=_label(state.session_id),
+        tags=[tag for tag in (_label(item) for item in state.tags) if tag],
     )
     if scrubber is not None:
         scrubber.scrub_record(record)
     return record
+
+
+def _label(value: Any) -> str | None:
+    """An attribute value as text (ids may be numbers); ``None`` for nothing."""
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else str(value)

@@ -126,6 +126,9 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         )
     head.add_row("app", _safe(f"{detail.app_name} (service {detail.service_name})"))
     head.add_row("started", f"{_when(detail.started_at)}, took {detail.duration_ms:.0f} ms")
+    for name, value in detail.attributes.items():
+        shown = ", ".join(value) if isinstance(value, list) else str(value)
+        head.add_row(name.replace("_", " "), _safe(shown))
     if detail.error:
         head.add_row("error", "the traced function raised")
     for note in detail.notes:

@@ -19,7 +19,15 @@ from sqlalchemy.engine import make_url
 from recalltrace.storage.db import create_engine_from_url
 
 DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-TABLES = ("workers", "summary_cache", "scores", "scoring_jobs", "retrieved_contexts", "traces")
+TABLES = (
+    "workers",
+    "summary_cache",
+    "scores",
+    "scoring_jobs",
+    "retrieved_contexts",
+    "trace_tags",
+    "traces",
+)
 
 
 def base_url() -> str:

@@ -1,0 +1,55 @@
+"""request attributes: release, environment, user and session ids, tags
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-11-25 14:00:00.000000
+
+Records gain the attributes history is sliced by: ``release`` and ``environment`` (from the
+tracer's configuration or the OpenTelemetry resource: ``service.version``,
+``deployment.environment.name``), ``user_id`` and ``session_id`` (set inside a request, or
+``user.id``/``session.id`` on captured spans), each indexed with the start time; and tags, one
+row per tag in ``trace_tags`` (indexed by tag), also kept as a list on the trace.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+_COLUMNS = ("release", "environment", "user_id", "session_id")
+
+
+def upgrade() -> None:
+    json_type = sa.JSON(none_as_null=True).with_variant(
+        postgresql.JSONB(none_as_null=True), "postgresql"
+    )
+    for name in _COLUMNS:
+        op.add_column("traces", sa.Column(name, sa.String(length=200), nullable=True))
+        op.create_index(f"ix_traces_{name}_started_at", "traces", [name, "started_at"])
+    op.add_column("traces", sa.Column("tags", json_type, nullable=True))
+    op.create_table(
+        "trace_tags",
+        sa.Column(
+            "trace_id",
+            sa.String(length=32),
+            sa.ForeignKey("traces.trace_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("tag", sa.String(length=200), primary_key=True),
+    )
+    op.create_index("ix_trace_tags_tag", "trace_tags", ["tag", "trace_id"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_trace_tags_tag", table_name="trace_tags")
+    op.drop_table("trace_tags")
+    op.drop_column("traces", "tags")
+    for name in reversed(_COLUMNS):
+        op.drop_index(f"ix_traces_{name}_started_at", table_name="traces")
+        op.drop_column("traces", name)
