@@ -19,7 +19,7 @@ All filter values travel as bound parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -53,12 +53,14 @@ from recalltrace.storage.models import (
     Score,
     ScoringJob,
     Trace,
+    TraceTag,
     WorkerSeen,
 )
 from recalltrace.storage.timespec import TimeSpecError, parse_duration, parse_time
 from recalltrace.storage.workers import SERVED_WITHIN
 
 __all__ = [
+    "ATTRIBUTES",
     "BUCKETS",
     "DEFAULT_STUCK_AFTER",
     "Bucket",
@@ -156,6 +158,33 @@ def _truncate(value: datetime, bucket: Bucket) -> datetime:
     if bucket == "day":
         return value.replace(hour=0, minute=0, second=0, microsecond=0)
     return value.replace(minute=0, second=0, microsecond=0)
+
+
+#: The request attributes history can filter and group by.
+ATTRIBUTES: tuple[str, ...] = (
+    "release",
+    "environment",
+    "user_id",
+    "session_id",
+    "tag",
+    "app",
+    "service",
+)
+
+
+def _attribute_column(name: str) -> Any:
+    """The column of attribute ``name``; ``ValueError`` naming the known ones."""
+    columns = {
+        "release": Trace.release,
+        "environment": Trace.environment,
+        "user_id": Trace.user_id,
+        "session_id": Trace.session_id,
+        "app": Trace.app_name,
+        "service": Trace.service_name,
+    }
+    if name not in columns:
+        raise ValueError(f"unknown attribute {name!r}; use one of: {', '.join(ATTRIBUTES)}")
+    return columns[name]
 
 
 def _float(value: Any) -> float | None:
@@ -472,6 +501,64 @@ class History:
             skipped=int(skipped or 0),
             failed=int(failed or 0),
         )
+
+    # -- by request attribute --------------------------------------------------------------
+    def values_by(
+        self,
+        *,
+        metric: str,
+        by: str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        app: str | None = None,
+        version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
+    ) -> dict[str | None, list[float]]:
+        """The scored values of ``metric`` (one per trace) grouped by the request attribute
+        ``by`` (one of :data:`ATTRIBUTES`; ``None`` is the group of traces without it; a
+        trace with several tags is in each tag's group), among the traces matching every
+        ``(attribute, value)`` of ``where``. Groups come in the order of their first trace
+        in the window."""
+        versions = self.metric_versions(metric, version)
+        conditions = self._score_filters(since, until, app, versions)
+        conditions.append(Score.status == "scored")
+        column = self._attribute_filters(by, where, conditions)
+        stmt = (
+            select(column, Score.value, Score.trace_started_at)
+            .select_from(Score)
+            .join(Trace, Trace.trace_id == Score.trace_id)
+            .where(*conditions)
+            .order_by(Score.trace_started_at)
+        )
+        if by == "tag":
+            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
+        groups: dict[str | None, list[float]] = {}
+        with self.engine.connect() as conn:
+            for group, value, _started in conn.execute(stmt):
+                groups.setdefault(group, []).append(float(value))
+        return groups
+
+    @staticmethod
+    def _attribute_filters(
+        by: str | None,
+        where: Sequence[tuple[str, str]],
+        conditions: list[ColumnElement[bool]],
+    ) -> Any:
+        """Add the ``where`` conditions; the column to group by (``None`` for no grouping)."""
+        for name, value in where:
+            if name == "tag":
+                conditions.append(
+                    Score.trace_id.in_(
+                        select(TraceTag.trace_id).where(
+                            TraceTag.tag == check_filter_text("tag", value)
+                        )
+                    )
+                )
+            else:
+                conditions.append(_attribute_column(name) == check_filter_text(name, value))
+        if by is None:
+            return None
+        return TraceTag.tag if by == "tag" else _attribute_column(by)
 
     # -- worst -----------------------------------------------------------------------------
     def worst(

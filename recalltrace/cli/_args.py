@@ -125,6 +125,42 @@ def _stored_text(text: str) -> str:
     return text
 
 
+ATTRIBUTE_NAMES = ("release", "environment", "user_id", "session_id", "tag", "app", "service")
+
+
+def _attribute_name(text: str) -> str:
+    """A request attribute to group by."""
+    if text not in ATTRIBUTE_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown attribute {text!r}; use one of: {', '.join(ATTRIBUTE_NAMES)}"
+        )
+    return text
+
+
+def _attribute_filter(text: str) -> tuple[str, str]:
+    """``name=value`` of a request attribute."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not value:
+        raise argparse.ArgumentTypeError(
+            f"expected ATTRIBUTE=VALUE (e.g. release=2.4.1), got {text!r}"
+        )
+    _attribute_name(name)
+    return name, _stored_text(value)
+
+
+def _add_where(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--where",
+        type=_attribute_filter,
+        action="append",
+        default=[],
+        metavar="ATTR=VALUE",
+        help="only traces whose attribute has this value (repeat to require several); "
+        f"attributes: {', '.join(ATTRIBUTE_NAMES)}",
+    )
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)

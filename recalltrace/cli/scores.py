@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recalltrace.cli._args import (
+    ATTRIBUTE_NAMES,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     CommandError,
@@ -19,6 +20,9 @@ from recalltrace.cli._args import (
     _add_database_option,
     _add_format,
     _add_version,
+    _add_where,
+    _attribute_filter,
+    _attribute_name,
     _database,
     _history,
     _metric_version,
@@ -42,10 +46,12 @@ from recalltrace.cli._render import (
     _window_text,
     inert,
 )
+from recalltrace.compare import MIN_TRACES, compare_groups
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from recalltrace.compare import Comparison, GroupComparison
     from recalltrace.storage.history import SummaryRow
 
 
@@ -90,6 +96,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     plot.set_defaults(handler=_piped(_cmd_plot))
 
+    compare = scores_sub.add_parser(
+        "compare",
+        help="mean recall per release/environment/tag/... with 95% intervals, each against a "
+        "baseline with a verdict",
+        description="For each group of traces (by --by), the number of scored traces and the "
+        "mean of METRIC with its 95%% confidence interval; for each group against the baseline, "
+        "the difference with its 95%% interval and a verdict: worse, better, no detectable "
+        "difference, or too few traces. The interval method is named in the output.",
+    )
+    _add_common(compare, metric_help="the metric to compare (required)")
+    compare.add_argument(
+        "--by",
+        required=True,
+        type=_attribute_name,
+        metavar="ATTR",
+        help=f"group by this attribute: {', '.join(ATTRIBUTE_NAMES)}",
+    )
+    compare.add_argument(
+        "--baseline",
+        type=_stored_text,
+        default=None,
+        metavar="VALUE",
+        help="the group the others are compared with (default: the group whose first trace "
+        "in the window came first, e.g. the older release)",
+    )
+    _add_where(compare)
+    compare.add_argument(
+        "--min-traces",
+        type=_positive_int,
+        default=MIN_TRACES,
+        metavar="N",
+        help=f"groups with fewer scored traces are reported as too few (default: {MIN_TRACES})",
+    )
+    _add_format(compare)
+    compare.set_defaults(handler=_piped(_cmd_compare))
+
     check = sub.add_parser(
         "check",
         help="exit 1 when a metric's mean falls below a threshold (for cron and CI)",
@@ -101,7 +143,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.add_argument("--metric", required=True, metavar="METRIC", help="the metric to check")
     _add_version(check)
     check.add_argument(
-        "--min", dest="minimum", required=True, type=_unit_float, metavar="X", help="lowest mean"
+        "--min",
+        dest="minimum",
+        default=None,
+        type=_unit_float,
+        metavar="X",
+        help="lowest mean (required unless --compare-to is given)",
+    )
+    _add_where(check)
+    check.add_argument(
+        "--compare-to",
+        type=_attribute_filter,
+        default=None,
+        metavar="ATTR=VALUE",
+        help="also fail when the traces selected (by --where) are detectably worse than those "
+        "with this attribute value, e.g. --where release=2.5.0 --compare-to release=2.4.1",
+    )
+    check.add_argument(
+        "--min-traces",
+        type=_positive_int,
+        default=MIN_TRACES,
+        metavar="N",
+        help="with --compare-to: fail when either side has fewer scored traces "
+        f"(default: {MIN_TRACES})",
     )
     check.add_argument(
         "--since", default="1h", metavar="WHEN", help="window start (default: 1h; see --help)"
@@ -323,10 +387,202 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _compare(
+    engine: Engine,
+    args: argparse.Namespace,
+    metric: str,
+    version: str | None,
+    since: Any,
+    until: Any,
+) -> Comparison:
+    try:
+        groups = _history(engine).values_by(
+            metric=metric,
+            by=args.by,
+            since=since,
+            until=until,
+            app=args.app,
+            version=version,
+            where=args.where,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if args.baseline is not None and args.baseline not in groups:
+        known = ", ".join(inert(str(g)) for g in groups if g is not None) or "none"
+        raise CommandError(
+            f"--baseline {inert(args.baseline)!r}: no scored traces have {args.by}="
+            f"{inert(args.baseline)} in the window; groups: {known}"
+        )
+    return compare_groups(
+        groups, baseline=args.baseline, min_traces=args.min_traces, order=list(groups)
+    )
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    metric, version = _metric_version(args)
+    if metric is None:
+        raise CommandError("scores compare needs --metric")
+    since, until = _window(args)
+    with _database(args) as engine:
+        result = _compare(engine, args, metric, version, since, until)
+        hint = "" if result.groups else _nothing_hint(args, engine)
+    window = _window_text(since, until)
+    filters = "".join(f", {name}={value}" for name, value in args.where)
+    if args.format == "json":
+        document = {
+            "metric": metric,
+            "by": args.by,
+            "window": window,
+            "where": dict(args.where),
+            "min_traces": args.min_traces,
+            **result.as_dict(),
+        }
+        _print_json(document)
+    elif args.format == "csv":
+        _print_csv(COMPARE_FIELDS, [_compare_csv_row(g) for g in result.groups])
+    if hint and args.format != "table":
+        print(f"recalltrace: {hint}", file=sys.stderr)
+    if args.format != "table":
+        return EXIT_OK
+    from rich.table import Table
+
+    console = _console()
+    if not result.groups:
+        console.print(
+            f"No scored traces of {metric} for {window}{filters}."
+            + (f" Note: {_safe(hint)}." if hint else "")
+        )
+        return EXIT_OK
+    baseline = "(none)" if result.baseline is None else result.baseline
+    table = Table(
+        title=f"{metric} by {args.by}, {window}{_safe(filters)}; baseline {_safe(baseline)}",
+        title_justify="left",
+    )
+    for name in (args.by, "traces", "mean", "95% CI", "vs baseline", "95% CI ", "verdict"):
+        table.add_column(name, justify="left" if name in (args.by, "verdict") else "right")
+    methods: list[str] = []
+    for g in result.groups:
+        for method in (g.method, g.difference_method):
+            if method and method not in methods:
+                methods.append(method)
+        verdict = g.verdict
+        if verdict == "too few traces":
+            verdict = f"too few traces (< {args.min_traces})"
+        table.add_row(
+            _safe("(none)" if g.group is None else g.group),
+            str(g.traces),
+            _num(g.mean),
+            _interval(g.interval),
+            "-" if g.difference is None else f"{g.difference:+.3f}",
+            _interval(g.difference_interval),
+            verdict,
+        )
+    console.print(table)
+    console.print("Intervals: " + "; ".join(methods) if methods else "")
+    return EXIT_OK
+
+
+COMPARE_FIELDS = (
+    "group",
+    "traces",
+    "mean",
+    "ci95_low",
+    "ci95_high",
+    "method",
+    "difference",
+    "difference_ci95_low",
+    "difference_ci95_high",
+    "difference_method",
+    "verdict",
+)
+
+
+def _compare_csv_row(g: GroupComparison) -> dict[str, Any]:
+    interval = g.interval or (None, None)
+    difference = g.difference_interval or (None, None)
+    return {
+        "group": g.group,
+        "traces": g.traces,
+        "mean": g.mean,
+        "ci95_low": interval[0],
+        "ci95_high": interval[1],
+        "method": g.method,
+        "difference": g.difference,
+        "difference_ci95_low": difference[0],
+        "difference_ci95_high": difference[1],
+        "difference_method": g.difference_method,
+        "verdict": g.verdict,
+    }
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _check_compare(
+    engine: Engine,
+    args: argparse.Namespace,
+    metric: str,
+    version: str | None,
+    since: Any,
+    until: Any,
+) -> tuple[bool, str]:
+    """``check --compare-to``: whether the traces selected by ``--where`` are not detectably
+    worse than the reference ones, and the line saying so."""
+    name, reference = args.compare_to
+    candidates = [value for key, value in args.where if key == name]
+    if len(candidates) != 1:
+        raise CommandError(
+            f"--compare-to {name}={reference} needs the traces to check named by the same "
+            f"attribute: add --where {name}=VALUE"
+        )
+    candidate = candidates[0]
+    query = argparse.Namespace(**vars(args))
+    query.by = name
+    query.where = [(key, value) for key, value in args.where if key != name]
+    query.baseline = None
+    groups = {g.group: g for g in _compare(engine, query, metric, version, since, until).groups}
+    found = {value: groups[value].traces if value in groups else 0 for value in groups}
+    mine_count, their_count = found.get(candidate, 0), found.get(reference, 0)
+    if min(mine_count, their_count) < args.min_traces:
+        return False, (
+            f"FAIL {metric}: too few scored traces to compare {name}={candidate} "
+            f"({mine_count}) with {name}={reference} ({their_count}) for "
+            f"{_window_text(since, until)}; --min-traces {args.min_traces} each"
+        )
+    query.baseline = reference
+    pair = {g.group: g for g in _compare(engine, query, metric, version, since, until).groups}
+    mine, theirs = pair[candidate], pair[reference]
+    low, high = mine.difference_interval or (0.0, 0.0)
+    text = (
+        f"{metric} {name}={candidate}: mean {mine.mean:.4f} over {mine.traces} traces vs "
+        f"{theirs.mean:.4f} over {theirs.traces} for {name}={reference}; difference "
+        f"{(mine.difference or 0.0):+.4f}, 95% CI [{low:.4f}, {high:.4f}] "
+        f"({mine.difference_method})"
+    )
+    if mine.verdict == "worse":
+        return False, f"FAIL {text}: detectably worse"
+    return True, f"OK {text}: {mine.verdict}"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     metric, version = _metric_version(args)
     assert metric is not None  # --metric is required
+    if args.minimum is None and args.compare_to is None:
+        raise CommandError("check needs --min X, --compare-to ATTR=VALUE, or both")
     since, until = _window(args)
+    if args.compare_to is not None:
+        with _database(args) as engine:
+            ok, line = _check_compare(engine, args, metric, version, since, until)
+        print(line, file=sys.stdout if ok else sys.stderr)
+        if not ok:
+            return EXIT_CHECK_FAILED
+        if args.minimum is None:
+            return EXIT_OK
+    elif args.where:
+        raise CommandError(
+            "--where selects the traces of --compare-to; --min checks every trace of the window"
+        )
     with _database(args) as engine:
         stats = _history(engine).window(
             metric=metric, since=since, until=until, app=args.app, version=version

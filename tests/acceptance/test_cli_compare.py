@@ -1,0 +1,144 @@
+"""``scores compare`` and ``check --compare-to`` as a user runs them, over traces scored by a
+real worker: one release detectably worse than the one before, a canary too small to judge,
+tags to filter by, and bad input answered in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
+from tests.support import ROOT
+from tests.support.factories import make_repository, make_trace
+
+METRIC = "id_based_context_recall"
+
+
+def traces(release: str, p: float, count: int, rng: random.Random, start: datetime) -> list:
+    """``count`` traces whose id-based recall is k/4, k ~ Binomial(4, p)."""
+    made = []
+    for index in range(count):
+        found = sum(rng.random() < p for _ in range(4))
+        expected = [f"doc_{i}" for i in range(found)] + [f"missing_{i}" for i in range(4 - found)]
+        record = make_trace(
+            contexts=4,
+            context_chars=40,
+            reference_context_ids=expected,
+            started_at=start + timedelta(seconds=index),
+        )
+        record.release = release
+        record.environment = "production"
+        record.tags = ["beta"] if index % 2 else []
+        made.append(record)
+    return made
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'history.db'}"
+    upgrade(database)
+    rng = random.Random(11)
+    now = datetime.now(timezone.utc)
+    repo = make_repository(create_engine_from_url(database), metrics=[METRIC])
+    repo.write_traces(traces("2.4.1", 0.75, 400, rng, now - timedelta(days=2)))
+    repo.write_traces(traces("2.5.0", 0.6, 400, rng, now - timedelta(days=1)))
+    repo.write_traces(traces("2.5.1-canary", 0.3, 5, rng, now - timedelta(hours=1)))
+    repo.dispose()
+    worker = run("worker", "--once", "--no-progress", "--metric", METRIC, url=database)
+    assert worker.returncode == 0, worker.stderr
+    assert "scored 805" in worker.stdout
+    yield database
+
+
+def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env["COLUMNS"] = "160"
+    command = [sys.executable, "-m", "recalltrace", *args, "--database-url", url]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_compare_by_release_finds_the_worse_release_and_the_small_canary(url: str) -> None:
+    done = run("scores", "compare", "--metric", METRIC, "--by", "release", "--format", "json",
+               url=url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["metric"] == METRIC and result["by"] == "release"
+    assert result["baseline"] == "2.4.1"  # the release seen first
+    groups = {g["group"]: g for g in result["groups"]}
+    assert [g["group"] for g in result["groups"]] == ["2.4.1", "2.5.0", "2.5.1-canary"]
+    old, new, canary = groups["2.4.1"], groups["2.5.0"], groups["2.5.1-canary"]
+    assert old["traces"] == new["traces"] == 400
+    assert old["verdict"] == "baseline" and old["ci95"][0] < old["mean"] < old["ci95"][1]
+    assert new["verdict"] == "worse"
+    assert new["difference_ci95"][1] < 0
+    assert new["difference"] == pytest.approx(new["mean"] - old["mean"])
+    assert "bootstrap" in new["method"]
+    assert canary["traces"] == 5 and canary["verdict"] == "too few traces"
+    assert canary["ci95"] is None
+
+    table = run("scores", "compare", "--metric", METRIC, "--by", "release", url=url)
+    assert table.returncode == 0, table.stderr
+    assert "worse" in table.stdout and "too few traces (< 30)" in table.stdout
+    assert "Intervals: percentile bootstrap over traces (1000 resamples)" in table.stdout
+
+
+def test_filters_baselines_and_tags(url: str) -> None:
+    against_new = run(
+        "scores", "compare", "--metric", METRIC, "--by", "release", "--baseline", "2.5.0",
+        "--where", "tag=beta", "--where", "environment=production", "--format", "json", url=url,
+    )  # fmt: skip
+    assert against_new.returncode == 0, against_new.stderr
+    groups = {g["group"]: g for g in json.loads(against_new.stdout)["groups"]}
+    assert groups["2.4.1"]["traces"] == 200  # every other trace is tagged
+    assert groups["2.4.1"]["verdict"] == "better"
+    by_tag = run("scores", "compare", "--metric", METRIC, "--by", "tag", "--format", "csv",
+                 url=url)  # fmt: skip
+    assert by_tag.returncode == 0, by_tag.stderr
+    header, *rows = by_tag.stdout.strip().splitlines()
+    assert header.startswith("group,traces,mean,ci95_low")
+    assert {row.split(",")[0] for row in rows} == {"", "beta"}
+
+
+def test_check_compare_to_fails_a_worse_release(url: str) -> None:
+    worse = run("check", "--metric", METRIC, "--where", "release=2.5.0", "--compare-to",
+                "release=2.4.1", "--since", "7d", url=url)  # fmt: skip
+    assert worse.returncode == 1
+    assert worse.stderr.startswith(f"FAIL {METRIC} release=2.5.0: mean ")
+    assert "detectably worse" in worse.stderr
+    better = run("check", "--metric", METRIC, "--where", "release=2.4.1", "--compare-to",
+                 "release=2.5.0", "--since", "7d", url=url)  # fmt: skip
+    assert better.returncode == 0, better.stderr
+    assert better.stdout.startswith(f"OK {METRIC} release=2.4.1") and "better" in better.stdout
+    canary = run("check", "--metric", METRIC, "--where", "release=2.5.1-canary",
+                 "--compare-to", "release=2.4.1", "--since", "7d", url=url)  # fmt: skip
+    assert canary.returncode == 1
+    assert "too few scored traces to compare release=2.5.1-canary (5)" in canary.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["scores", "compare", "--metric", METRIC, "--by", "colour"], "unknown attribute 'colour'"),
+        (["scores", "compare", "--metric", METRIC, "--by", "release", "--baseline", "9.9"],
+         "--baseline '9.9': no scored traces have release=9.9"),
+        (["scores", "compare", "--by", "release"], "scores compare needs --metric"),
+        (["scores", "compare", "--metric", METRIC, "--by", "release", "--where", "release"],
+         "expected ATTRIBUTE=VALUE"),
+        (["check", "--metric", METRIC], "check needs --min X, --compare-to ATTR=VALUE, or both"),
+        (["check", "--metric", METRIC, "--compare-to", "release=2.4.1"],
+         "add --where release=VALUE"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(url: str, args: list[str], message: str) -> None:
+    done = run(*args, url=url)
+    assert done.returncode == 2, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert message in lines[-1] and "Traceback" not in done.stderr

@@ -1,0 +1,94 @@
+"""Comparisons with known distributions: real differences found, equal distributions left
+alone, small groups refused, and the interval formulas against hand-computed examples."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from recalltrace.compare import (
+    BASELINE,
+    METHOD_BOOTSTRAP,
+    METHOD_NEWCOMBE,
+    METHOD_WILSON,
+    SAME,
+    TOO_FEW,
+    WORSE,
+    compare_groups,
+    difference_interval,
+    mean_interval,
+    wilson,
+)
+
+
+def claims(rng: random.Random, p: float, n: int, k: int = 4) -> list[float]:
+    """Recall of ``n`` traces of ``k`` claims, each attributed with probability ``p``."""
+    return [sum(rng.random() < p for _ in range(k)) / k for _ in range(n)]
+
+
+def test_a_drop_of_a_tenth_over_400_traces_is_found() -> None:
+    found = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        result = compare_groups(
+            {"2.4.1": claims(rng, 0.7, 400), "2.5.0": claims(rng, 0.6, 400)}, baseline="2.4.1"
+        )
+        new = result.groups[1]
+        assert new.group == "2.5.0" and new.difference is not None
+        found += new.verdict == WORSE
+    assert found == 20
+
+
+def test_equal_distributions_show_no_difference_in_at_least_95_percent() -> None:
+    quiet = 0
+    repetitions = 100
+    for seed in range(repetitions):
+        rng = random.Random(1_000 + seed)
+        result = compare_groups(
+            {"2.4.1": claims(rng, 0.7, 400), "2.5.0": claims(rng, 0.7, 400)}, baseline="2.4.1"
+        )
+        quiet += result.groups[1].verdict == SAME
+    assert quiet / repetitions >= 0.95
+
+
+def test_groups_of_five_are_too_few() -> None:
+    rng = random.Random(7)
+    result = compare_groups(
+        {"2.4.1": claims(rng, 0.7, 400), "canary": claims(rng, 0.2, 5)}, baseline="2.4.1"
+    )
+    base, canary = result.groups
+    assert base.verdict == BASELINE and base.interval is not None
+    assert canary.verdict == TOO_FEW and canary.interval is None and canary.difference is None
+    assert canary.traces == 5
+    # A baseline that is too small leaves every comparison undecided.
+    small = compare_groups({"old": [1.0] * 5, "new": [0.0] * 300}, baseline="old")
+    assert [g.verdict for g in small.groups] == [TOO_FEW, TOO_FEW]
+
+
+def test_wilson_and_newcombe_match_the_published_examples() -> None:
+    # Newcombe (1998), method 10: 56/70 against 48/80, difference 0.2000, 95% CI
+    # 0.0524 to 0.3339; the Wilson interval of 81/263 is 0.2553 to 0.3662.
+    (low, high), method = difference_interval([1.0] * 56 + [0.0] * 14, [1.0] * 48 + [0.0] * 32)
+    assert method == METHOD_NEWCOMBE
+    assert (round(low, 4), round(high, 4)) == (0.0524, 0.3339)
+    low, high = wilson(81, 263)
+    assert (round(low, 4), round(high, 4)) == (0.2553, 0.3662)
+    assert mean_interval([1.0] * 81 + [0.0] * 182)[1] == METHOD_WILSON
+
+
+def test_bootstrap_is_close_to_the_normal_interval_and_repeatable() -> None:
+    rng = random.Random(3)
+    values = claims(rng, 0.6, 400)
+    (low, high), method = mean_interval(values)
+    assert method == METHOD_BOOTSTRAP
+    half = 1.96 * statistics.stdev(values) / 20
+    mean = statistics.fmean(values)
+    assert abs(low - (mean - half)) < 0.01 and abs(high - (mean + half)) < 0.01
+    assert mean_interval(values) == ((low, high), method)
+
+
+def test_the_default_baseline_is_the_first_group_given() -> None:
+    rng = random.Random(5)
+    groups = {"2.5.0": claims(rng, 0.7, 100), "2.4.1": claims(rng, 0.7, 300)}
+    assert compare_groups(groups, order=["2.4.1", "2.5.0"]).baseline == "2.4.1"
+    assert compare_groups(groups).baseline == "2.4.1"  # without an order: the largest
