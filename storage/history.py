@@ -300,8 +300,13 @@ class History:
         app: str | None = None,
         metric: str | None = None,
         version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
     ) -> list[SummaryRow]:
         """Per bucket and metric: scored count, mean, p10/p50/p90, skipped and failed counts.
+
+        ``where`` keeps the traces whose request attributes have the given values (see
+        :data:`ATTRIBUTES`); such summaries are computed from the scores each time, not from
+        the summary cache.
 
         Each metric is read at its current catalog version, or at ``version`` (which needs
         ``metric``; see :func:`metric_versions`). Rows come ordered by bucket, then metric;
@@ -312,6 +317,9 @@ class History:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
         versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
+        if where:
+            self._attribute_filters(None, where, conditions)
+            return self._summary_python(bucket, conditions, versions, join_traces=True)
         if self.dialect.postgres:
             return self._summary_postgres(bucket, since, until, app, versions)
         return self._summary_python(bucket, conditions, versions)
@@ -430,10 +438,14 @@ class History:
         bucket: Bucket,
         conditions: list[ColumnElement[bool]],
         versions: Mapping[str, str],
+        join_traces: bool = False,
     ) -> list[SummaryRow]:
-        stmt = select(Score.trace_started_at, Score.metric, Score.status, Score.value).where(
-            *conditions
+        stmt = select(Score.trace_started_at, Score.metric, Score.status, Score.value).select_from(
+            Score
         )
+        if join_traces:
+            stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
+        stmt = stmt.where(*conditions)
         groups: dict[tuple[datetime, str], tuple[list[float], list[int]]] = {}
         with self.engine.connect() as conn:
             for started_at, metric, status, value in conn.execute(stmt):
@@ -570,8 +582,10 @@ class History:
         until: datetime | None = None,
         app: str | None = None,
         version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
     ) -> list[WorstRow]:
-        """The ``limit`` lowest scored results, lowest first, with their reasons.
+        """The ``limit`` lowest scored results, lowest first, with their reasons (among the
+        traces whose request attributes match ``where``).
 
         Each metric is read at its current catalog version, or at ``version`` (which needs
         ``metric``). With no ``metric`` the lowest of every catalog metric are merged; each
@@ -593,12 +607,13 @@ class History:
         )
         parts = []
         for key, key_version in versions.items():
+            conditions = self._score_filters(since, until, app, {key: key_version})
+            part = select(*columns).select_from(Score)
+            if where:
+                self._attribute_filters(None, where, conditions)
+                part = part.join(Trace, Trace.trace_id == Score.trace_id)
             parts.append(
-                select(*columns)
-                .where(
-                    Score.status == "scored",
-                    *self._score_filters(since, until, app, {key: key_version}),
-                )
+                part.where(Score.status == "scored", *conditions)
                 .order_by(Score.value, Score.trace_started_at.desc(), Score.trace_id)
                 .limit(limit)
             )

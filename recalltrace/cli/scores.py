@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "10th/50th/90th percentiles, and how many results were skipped or failed.",
     )
     _add_common(summary, metric_help="only this metric (default: every metric)")
+    _add_where(summary)
     _add_bucket(summary)
     _add_format(summary)
     summary.set_defaults(handler=_piped(_cmd_summary))
@@ -77,6 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="The lowest scored results in the window, lowest first, with their reasons.",
     )
     _add_common(worst, metric_help="only this metric (default: the lowest of every metric)")
+    _add_where(worst)
     worst.add_argument(
         "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
     )
@@ -90,6 +92,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "results per bucket, as a self-contained HTML page (.html) or an SVG image (.svg).",
     )
     _add_common(plot, metric_help="only this metric (default: every metric)")
+    _add_where(plot)
     _add_bucket(plot)
     plot.add_argument(
         "--out", required=True, metavar="FILE", help="output file: FILE.html or FILE.svg"
@@ -216,7 +219,13 @@ def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[Summar
     metric, version = _metric_version(args)
     since, until = _window(args)
     rows = _history(engine).summary(
-        bucket=args.bucket, since=since, until=until, app=args.app, metric=metric, version=version
+        bucket=args.bucket,
+        since=since,
+        until=until,
+        app=args.app,
+        metric=metric,
+        version=version,
+        where=args.where,
     )
     return rows, _window_text(since, until)
 
@@ -289,7 +298,13 @@ def _cmd_worst(args: argparse.Namespace) -> int:
     since, until = _window(args)
     with _database(args) as engine:
         rows = _history(engine).worst(
-            metric=metric, limit=args.limit, since=since, until=until, app=args.app, version=version
+            metric=metric,
+            limit=args.limit,
+            since=since,
+            until=until,
+            app=args.app,
+            version=version,
+            where=args.where,
         )
         hint = "" if rows else _nothing_hint(args, engine)
     if args.format == "json":

@@ -18,6 +18,7 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from tests.support import ROOT
 from tests.support.factories import make_repository, make_trace
+from tests.support.postgres import truncate_all
 
 METRIC = "id_based_context_recall"
 
@@ -41,10 +42,16 @@ def traces(release: str, p: float, count: int, rng: random.Random, start: dateti
     return made
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    database = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'history.db'}"
-    upgrade(database)
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "sqlite":
+        database = f"sqlite:///{tmp_path_factory.mktemp('compare') / 'history.db'}"
+        upgrade(database)
+    else:
+        database = request.getfixturevalue("postgres_url")
+        engine = create_engine_from_url(database)
+        truncate_all(engine)
+        engine.dispose()
     rng = random.Random(11)
     now = datetime.now(timezone.utc)
     repo = make_repository(create_engine_from_url(database), metrics=[METRIC])
@@ -142,3 +149,23 @@ def test_bad_input_is_one_line(url: str, args: list[str], message: str) -> None:
     assert done.returncode == 2, done.stdout
     lines = done.stderr.strip().splitlines()
     assert message in lines[-1] and "Traceback" not in done.stderr
+
+
+def test_summary_worst_and_plot_filter_by_attribute(
+    url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    every = run("scores", "summary", "--metric", METRIC, "--format", "json", url=url)
+    beta = run("scores", "summary", "--metric", METRIC, "--where", "tag=beta",
+               "--where", "release=2.5.0", "--format", "json", url=url)  # fmt: skip
+    assert every.returncode == 0 and beta.returncode == 0, beta.stderr
+    assert sum(r["count"] for r in json.loads(every.stdout)) == 805
+    assert sum(r["count"] for r in json.loads(beta.stdout)) == 200
+    worst = run("scores", "worst", "--metric", METRIC, "--where", "release=2.4.1", "--limit",
+                "500", "--format", "json", url=url)  # fmt: skip
+    assert worst.returncode == 0, worst.stderr
+    rows = json.loads(worst.stdout)
+    assert len(rows) == 400
+    out = tmp_path_factory.mktemp("plot") / "beta.svg"
+    plot = run("scores", "plot", "--out", str(out), "--where", "environment=production", url=url)
+    assert plot.returncode == 0, plot.stderr
+    assert "<svg" in out.read_text()
