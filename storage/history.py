@@ -37,6 +37,7 @@ from recalltrace.storage.history_rows import (
     PERCENTILES,
     Bucket,
     ContextRow,
+    CostRow,
     JobCounts,
     JobRow,
     ScoreDetail,
@@ -571,6 +572,53 @@ class History:
         if by is None:
             return None
         return TraceTag.tag if by == "tag" else _attribute_column(by)
+
+    # -- judge cost --------------------------------------------------------------------------
+    def cost(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        app: str | None = None,
+        metric: str | None = None,
+    ) -> list[CostRow]:
+        """Judge tokens and money per UTC day (when the results were stored), variant and
+        judge model, over the results stored in ``[since, until)``; ordered by day, variant,
+        model."""
+        conditions: list[ColumnElement[bool]] = [Score.model.is_not(None)]
+        if since is not None:
+            conditions.append(Score.scored_at >= since)
+        if until is not None:
+            conditions.append(Score.scored_at < until)
+        if app is not None:
+            conditions.append(Score.app_name == check_filter_text("app", app))
+        if metric is not None:
+            conditions.append(Score.metric == self.check_metric(metric))
+        stmt = select(
+            Score.scored_at,
+            Score.metric,
+            Score.model,
+            Score.prompt_tokens,
+            Score.completion_tokens,
+            Score.cost_usd,
+        ).where(*conditions)
+        totals: dict[tuple[datetime, str, str], list[Any]] = {}
+        with self.engine.connect() as conn:
+            for scored_at, key, model, prompt, completion, cost in conn.execute(stmt):
+                entry = totals.setdefault(
+                    (_truncate(_utc(scored_at), "day"), key, model), [0, 0, 0, None, 0]
+                )
+                entry[0] += 1
+                entry[1] += prompt or 0
+                entry[2] += completion or 0
+                if cost is None:
+                    entry[4] += 1
+                else:
+                    entry[3] = (entry[3] or 0.0) + float(cost)
+        return [
+            CostRow(day, key, model, n, prompt, completion, cost, unpriced)
+            for (day, key, model), (n, prompt, completion, cost, unpriced) in sorted(totals.items())
+        ]
 
     # -- worst -----------------------------------------------------------------------------
     def worst(

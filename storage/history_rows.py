@@ -100,6 +100,37 @@ class WorstRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CostRow:
+    """What the judge cost on one UTC day (by the time scores were stored), for one variant
+    and one judge model."""
+
+    day: datetime
+    metric: str
+    model: str
+    scores: int
+    """Stored results that called the judge (scored, skipped or failed)."""
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    """The sum of the priced results; ``None`` when none had a price."""
+    unpriced: int
+    """Results whose cost LiteLLM's price list did not know (not in ``cost_usd``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary."""
+        return {
+            "day": self.day.date().isoformat(),
+            "metric": self.metric,
+            "model": self.model,
+            "scores": self.scores,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+            "unpriced": self.unpriced,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class WindowStats:
     """Scores of one metric over one time window (what ``recalltrace check`` tests)."""
 

@@ -25,6 +25,7 @@ from recalltrace.cli._args import (
     _attribute_name,
     _database,
     _history,
+    _metric,
     _metric_version,
     _piped,
     _positive_int,
@@ -134,6 +135,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_format(compare)
     compare.set_defaults(handler=_piped(_cmd_compare))
+
+    cost = scores_sub.add_parser(
+        "cost",
+        help="judge tokens and money per day, variant and judge model",
+        description="Per UTC day (when the results were stored), variant and judge model: the "
+        "results that called the judge, their prompt and completion tokens, and their cost in "
+        "US dollars from LiteLLM's price list (results it had no price for are counted apart).",
+    )
+    _add_database_option(cost)
+    cost.add_argument(
+        "--since", default="30d", metavar="WHEN", help="stored from (default: 30d; see --help)"
+    )
+    cost.add_argument("--until", default=None, metavar="WHEN", help="stored until (default: now)")
+    cost.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
+    )
+    cost.add_argument("--metric", default=None, metavar="METRIC", help="only this metric")
+    _add_format(cost)
+    cost.set_defaults(handler=_piped(_cmd_cost))
 
     check = sub.add_parser(
         "check",
@@ -532,6 +552,70 @@ def _compare_csv_row(g: GroupComparison) -> dict[str, Any]:
 
 def _interval(interval: tuple[float, float] | None) -> str:
     return "-" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+COST_FIELDS = (
+    "day",
+    "metric",
+    "model",
+    "scores",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "unpriced",
+)
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    since, until = _window(args)
+    with _database(args) as engine:
+        try:
+            rows = _history(engine).cost(
+                since=since, until=until, app=args.app, metric=_metric(args.metric)
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+    if args.format == "json":
+        _print_json([r.as_dict() for r in rows])
+        return EXIT_OK
+    if args.format == "csv":
+        _print_csv(COST_FIELDS, [r.as_dict() for r in rows])
+        return EXIT_OK
+    from rich.table import Table
+
+    console = _console()
+    window = _window_text(since, until).replace("traces started", "results stored")
+    if not rows:
+        console.print(f"No judge calls for {window}.")
+        return EXIT_OK
+    table = Table(title=f"Judge cost by day, {window}", title_justify="left")
+    for name in ("day", "metric", "model", "scores", "prompt tok", "completion tok", "USD"):
+        table.add_column(
+            name, justify="right" if name not in ("day", "metric", "model") else "left"
+        )
+    for r in rows:
+        money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+        if r.cost_usd is not None and r.unpriced:
+            money += f" (+{r.unpriced} unpriced)"
+        table.add_row(
+            r.day.date().isoformat(),
+            r.metric,
+            _safe(r.model),
+            str(r.scores),
+            f"{r.prompt_tokens:,}",
+            f"{r.completion_tokens:,}",
+            money,
+        )
+    console.print(table)
+    priced = [r.cost_usd for r in rows if r.cost_usd is not None]
+    tokens = sum(r.prompt_tokens + r.completion_tokens for r in rows)
+    total = f"{sum(priced):.4f} USD" if priced else "unknown USD"
+    unpriced = sum(r.unpriced for r in rows)
+    console.print(
+        f"Total: {tokens:,} tokens, {total}"
+        + (f"; {unpriced} result(s) had no price in LiteLLM's list" if unpriced else "")
+    )
+    return EXIT_OK
 
 
 def _check_compare(

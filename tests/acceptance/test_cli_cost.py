@@ -1,0 +1,71 @@
+"""``scores cost``: judge tokens and money per day, variant and model, from what a real
+worker stored after calling the scripted judge through LiteLLM (priced from LiteLLM's list)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
+from recalltrace.storage.models import Score
+from tests.support import ROOT
+from tests.support.factories import make_repository, make_trace
+from tests.support.judge_server import JudgeServer
+
+METRIC = "judge_context_recall"
+
+
+def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env.update(OPENAI_API_KEY="test-key", COLUMNS="160")
+    command = [sys.executable, "-m", "recalltrace", *args, "--database-url", url]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_cost_sums_what_the_judge_calls_spent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cost.db'}"
+    upgrade(url)
+    repo = make_repository(create_engine_from_url(url), metrics=[METRIC])
+    repo.write_traces([make_trace() for _ in range(4)])
+    repo.dispose()
+    with JudgeServer() as judge:
+        worker = run(
+            "worker", "--once", "--no-progress", "--metric", METRIC, "--judge-model",
+            "openai/gpt-4o-mini", "--judge-api-base", judge.base_url, url=url,
+        )  # fmt: skip
+    assert worker.returncode == 0, worker.stderr
+    engine = create_engine_from_url(url)
+    with engine.connect() as conn:
+        prompt, completion, cost, n = conn.execute(
+            select(
+                func.sum(Score.prompt_tokens),
+                func.sum(Score.completion_tokens),
+                func.sum(Score.cost_usd),
+                func.count(),
+            )
+        ).one()
+    engine.dispose()
+    assert n == 4 and prompt > 0 and cost > 0
+
+    done = run("scores", "cost", "--format", "json", url=url)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["metric"] == METRIC and row["model"] == "openai/gpt-4o-mini"
+    assert (row["scores"], row["prompt_tokens"], row["completion_tokens"]) == (
+        4,
+        prompt,
+        completion,
+    )
+    assert abs(row["cost_usd"] - cost) < 1e-12 and row["unpriced"] == 0
+
+    table = run("scores", "cost", url=url)
+    assert table.returncode == 0, table.stderr
+    assert f"Total: {prompt + completion:,} tokens, {cost:.4f} USD" in table.stdout
+    nothing = run("scores", "cost", "--metric", "id_based_context_recall", url=url)
+    assert "No judge calls" in nothing.stdout
