@@ -48,6 +48,7 @@ ATTR_TOKEN_TYPE = "gen_ai.token.type"
 ATTR_ERROR_TYPE = "error.type"
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
+BUDGET_EVENT = "rag.judge.budget_reached"
 
 
 def model_name(model: str) -> str:
@@ -111,6 +112,11 @@ class WorkerTelemetry:
             "rag.judge.paused",
             unit="{pause}",
             description="Times scoring with a judge model was paused by a configuration error.",
+        )
+        self.budget_reached = meter.create_counter(
+            "rag.judge.budget_reached",
+            unit="{period}",
+            description="Periods in which the judge budget was reached and LLM variants paused.",
         )
         # The currency in the name and as an annotation unit: Prometheus names are lower case,
         # and an exporter appends a plain unit as it is ("_USD").
@@ -176,6 +182,7 @@ class WorkerTelemetry:
                 self.jobs.add(0, {ATTR_OUTCOME: outcome, ATTR_METRIC: metric})
         if judge_model:
             self.judge_paused.add(0, {ATTR_REQUEST_MODEL: model_name(judge_model)})
+            self.budget_reached.add(0, {ATTR_REQUEST_MODEL: model_name(judge_model)})
 
     def record_job(self, outcome: str, metric: str) -> None:
         """Count one job outcome: ``scored``, ``skipped``, ``failed`` or ``retried``."""
@@ -284,6 +291,24 @@ class WorkerTelemetry:
             self.token_usage.record(call.completion_tokens, {**base, ATTR_TOKEN_TYPE: "output"})
         if call.cost_usd:
             self.judge_cost.add(call.cost_usd, base)
+
+    def record_budget_reached(self, model: str, unit: str, spent: float, budget: float) -> None:
+        """Count a period in which the judge budget was reached, and emit an event saying so."""
+        self.budget_reached.add(1, {ATTR_REQUEST_MODEL: model_name(model)})
+        now = time.time_ns()
+        self._events.emit(
+            _logs.LogRecord(
+                timestamp=now,
+                observed_timestamp=now,
+                event_name=BUDGET_EVENT,
+                attributes={
+                    ATTR_REQUEST_MODEL: model_name(model),
+                    "rag.judge.budget.unit": unit,
+                    "rag.judge.budget.spent": spent,
+                    "rag.judge.budget.limit": budget,
+                },
+            )
+        )
 
     def record_pause(self, model: str, error_type: str | None) -> None:
         """Count a pause of ``model`` after a terminal error. One series per model (the one

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from recalltrace.scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
 from recalltrace.scorers._judge import JudgeCallRecord, JudgeClient, JudgeConfig
 from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers.budget import JudgeBudget
 from recalltrace.scorers.catalog import (
     CATALOG,
     NON_LLM_METRICS,
@@ -195,6 +196,17 @@ class WorkerOptions:
         help="a long-running worker logs one status line (scored, skipped, failed, queue, lag) "
         "every S seconds",
     )
+    judge_budget: JudgeBudget | None = flag_option(  # noqa: RUF009 (a dataclass field)
+        None,
+        flag="--judge-budget",
+        parse=JudgeBudget.parse,
+        metavar="LIMIT",
+        help="most the judge model may spend per period, across all workers on this database: "
+        "50/day (US dollars, LiteLLM's prices), 200k tokens/day, 2.5/hour; when reached, LLM "
+        "variants pause until the next period and non-LLM variants go on (default: no limit)",
+    )
+    """A cap on the judge model's spend per period, shared by every worker through the
+    database (see :mod:`recalltrace.scorers.budget`)."""
     phoenix_url: str | None = flag_option(
         None,
         flag="--phoenix",
@@ -251,6 +263,8 @@ class WorkerStats:
     paused: int = 0
     db_seconds: float = 0.0
     """Wall time spent in database calls (claims, loads, writes, leases, maintenance)."""
+    budget_reached: int = 0
+    """Periods in which the judge budget was reached (LLM variants paused until the next)."""
     annotations: AnnotationStats | None = None
     """What was posted to Phoenix (with ``phoenix_url``), counted when the run ends."""
 
@@ -308,6 +322,9 @@ class Worker:
             self._scorers, self.options.judge.model if self.options.judge is not None else None
         )
         self._paused_until = 0.0
+        self._budget_until = 0.0
+        self._budget_said: datetime | None = None
+        self._unpriced_said = False
         self._once = False
         self._next_status = 0.0
         self._running: dict[int, _Running] = {}
@@ -375,9 +392,61 @@ class Worker:
         self.telemetry.record_call(record)
 
     def _claimable_metrics(self) -> list[str]:
-        if self._paused_until > time.monotonic():
+        now = time.monotonic()
+        if self._paused_until > now or self._budget_until > now:
             return [k for k in self._scorers if k in NON_LLM_METRICS]
         return list(self._scorers)
+
+    async def _check_budget(self) -> None:
+        """Before claiming: read the judge model's spend this period (every worker's stored
+        results and this worker's unwritten ones) and pause the LLM variants until the period
+        ends once it reaches the budget."""
+        budget, judge = self.options.judge_budget, self.options.judge
+        if budget is None or judge is None:
+            return
+        if not any(k not in NON_LLM_METRICS for k in self._scorers):
+            return
+        now_m = time.monotonic()
+        if now_m < self._budget_until:
+            return
+        now = datetime.now(timezone.utc)
+        start = budget.period_start(now)
+        try:
+            tokens, usd = await self._db_call(self.repo.judge_spend, judge.model, start)
+        except Exception as exc:
+            logger.error("reading the judge's spend failed (%s); trying again", _describe(exc))
+            return
+        # This worker's results not written yet count too.
+        for _job, result, _app, _duration in self._pending_finish:
+            if result.model == judge.model:
+                tokens += (result.prompt_tokens or 0) + (result.completion_tokens or 0)
+                usd += result.cost_usd or 0.0
+        spent = budget.spent(tokens, usd)
+        if spent < budget.amount:
+            if self._budget_until:
+                self._budget_until = 0.0
+                logger.warning(
+                    "judge budget: a new %s began (%s spent of %s); LLM variants resume",
+                    budget.period,
+                    _amount(spent, budget.unit),
+                    budget.describe(),
+                )
+            return
+        end = budget.period_end(now)
+        self._budget_until = now_m + max((end - now).total_seconds(), 0.0)
+        if self._budget_said != start:
+            self._budget_said = start
+            self.stats.budget_reached += 1
+            self.telemetry.record_budget_reached(judge.model, budget.unit, spent, budget.amount)
+            logger.error(
+                "JUDGE BUDGET REACHED: %s spent of %s by %s (every worker on this database); "
+                "LLM variants are not claimed until %s UTC, jobs already claimed finish; "
+                "non-LLM variants go on.",
+                _amount(spent, budget.unit),
+                budget.describe(),
+                judge.model,
+                end.strftime("%Y-%m-%d %H:%M"),
+            )
 
     # -- plumbing -----------------------------------------------------------------------
     async def _db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -514,6 +583,7 @@ class Worker:
             room = opts.concurrency + prefetch - len(self._running) - len(self._ready)
             idle = not self._running and not self._ready
             claimed: list[Any] = []
+            await self._check_budget()
             metrics = self._claimable_metrics()
             if metrics and room > 0 and (room >= refill_at or idle):
                 try:
@@ -726,6 +796,25 @@ class Worker:
     def _writes_outstanding(self) -> bool:
         return bool(self._pending_finish) or self._flush_lock.locked()
 
+    def _say_unpriced(self, result: ScoreResult) -> None:
+        """A budget in dollars cannot hold for a model LiteLLM has no price for: say so once."""
+        budget = self.options.judge_budget
+        if (
+            budget is None
+            or budget.unit != "usd"
+            or self._unpriced_said
+            or result.model is None
+            or result.cost_usd is not None
+        ):
+            return
+        self._unpriced_said = True
+        logger.error(
+            "JUDGE BUDGET CANNOT HOLD: LiteLLM's price list has no price for %s, so its spend "
+            "in US dollars counts as 0; give the budget in tokens (e.g. --judge-budget "
+            "'2m tokens/day')",
+            result.model,
+        )
+
     async def _flush_finished(self) -> None:
         async with self._flush_lock:
             while self._pending_finish:
@@ -789,6 +878,7 @@ class Worker:
                 self._annotations.send(
                     result, record_id=job.trace_id, app_name=app, otel_span_id=otel_span_id
                 )
+            self._say_unpriced(result)
         if self.on_progress is not None:
             self.on_progress(self.stats)
         return True
@@ -1029,6 +1119,10 @@ class Worker:
 # Failed writes of one batch before its scores are stored one by one (when the database is
 # reachable but refuses the batch).
 _ISOLATE_AFTER = 3
+
+
+def _amount(value: float, unit: str) -> str:
+    return f"{value:,.0f} tokens" if unit == "tokens" else f"{value:.4f} USD"
 
 
 def _combined(parts: Iterable[QueueStats]) -> QueueStats:

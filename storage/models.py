@@ -256,6 +256,8 @@ class Score(Base):
             postgresql_where=text("status = 'scored'"),
             sqlite_where=text("status = 'scored'"),
         ),
+        # A judge budget sums the spend of one model since the period began.
+        Index("ix_scores_model_scored_at", "model", "scored_at"),
     )
 
 

@@ -881,6 +881,24 @@ class JobQueue:
             )
         return result
 
+    def judge_spend(self, model: str, since: datetime) -> tuple[int, float]:
+        """Prompt plus completion tokens, and US dollars, of the results judged by ``model``
+        and stored since ``since`` (by every worker)."""
+        with self.engine.connect() as conn:
+            tokens, usd = conn.execute(
+                select(
+                    func.coalesce(
+                        func.sum(
+                            func.coalesce(Score.prompt_tokens, 0)
+                            + func.coalesce(Score.completion_tokens, 0)
+                        ),
+                        0,
+                    ),
+                    func.coalesce(func.sum(Score.cost_usd), 0.0),
+                ).where(Score.model == model, Score.scored_at >= since)
+            ).one()
+        return int(tokens or 0), float(usd or 0.0)
+
     def queue_stats(self, metrics: Sequence[str] | None = None) -> QueueStats:
         """Counts of due, running, waiting and failed jobs, and the oldest due job's age.
 

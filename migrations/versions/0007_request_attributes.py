@@ -8,7 +8,9 @@ Records gain the attributes history is sliced by: ``release`` and ``environment`
 tracer's configuration or the OpenTelemetry resource: ``service.version``,
 ``deployment.environment.name``), ``user_id`` and ``session_id`` (set inside a request, or
 ``user.id``/``session.id`` on captured spans), each indexed with the start time; and tags, one
-row per tag in ``trace_tags`` (indexed by tag), also kept as a list on the trace.
+row per tag in ``trace_tags`` (indexed by tag), also kept as a list on the trace. Scores gain
+an index on (model, scored_at): a worker with a judge budget sums the period's spend of its
+model, read by every worker before claiming LLM jobs.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ def upgrade() -> None:
         sa.Column("tag", sa.String(length=200), primary_key=True),
     )
     op.create_index("ix_trace_tags_tag", "trace_tags", ["tag", "trace_id"])
+    op.create_index("ix_scores_model_scored_at", "scores", ["model", "scored_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_scores_model_scored_at", table_name="scores")
     op.drop_index("ix_trace_tags_tag", table_name="trace_tags")
     op.drop_table("trace_tags")
     op.drop_column("traces", "tags")
