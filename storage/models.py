@@ -261,6 +261,25 @@ class Score(Base):
     )
 
 
+class Label(Base):
+    """A person's judgement of one trace for one variant: the score they would give, and
+    optionally their verdict on each claim, with a note."""
+
+    __tablename__ = "labels"
+
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
+    )
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    labeller: Mapped[str] = mapped_column(String(200), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+    claims: Mapped[list[Any] | None] = mapped_column(JSONType)
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_labels_metric", "metric", "trace_id"),)
+
+
 class WorkerSeen(Base):
     """A worker process and the variants it scores, as it last reported itself.
 

@@ -10,7 +10,9 @@ tracer's configuration or the OpenTelemetry resource: ``service.version``,
 ``user.id``/``session.id`` on captured spans), each indexed with the start time; and tags, one
 row per tag in ``trace_tags`` (indexed by tag), also kept as a list on the trace. Scores gain
 an index on (model, scored_at): a worker with a judge budget sums the period's spend of its
-model, read by every worker before claiming LLM jobs.
+model, read by every worker before claiming LLM jobs. Human labels get a table of their own,
+``labels``: a score in [0, 1] (and optionally per-claim verdicts) for a trace and variant, with
+who labelled it and a note, one per (trace, variant, labeller).
 """
 
 from __future__ import annotations
@@ -47,9 +49,27 @@ def upgrade() -> None:
     )
     op.create_index("ix_trace_tags_tag", "trace_tags", ["tag", "trace_id"])
     op.create_index("ix_scores_model_scored_at", "scores", ["model", "scored_at"])
+    op.create_table(
+        "labels",
+        sa.Column(
+            "trace_id",
+            sa.String(length=32),
+            sa.ForeignKey("traces.trace_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("metric", sa.String(length=64), primary_key=True),
+        sa.Column("labeller", sa.String(length=200), primary_key=True),
+        sa.Column("value", sa.Float(), nullable=False),
+        sa.Column("claims", json_type, nullable=True),
+        sa.Column("note", sa.Text(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_labels_metric", "labels", ["metric", "trace_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_labels_metric", table_name="labels")
+    op.drop_table("labels")
     op.drop_index("ix_scores_model_scored_at", table_name="scores")
     op.drop_index("ix_trace_tags_tag", table_name="trace_tags")
     op.drop_table("trace_tags")

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from recalltrace.cli import collect, db, doctor, jobs, scores, trace, worker
+    from recalltrace.cli import collect, db, doctor, jobs, labels, scores, trace, worker
 
     db.register(sub)
     demo = sub.add_parser(
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.register(sub)
     collect.register(sub)
     doctor.register(sub)
+    labels.register(sub)
 
     return parser
 

@@ -155,6 +155,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_format(cost)
     cost.set_defaults(handler=_piped(_cmd_cost))
 
+    agree = scores_sub.add_parser(
+        "agreement",
+        help="how far the judge is from human labels (recalltrace labels import)",
+        description="Per judge model and variant version, over the labelled traces: mean "
+        "absolute error, Pearson and Spearman correlation, Cohen's kappa at --threshold with "
+        "its confusion table, and the worst disagreements with the judge's reason and the "
+        "labeller's note.",
+    )
+    _add_database_option(agree)
+    agree.add_argument("--metric", required=True, metavar="METRIC", help="the variant")
+    agree.add_argument(
+        "--since", default="90d", metavar="WHEN", help="traces started from (default: 90d)"
+    )
+    agree.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
+    agree.add_argument(
+        "--threshold",
+        type=_unit_float,
+        default=0.5,
+        metavar="X",
+        help="a score at or above X passes, for kappa and the confusion table (default: 0.5)",
+    )
+    agree.add_argument(
+        "--worst", type=_positive_int, default=5, metavar="N", help="disagreements shown (5)"
+    )
+    agree.add_argument("--format", choices=("table", "json"), default="table")
+    agree.set_defaults(handler=_piped(_cmd_agreement))
+
     check = sub.add_parser(
         "check",
         help="exit 1 when a metric's mean falls below a threshold (for cron and CI)",
@@ -552,6 +579,61 @@ def _compare_csv_row(g: GroupComparison) -> dict[str, Any]:
 
 def _interval(interval: tuple[float, float] | None) -> str:
     return "-" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _cmd_agreement(args: argparse.Namespace) -> int:
+    from recalltrace.agreement import agreement
+    from recalltrace.storage.labels import LabelStore
+
+    metric = _metric(args.metric)
+    assert metric is not None
+    since, until = _window(args)
+    with _database(args) as engine:
+        pairs = LabelStore(engine).agreement_pairs(metric, since=since, until=until)
+    reports = agreement(pairs, threshold=args.threshold, worst=args.worst)
+    if args.format == "json":
+        _print_json({"metric": metric, "reports": [r.as_dict() for r in reports]})
+        return EXIT_OK
+    console = _console()
+    window = _window_text(since, until)
+    if not reports:
+        console.print(
+            f"No labelled traces of {metric} with a judge score for {window}: import labels "
+            "with recalltrace labels import FILE --labeller NAME"
+        )
+        return EXIT_OK
+    from rich.table import Table
+
+    for r in reports:
+        judge = _safe(r.model or "-")
+        title = f"{metric} v{_safe(r.version)}, judge {judge}: {r.labelled} labelled traces"
+        table = Table(title=title, title_justify="left", show_header=False)
+        table.add_column()
+        table.add_column(justify="right")
+        table.add_row("mean absolute error", f"{r.mae:.3f}")
+        table.add_row("Pearson", _num_or_dash(r.pearson))
+        table.add_row("Spearman", _num_or_dash(r.spearman))
+        table.add_row(f"Cohen's kappa at {r.threshold:g}", _num_or_dash(r.kappa))
+        c = r.confusion
+        table.add_row(
+            "judge pass / fail when labelled pass",
+            f"{c['judge_pass_label_pass']} / {c['judge_fail_label_pass']}",
+        )
+        table.add_row(
+            "judge pass / fail when labelled fail",
+            f"{c['judge_pass_label_fail']} / {c['judge_fail_label_fail']}",
+        )
+        console.print(table)
+        for p in r.worst:
+            console.print(
+                f"  {p.trace_id}: judge {p.score:.2f}, {_safe(p.labeller)} {p.label:.2f}\n"
+                f"    judge: {_safe(p.reason)}\n    {_safe(p.labeller)}: {_safe(p.note or '-')}"
+            )
+    return EXIT_OK
+
+
+def _num_or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 COST_FIELDS = (

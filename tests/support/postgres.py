@@ -26,6 +26,7 @@ TABLES = (
     "scoring_jobs",
     "retrieved_contexts",
     "trace_tags",
+    "labels",
     "traces",
 )
 
