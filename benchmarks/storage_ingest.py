@@ -56,7 +56,9 @@ def make_records(n: int) -> list[TraceRecord]:
 def truncate(url: str) -> None:
     engine = create_engine_from_url(url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces"))
+        conn.execute(
+            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
+        )
     engine.dispose()
 
 

@@ -37,7 +37,9 @@ from tests.support.judge_server import start_process
 def write_traces(url: str, metrics: list[str], count: int) -> None:
     engine = create_engine_from_url(url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces"))
+        conn.execute(
+            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
+        )
     repo = make_repository(engine, metrics=metrics)
     batch = [
         make_trace(

@@ -631,9 +631,12 @@ class History:
         app: str | None = None,
         version: str | None = None,
         where: Sequence[tuple[str, str]] = (),
+        per_question: bool = False,
     ) -> list[WorstRow]:
         """The ``limit`` lowest scored results, lowest first, with their reasons (among the
-        traces whose request attributes match ``where``).
+        traces whose request attributes match ``where``). With ``per_question``, one row per
+        question (its lowest trace, with how many scored traces asked it), so one question
+        asked a hundred times does not fill the list.
 
         Each metric is read at its current catalog version, or at ``version`` (which needs
         ``metric``). With no ``metric`` the lowest of every catalog metric are merged; each
@@ -643,6 +646,8 @@ class History:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         versions = self.metric_versions(metric, version)
+        if per_question:
+            return self._worst_per_question(versions, limit, since, until, app, where)
         columns = (
             Score.trace_id,
             Score.metric,
@@ -693,6 +698,69 @@ class History:
             )
             for r in rows
         ]
+
+    def _worst_per_question(
+        self,
+        versions: Mapping[str, str],
+        limit: int,
+        since: datetime | None,
+        until: datetime | None,
+        app: str | None,
+        where: Sequence[tuple[str, str]],
+    ) -> list[WorstRow]:
+        rows: list[WorstRow] = []
+        for key, key_version in versions.items():
+            conditions = self._score_filters(since, until, app, {key: key_version})
+            self._attribute_filters(None, where, conditions)
+            question = func.coalesce(Trace.user_input, "")
+            ranked = (
+                select(
+                    Score.trace_id,
+                    Score.metric,
+                    Score.version,
+                    Score.value,
+                    Score.reason,
+                    Score.app_name,
+                    Score.trace_started_at,
+                    Score.scored_at,
+                    Trace.user_input.label("question"),
+                    func.row_number()
+                    .over(
+                        partition_by=question,
+                        order_by=(Score.value, Score.trace_started_at.desc(), Score.trace_id),
+                    )
+                    .label("rank"),
+                    func.count().over(partition_by=question).label("asked"),
+                )
+                .select_from(Score)
+                .join(Trace, Trace.trace_id == Score.trace_id)
+                .where(Score.status == "scored", *conditions)
+                .subquery()
+            )
+            stmt = (
+                select(ranked)
+                .where(ranked.c.rank == 1)
+                .order_by(ranked.c.value, ranked.c.trace_started_at.desc(), ranked.c.trace_id)
+                .limit(limit)
+            )
+            with self.engine.connect() as conn:
+                for r in conn.execute(stmt):
+                    rows.append(
+                        WorstRow(
+                            trace_id=r.trace_id,
+                            metric=r.metric,
+                            version=r.version,
+                            value=float(r.value),
+                            reason=r.reason,
+                            app_name=r.app_name,
+                            trace_started_at=_utc(r.trace_started_at),
+                            scored_at=_utc(r.scored_at),
+                            question=r.question,
+                            traces_with_question=int(r.asked),
+                        )
+                    )
+        rows.sort(key=lambda r: (r.value, -r.trace_started_at.timestamp(), r.trace_id, r.metric))
+        return rows[:limit]
 
     # -- what exists, for hints ---------------------------------------------------------------
     def app_names(self, limit: int = 50) -> list[str]:

@@ -84,10 +84,14 @@ class WorstRow:
     app_name: str
     trace_started_at: datetime
     scored_at: datetime
+    question: str | None = None
+    """With ``per_question``: the question (the lowest trace stands for every trace of it)."""
+    traces_with_question: int | None = None
+    """With ``per_question``: the scored traces of the window that asked the same question."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary (times as ISO 8601 strings)."""
-        return {
+        result = {
             "trace_id": self.trace_id,
             "metric": self.metric,
             "version": self.version,
@@ -97,6 +101,10 @@ class WorstRow:
             "trace_started_at": self.trace_started_at.isoformat(),
             "scored_at": self.scored_at.isoformat(),
         }
+        if self.traces_with_question is not None:
+            result["question"] = self.question
+            result["traces_with_question"] = self.traces_with_question
+        return result
 
 
 @dataclass(frozen=True, slots=True)

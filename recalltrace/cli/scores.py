@@ -43,6 +43,7 @@ from recalltrace.cli._render import (
     _print_json,
     _safe,
     _short_when,
+    _shorten,
     _summary_stat_cells,
     _window_text,
     inert,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from recalltrace.compare import Comparison, GroupComparison
-    from recalltrace.storage.history import SummaryRow
+    from recalltrace.storage.history import SummaryRow, WorstRow
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,6 +81,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_common(worst, metric_help="only this metric (default: the lowest of every metric)")
     _add_where(worst)
+    worst.add_argument(
+        "--per-question",
+        action="store_true",
+        help="one row per question (its lowest trace, and how many traces asked it), so the "
+        "same question does not fill the list",
+    )
     worst.add_argument(
         "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
     )
@@ -352,12 +359,14 @@ def _cmd_worst(args: argparse.Namespace) -> int:
             app=args.app,
             version=version,
             where=args.where,
+            per_question=args.per_question,
         )
         hint = "" if rows else _nothing_hint(args, engine)
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
     elif args.format == "csv":
-        _print_csv(WORST_FIELDS, [r.as_dict() for r in rows])
+        fields = WORST_FIELDS + (("question", "traces_with_question") if args.per_question else ())
+        _print_csv(fields, [r.as_dict() for r in rows])
     if hint and args.format != "table":
         print(f"recalltrace: {hint}", file=sys.stderr)
     if args.format == "table":
@@ -389,7 +398,7 @@ def _cmd_worst(args: argparse.Namespace) -> int:
                     _num(r.value),
                     f"[bold]{r.metric}[/bold] (version {_safe(r.version)})\n"
                     f"{r.trace_id}  [dim]{_safe(r.app_name)}  "
-                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{_safe(r.reason)}",
+                    f"{_short_when(r.trace_started_at)} UTC[/dim]\n{_worst_text(r)}",
                 )
             console.print(grid)
             return EXIT_OK
@@ -398,7 +407,7 @@ def _cmd_worst(args: argparse.Namespace) -> int:
         table.add_column("metric", width=fixed[1])
         table.add_column("trace id / app", width=fixed[2])
         table.add_column("started (UTC)", width=fixed[3], no_wrap=True)
-        longest = max(len("reason"), *(len(r.reason) for r in rows))
+        longest = max(len("reason"), *(len(_worst_text(r)) for r in rows))
         table.add_column("reason", width=min(reason_width, longest))
         for r in rows:
             table.add_row(
@@ -406,10 +415,18 @@ def _cmd_worst(args: argparse.Namespace) -> int:
                 r.metric,
                 f"{r.trace_id}\n[dim]{_safe(r.app_name)}[/dim]",
                 _short_when(r.trace_started_at),
-                _safe(r.reason),
+                _worst_text(r),
             )
         console.print(table)
     return EXIT_OK
+
+
+def _worst_text(row: WorstRow) -> str:
+    """The reason, after the question and how many traces asked it (``--per-question``)."""
+    if row.traces_with_question is None:
+        return _safe(row.reason)
+    question = _safe(_shorten(row.question or "(no question)", 80))
+    return f"[bold]{question}[/bold] ({row.traces_with_question} traces)\n{_safe(row.reason)}"
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:

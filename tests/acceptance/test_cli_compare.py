@@ -169,3 +169,21 @@ def test_summary_worst_and_plot_filter_by_attribute(
     plot = run("scores", "plot", "--out", str(out), "--where", "environment=production", url=url)
     assert plot.returncode == 0, plot.stderr
     assert "<svg" in out.read_text()
+
+
+def test_worst_per_question_gives_each_question_one_row(url: str) -> None:
+    plain = run("scores", "worst", "--metric", METRIC, "--limit", "5", "--format", "json", url=url)
+    assert plain.returncode == 0, plain.stderr
+    assert len(json.loads(plain.stdout)) == 5  # the same question five times
+    grouped = run("scores", "worst", "--metric", METRIC, "--limit", "5", "--per-question",
+                  "--format", "json", url=url)  # fmt: skip
+    assert grouped.returncode == 0, grouped.stderr
+    (row,) = json.loads(grouped.stdout)
+    assert row["question"] == "What is the capital of France?"
+    assert row["traces_with_question"] == 805
+    assert row["value"] == json.loads(plain.stdout)[0]["value"]
+    table = run("scores", "worst", "--metric", METRIC, "--per-question", url=url)
+    assert "(805 traces)" in table.stdout
+    csv_out = run("scores", "worst", "--metric", METRIC, "--per-question", "--format", "csv",
+                  url=url)  # fmt: skip
+    assert csv_out.stdout.splitlines()[0].endswith("question,traces_with_question")

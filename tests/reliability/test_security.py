@@ -119,7 +119,9 @@ def test_stored_records_hold_no_secret(stored_secret_trace: str) -> None:
 def test_the_judge_never_receives_what_scrubbing_removed(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces"))
+        conn.execute(
+            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
+        )
     engine.dispose()
     make_traced(open_storage=True, database_url=postgres_url, flush_interval=30.0)
     try:
