@@ -161,6 +161,10 @@ class RequestAssembler:
         record_id = _new_record_id()
         app = self.app_name or app_name_of(root)
         sampled = runtime.sampler.should_sample(record_id, app)
+        if not sampled:
+            # Counted like any request; nothing else is built for one that is not stored.
+            runtime.stats.trace_finished(app, False)
+            return False
         state = CapturedState(
             record_id,
             app,
@@ -173,25 +177,32 @@ class RequestAssembler:
         state.duration_ms = max(root.end - root.start, 0) / 1e6
         state.error = root.error
         state.closed = True
-        state._root = root if sampled else None
-        state._children = children if sampled else None
+        state._root = root
+        state._children = children
         state.service_name = root.service or runtime.service_name
-        runtime.stats.trace_finished(app, sampled)
-        if sampled:
-            return bool(runtime.writer.offer(state))
-        return False
+        runtime.stats.trace_finished(app, True)
+        return bool(runtime.writer.offer(state))
+
+
+_modules: dict[str, Any] = {}
 
 
 def _runtime_now() -> Any:
-    from recalltrace.tracer import _runtime
+    runtime_module = _modules.get("runtime")
+    if runtime_module is None:
+        from recalltrace.tracer import _runtime
 
-    return _runtime.current or _runtime.get()
+        runtime_module = _modules["runtime"] = _runtime
+    return runtime_module.current or runtime_module.get()
 
 
 def _new_record_id() -> int:
-    from recalltrace.tracer._decorators import _record_ids
+    ids = _modules.get("ids")
+    if ids is None:
+        from recalltrace.tracer._decorators import _record_ids
 
-    return int(_record_ids.getrandbits(128)) or 1
+        ids = _modules["ids"] = _record_ids
+    return int(ids.getrandbits(128)) or 1
 
 
 def merge_into_state(state: Any, parts: RequestParts) -> None:
@@ -354,8 +365,10 @@ class SpanCapture:
 
             self._state_key = STATE_KEY
             self._get_current = otel_context.get_current
-        context = span.get_span_context()
-        parent = span.parent
+        try:  # the SDK span's fields, read directly (the properties cost a call each)
+            context, parent = span._context, span._parent
+        except AttributeError:
+            context, parent = span.get_span_context(), span.parent
         local_parent = parent.span_id if parent is not None and not parent.is_remote else None
         ctx = parent_context if parent_context is not None else self._get_current()
         state = ctx.get(self._state_key)
