@@ -92,39 +92,69 @@ class Comparison:
         return {"baseline": self.baseline, "groups": [g.as_dict() for g in self.groups]}
 
 
+@dataclass(frozen=True)
+class _Stats:
+    """What the intervals need of a group."""
+
+    n: int
+    mean: float
+    variance: float
+    binary: bool
+    ones: float
+    values: Sequence[float] | None
+
+    @classmethod
+    def of(cls, data: Any) -> _Stats:
+        """From a list of values, or from sums (``count``, ``total``, ``total_squares``,
+        ``fractional`` and optionally ``values``, as ``History.group_summaries`` gives)."""
+        if isinstance(data, (list, tuple)):
+            values = [float(v) for v in data]
+            n = len(values)
+            mean = statistics.fmean(values) if values else math.nan
+            variance = statistics.variance(values) if n > 1 else 0.0
+            return cls(n, mean, variance, _binary(values), math.fsum(values), values)
+        n = int(data.count)
+        mean = data.total / n if n else math.nan
+        variance = max((data.total_squares - n * mean * mean) / (n - 1), 0.0) if n > 1 else 0.0
+        given = getattr(data, "values", None)
+        return cls(n, mean, variance, data.fractional == 0, float(data.total), given)
+
+
 def compare_groups(
-    groups: Mapping[str | None, Sequence[float]],
+    groups: Mapping[str | None, Any],
     *,
     baseline: str | None = None,
     min_traces: int = MIN_TRACES,
     order: Sequence[str | None] | None = None,
 ) -> Comparison:
     """Compare every group with ``baseline`` (default: the first of ``order``, else the
-    largest group). Raises ``KeyError`` for a baseline that is not a group."""
+    largest group). A group is its values, or their sums as ``History.group_summaries`` gives
+    them (large groups then need no values). Raises ``KeyError`` for a baseline that is not a
+    group."""
     if not groups:
         return Comparison(baseline=baseline)
-    names = list(order) if order is not None else sorted(groups, key=lambda g: -len(groups[g]))
-    names += [name for name in groups if name not in names]
+    stats = {name: _Stats.of(data) for name, data in groups.items()}
+    names = list(order) if order is not None else sorted(stats, key=lambda g: -stats[g].n)
+    names += [name for name in stats if name not in names]
     if baseline is None:
         baseline = names[0]
-    elif baseline not in groups:
+    elif baseline not in stats:
         raise KeyError(baseline)
-    base = list(groups[baseline])
+    base = stats[baseline]
     result = Comparison(baseline=baseline)
     for name in [baseline, *(n for n in names if n != baseline)]:
-        values = list(groups[name])
-        mean = statistics.fmean(values) if values else math.nan
-        if len(values) < min_traces:
-            result.groups.append(GroupComparison(name, len(values), mean, None, None, TOO_FEW))
+        group = stats[name]
+        if group.n < min_traces:
+            result.groups.append(GroupComparison(name, group.n, group.mean, None, None, TOO_FEW))
             continue
-        interval, method = mean_interval(values)
-        entry = GroupComparison(name, len(values), mean, interval, method, BASELINE)
+        interval, method = _mean_interval(group)
+        entry = GroupComparison(name, group.n, group.mean, interval, method, BASELINE)
         if name != baseline:
-            if len(base) < min_traces:
+            if base.n < min_traces:
                 entry.verdict = TOO_FEW
             else:
-                (low, high), entry.difference_method = difference_interval(values, base)
-                entry.difference = mean - statistics.fmean(base)
+                (low, high), entry.difference_method = _difference_interval(group, base)
+                entry.difference = group.mean - base.mean
                 entry.difference_interval = (low, high)
                 entry.verdict = WORSE if high < 0 else BETTER if low > 0 else SAME
         result.groups.append(entry)
@@ -154,38 +184,48 @@ def wilson(successes: float, n: int) -> tuple[float, float]:
 
 def mean_interval(values: Sequence[float]) -> tuple[tuple[float, float], str]:
     """The 95% interval of the mean of ``values`` and the method used."""
-    n = len(values)
-    if _binary(values):
-        return wilson(sum(values), n), METHOD_WILSON
-    mean = statistics.fmean(values)
-    if n > MAX_BOOTSTRAP_TRACES:
-        half = _Z * statistics.stdev(values) / math.sqrt(n)
-        return (max(0.0, mean - half), min(1.0, mean + half)), METHOD_NORMAL
-    means = sorted(total / n for total in _resample_sums(values, _rng(values)))
-    return (_quantile(means, 0.025), _quantile(means, 0.975)), METHOD_BOOTSTRAP
+    return _mean_interval(_Stats.of(list(values)))
 
 
 def difference_interval(
     values: Sequence[float], base: Sequence[float]
 ) -> tuple[tuple[float, float], str]:
     """The 95% interval of ``mean(values) - mean(base)`` and the method used."""
-    n, m = len(values), len(base)
-    if _binary(values) and _binary(base):
-        p1, p2 = sum(values) / n, sum(base) / m
-        l1, u1 = wilson(sum(values), n)
-        l2, u2 = wilson(sum(base), m)
+    return _difference_interval(_Stats.of(list(values)), _Stats.of(list(base)))
+
+
+def _mean_interval(group: _Stats) -> tuple[tuple[float, float], str]:
+    n = group.n
+    if group.binary:
+        return wilson(group.ones, n), METHOD_WILSON
+    if group.values is None or n > MAX_BOOTSTRAP_TRACES:
+        half = _Z * math.sqrt(group.variance / n)
+        return (max(0.0, group.mean - half), min(1.0, group.mean + half)), METHOD_NORMAL
+    values = group.values
+    means = sorted(total / n for total in _resample_sums(values, _rng(values)))
+    return (_quantile(means, 0.025), _quantile(means, 0.975)), METHOD_BOOTSTRAP
+
+
+def _difference_interval(group: _Stats, base: _Stats) -> tuple[tuple[float, float], str]:
+    n, m = group.n, base.n
+    if group.binary and base.binary:
+        p1, p2 = group.ones / n, base.ones / m
+        l1, u1 = wilson(group.ones, n)
+        l2, u2 = wilson(base.ones, m)
         d = p1 - p2
         low = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
         high = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
         return (low, high), METHOD_NEWCOMBE
-    if max(n, m) > MAX_BOOTSTRAP_TRACES:
-        d = statistics.fmean(values) - statistics.fmean(base)
-        se = math.sqrt(statistics.variance(values) / n + statistics.variance(base) / m)
+    if group.values is None or base.values is None or max(n, m) > MAX_BOOTSTRAP_TRACES:
+        d = group.mean - base.mean
+        se = math.sqrt(group.variance / n + base.variance / m)
         return (d - _Z * se, d + _Z * se), METHOD_NORMAL
-    rng = _rng(values, base)
+    rng = _rng(group.values, base.values)
     differences = sorted(
         a / n - b / m
-        for a, b in zip(_resample_sums(values, rng), _resample_sums(base, rng), strict=True)
+        for a, b in zip(
+            _resample_sums(group.values, rng), _resample_sums(base.values, rng), strict=True
+        )
     )
     return (_quantile(differences, 0.025), _quantile(differences, 0.975)), METHOD_BOOTSTRAP
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, func, or_, select, text, union_all
+from sqlalchemy import ColumnElement, Engine, and_, case, func, or_, select, text, union_all
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
@@ -38,6 +38,7 @@ from recalltrace.storage.history_rows import (
     Bucket,
     ContextRow,
     CostRow,
+    GroupSums,
     JobCounts,
     JobRow,
     ScoreDetail,
@@ -550,6 +551,71 @@ class History:
             for group, value, _started in conn.execute(stmt):
                 groups.setdefault(group, []).append(float(value))
         return groups
+
+    def group_summaries(
+        self,
+        *,
+        metric: str,
+        by: str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        app: str | None = None,
+        version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
+        max_values: int = 1000,
+    ) -> dict[str | None, GroupSums]:
+        """What :meth:`values_by` gives, aggregated in the database: per group the count, the
+        sum and the sum of squares of the values, how many are neither 0 nor 1, and the values
+        themselves only for groups of at most ``max_values`` (for a bootstrap); groups in the
+        order of their first trace. A year of scores is not read row by row."""
+        versions = self.metric_versions(metric, version)
+        conditions = self._score_filters(since, until, app, versions)
+        conditions.append(Score.status == "scored")
+        column = self._attribute_filters(by, where, conditions)
+        fractional = func.sum(case((Score.value.in_((0.0, 1.0)), 0), else_=1))
+        stmt = (
+            select(
+                column,
+                func.count(),
+                func.sum(Score.value),
+                func.sum(Score.value * Score.value),
+                fractional,
+                func.min(Score.trace_started_at),
+            )
+            .select_from(Score)
+            .join(Trace, Trace.trace_id == Score.trace_id)
+            .where(*conditions)
+            .group_by(column)
+        )
+        if by == "tag":
+            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
+        with self.engine.connect() as conn:
+            rows = sorted(conn.execute(stmt).all(), key=lambda r: _utc(r[5]))
+            sums = {
+                r[0]: GroupSums(int(r[1]), float(r[2] or 0.0), float(r[3] or 0.0), int(r[4] or 0))
+                for r in rows
+            }
+            small = [group for group, g in sums.items() if g.count <= max_values]
+            if small:
+                named = [group for group in small if group is not None]
+                matches = [column.in_(named)] if named else []
+                if None in small:
+                    matches.append(column.is_(None))
+                values = (
+                    select(column, Score.value)
+                    .select_from(Score)
+                    .join(Trace, Trace.trace_id == Score.trace_id)
+                    .where(*conditions, or_(*matches))
+                    .order_by(Score.trace_id)  # the same values in the same order every time
+                )
+                if by == "tag":
+                    values = values.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
+                collected: dict[str | None, list[float]] = {group: [] for group in small}
+                for group, value in conn.execute(values):
+                    collected[group].append(float(value))
+                for group, found in collected.items():
+                    sums[group] = replace(sums[group], values=tuple(found))
+        return sums
 
     @staticmethod
     def _attribute_filters(

@@ -108,6 +108,19 @@ class WorstRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupSums:
+    """One group's scored values, aggregated: enough for a mean, a variance and a 0/1 test."""
+
+    count: int
+    total: float
+    total_squares: float
+    fractional: int
+    """Values that are neither 0 nor 1."""
+    values: tuple[float, ...] | None = None
+    """The values themselves, for small groups."""
+
+
+@dataclass(frozen=True, slots=True)
 class CostRow:
     """What the judge cost on one UTC day (by the time scores were stored), for one variant
     and one judge model."""

@@ -475,7 +475,7 @@ def _compare(
     until: Any,
 ) -> Comparison:
     try:
-        groups = _history(engine).values_by(
+        groups = _history(engine).group_summaries(
             metric=metric,
             by=args.by,
             since=since,

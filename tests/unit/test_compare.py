@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import statistics
 
+import pytest
+
 from recalltrace.compare import (
     BASELINE,
     METHOD_BOOTSTRAP,
@@ -92,3 +94,31 @@ def test_the_default_baseline_is_the_first_group_given() -> None:
     groups = {"2.5.0": claims(rng, 0.7, 100), "2.4.1": claims(rng, 0.7, 300)}
     assert compare_groups(groups, order=["2.4.1", "2.5.0"]).baseline == "2.4.1"
     assert compare_groups(groups).baseline == "2.4.1"  # without an order: the largest
+
+
+def test_sums_give_the_same_answer_as_values() -> None:
+    from recalltrace.storage.history_rows import GroupSums
+
+    rng = random.Random(9)
+    small, large = claims(rng, 0.7, 300), claims(rng, 0.6, 3000)
+
+    def sums(values: list[float], keep: bool) -> GroupSums:
+        return GroupSums(
+            count=len(values),
+            total=sum(values),
+            total_squares=sum(v * v for v in values),
+            fractional=sum(v not in (0.0, 1.0) for v in values),
+            values=tuple(values) if keep else None,
+        )
+
+    from_values = compare_groups({"a": small, "b": large}, baseline="a")
+    from_sums = compare_groups({"a": sums(small, True), "b": sums(large, False)}, baseline="a")
+    for left, right in zip(from_values.groups, from_sums.groups, strict=True):
+        assert left.verdict == right.verdict and left.method == right.method
+        assert left.interval == pytest.approx(right.interval)
+        assert left.difference == pytest.approx(right.difference)
+    # Large groups need no values: the normal approximation from the sums.
+    assert from_sums.groups[1].method == "normal approximation (large group)"
+    ones = sums([1.0] * 40 + [0.0] * 60, False)
+    (only,) = compare_groups({"x": ones}).groups
+    assert only.method == METHOD_WILSON and only.interval == pytest.approx(wilson(40, 100))
