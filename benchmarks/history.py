@@ -121,6 +121,27 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
             ),
             params,
         )
+        # Request attributes: the release changed 10 days ago, a tenth of the traffic is
+        # staging, 4,096 users, one trace in eight tagged beta.
+        conn.execute(
+            text(
+                """
+                UPDATE traces SET
+                    release = CASE WHEN started_at > :now - interval '10 days' THEN '2.4.1'
+                                   ELSE '2.4.0' END,
+                    environment = CASE WHEN hashtext(trace_id) % 10 = 0 THEN 'staging'
+                                       ELSE 'production' END,
+                    user_id = 'user-' || (hashtext(trace_id) & 4095)
+                """
+            ),
+            params,
+        )
+        conn.execute(
+            text(
+                "INSERT INTO trace_tags (trace_id, tag) SELECT trace_id, 'beta' FROM traces "
+                "WHERE hashtext(trace_id) & 7 = 0"
+            )
+        )
         conn.execute(
             text(
                 """
@@ -176,6 +197,17 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     return traces
+
+
+METRIC = "llm_context_recall"
+
+
+def compare(history: Any, by: str, since: datetime | None) -> Any:
+    """``scores compare`` as the command runs it: sums from the database, then intervals."""
+    from recalltrace.compare import compare_groups
+
+    groups = history.group_summaries(metric=METRIC, by=by, since=since)
+    return compare_groups(groups, order=list(groups)).groups
 
 
 def _median_ms(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -263,6 +295,30 @@ def main() -> int:
                 lambda: history.window(metric="llm_context_recall", since=now - timedelta(hours=1)),
             ),
             ("jobs list", lambda: history.problem_jobs()),
+            (
+                "compare --by release --metric M (all 30 days)",
+                lambda: compare(history, "release", None),
+            ),
+            (
+                "compare --by environment --metric M (last 7 days)",
+                lambda: compare(history, "environment", week),
+            ),
+            ("compare --by tag --metric M (last 7 days)", lambda: compare(history, "tag", week)),
+            (
+                "summary --where release=2.4.1 --metric M (7 days)",
+                lambda: history.summary(
+                    bucket="day", since=week, metric=METRIC, where=[("release", "2.4.1")]
+                ),
+            ),
+            (
+                "worst --where tag=beta --metric M --limit 10 (7 days)",
+                lambda: history.worst(metric=METRIC, limit=10, since=week, where=[("tag", "beta")]),
+            ),
+            (
+                "worst --per-question --metric M --limit 10 (7 days)",
+                lambda: history.worst(metric=METRIC, limit=10, since=week, per_question=True),
+            ),
+            ("cost (last 7 days)", lambda: history.cost(since=week)),
         ]
         print(f"\nmedian of {args.repeat} runs after 2 warm-up runs (target {TARGET_MS:.0f} ms)")
         print(

@@ -660,31 +660,45 @@ class History:
             conditions.append(Score.app_name == check_filter_text("app", app))
         if metric is not None:
             conditions.append(Score.metric == self.check_metric(metric))
-        stmt = select(
-            Score.scored_at,
-            Score.metric,
-            Score.model,
-            Score.prompt_tokens,
-            Score.completion_tokens,
-            Score.cost_usd,
-        ).where(*conditions)
-        totals: dict[tuple[datetime, str, str], list[Any]] = {}
+        if self.dialect.postgres:
+            day: Any = func.date_trunc("day", func.timezone("UTC", Score.scored_at))
+        else:
+            day = func.substr(Score.scored_at, 1, 10)
+        stmt = (
+            select(
+                day.label("day"),
+                Score.metric,
+                Score.model,
+                func.count(),
+                func.coalesce(func.sum(Score.prompt_tokens), 0),
+                func.coalesce(func.sum(Score.completion_tokens), 0),
+                func.sum(Score.cost_usd),
+                func.count().filter(Score.cost_usd.is_(None)),
+            )
+            .where(*conditions)
+            .group_by(day, Score.metric, Score.model)
+            .order_by(day, Score.metric, Score.model)
+        )
+        rows = []
         with self.engine.connect() as conn:
-            for scored_at, key, model, prompt, completion, cost in conn.execute(stmt):
-                entry = totals.setdefault(
-                    (_truncate(_utc(scored_at), "day"), key, model), [0, 0, 0, None, 0]
-                )
-                entry[0] += 1
-                entry[1] += prompt or 0
-                entry[2] += completion or 0
-                if cost is None:
-                    entry[4] += 1
+            for when, key, model, n, prompt, completion, cost, unpriced in conn.execute(stmt):
+                if isinstance(when, str):
+                    when = datetime.fromisoformat(when[:10]).replace(tzinfo=timezone.utc)
                 else:
-                    entry[3] = (entry[3] or 0.0) + float(cost)
-        return [
-            CostRow(day, key, model, n, prompt, completion, cost, unpriced)
-            for (day, key, model), (n, prompt, completion, cost, unpriced) in sorted(totals.items())
-        ]
+                    when = when.replace(tzinfo=timezone.utc)
+                rows.append(
+                    CostRow(
+                        when,
+                        key,
+                        model,
+                        int(n),
+                        int(prompt),
+                        int(completion),
+                        None if cost is None else float(cost),
+                        int(unpriced or 0),
+                    )
+                )
+        return rows
 
     # -- worst -----------------------------------------------------------------------------
     def worst(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from recalltrace.storage.db import create_engine_from_url
@@ -28,9 +29,17 @@ def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
-def test_cost_sums_what_the_judge_calls_spent(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cost.db'}"
-    upgrade(url)
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        database = f"sqlite:///{tmp_path / 'cost.db'}"
+        upgrade(database)
+        return database
+    engine = request.getfixturevalue("pg_engine")
+    return str(engine.url.render_as_string(hide_password=False))
+
+
+def test_cost_sums_what_the_judge_calls_spent(url: str) -> None:
     repo = make_repository(create_engine_from_url(url), metrics=[METRIC])
     repo.write_traces([make_trace() for _ in range(4)])
     repo.dispose()
