@@ -162,6 +162,21 @@ def _truncate(value: datetime, bucket: Bucket) -> datetime:
     return value.replace(minute=0, second=0, microsecond=0)
 
 
+def _worst_row(r: Any, **extra: Any) -> WorstRow:
+    """A :class:`WorstRow` from a result row of the score columns ``worst`` selects."""
+    return WorstRow(
+        trace_id=r.trace_id,
+        metric=r.metric,
+        version=r.version,
+        value=float(r.value),
+        reason=r.reason,
+        app_name=r.app_name,
+        trace_started_at=_utc(r.trace_started_at),
+        scored_at=_utc(r.scored_at),
+        **extra,
+    )
+
+
 #: The request attributes history can filter and group by.
 ATTRIBUTES: tuple[str, ...] = (
     "release",
@@ -517,41 +532,6 @@ class History:
         )
 
     # -- by request attribute --------------------------------------------------------------
-    def values_by(
-        self,
-        *,
-        metric: str,
-        by: str,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        app: str | None = None,
-        version: str | None = None,
-        where: Sequence[tuple[str, str]] = (),
-    ) -> dict[str | None, list[float]]:
-        """The scored values of ``metric`` (one per trace) grouped by the request attribute
-        ``by`` (one of :data:`ATTRIBUTES`; ``None`` is the group of traces without it; a
-        trace with several tags is in each tag's group), among the traces matching every
-        ``(attribute, value)`` of ``where``. Groups come in the order of their first trace
-        in the window."""
-        versions = self.metric_versions(metric, version)
-        conditions = self._score_filters(since, until, app, versions)
-        conditions.append(Score.status == "scored")
-        column = self._attribute_filters(by, where, conditions)
-        stmt = (
-            select(column, Score.value, Score.trace_started_at)
-            .select_from(Score)
-            .join(Trace, Trace.trace_id == Score.trace_id)
-            .where(*conditions)
-            .order_by(Score.trace_started_at)
-        )
-        if by == "tag":
-            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
-        groups: dict[str | None, list[float]] = {}
-        with self.engine.connect() as conn:
-            for group, value, _started in conn.execute(stmt):
-                groups.setdefault(group, []).append(float(value))
-        return groups
-
     def group_summaries(
         self,
         *,
@@ -564,10 +544,13 @@ class History:
         where: Sequence[tuple[str, str]] = (),
         max_values: int = 1000,
     ) -> dict[str | None, GroupSums]:
-        """What :meth:`values_by` gives, aggregated in the database: per group the count, the
-        sum and the sum of squares of the values, how many are neither 0 nor 1, and the values
-        themselves only for groups of at most ``max_values`` (for a bootstrap); groups in the
-        order of their first trace. A year of scores is not read row by row."""
+        """The scored values of ``metric`` (one per trace) grouped by the request attribute
+        ``by`` (one of :data:`ATTRIBUTES`; ``None`` is the group of traces without it; a trace
+        with several tags is in each tag's group), among the traces matching every
+        ``(attribute, value)`` of ``where``, aggregated in the database: per group the count,
+        the sum and the sum of squares of the values and how many are neither 0 nor 1, with
+        the values themselves only for groups of at most ``max_values`` (for a bootstrap).
+        Groups come in the order of their first trace in the window."""
         versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
         conditions.append(Score.status == "scored")
@@ -765,19 +748,7 @@ class History:
                     )
                     .limit(limit)
                 ).all()
-        return [
-            WorstRow(
-                trace_id=r.trace_id,
-                metric=r.metric,
-                version=r.version,
-                value=float(r.value),
-                reason=r.reason,
-                app_name=r.app_name,
-                trace_started_at=_utc(r.trace_started_at),
-                scored_at=_utc(r.scored_at),
-            )
-            for r in rows
-        ]
+        return [_worst_row(r) for r in rows]
 
     def _worst_per_question(
         self,
@@ -826,18 +797,7 @@ class History:
             with self.engine.connect() as conn:
                 for r in conn.execute(stmt):
                     rows.append(
-                        WorstRow(
-                            trace_id=r.trace_id,
-                            metric=r.metric,
-                            version=r.version,
-                            value=float(r.value),
-                            reason=r.reason,
-                            app_name=r.app_name,
-                            trace_started_at=_utc(r.trace_started_at),
-                            scored_at=_utc(r.scored_at),
-                            question=r.question,
-                            traces_with_question=int(r.asked),
-                        )
+                        _worst_row(r, question=r.question, traces_with_question=int(r.asked))
                     )
         rows.sort(key=lambda r: (r.value, -r.trace_started_at.timestamp(), r.trace_id, r.metric))
         return rows[:limit]

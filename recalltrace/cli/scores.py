@@ -653,18 +653,6 @@ def _num_or_dash(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-COST_FIELDS = (
-    "day",
-    "metric",
-    "model",
-    "scores",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "unpriced",
-)
-
-
 def _cmd_cost(args: argparse.Namespace) -> int:
     since, until = _window(args)
     with _database(args) as engine:
@@ -678,7 +666,11 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         _print_json([r.as_dict() for r in rows])
         return EXIT_OK
     if args.format == "csv":
-        _print_csv(COST_FIELDS, [r.as_dict() for r in rows])
+        import dataclasses
+
+        from recalltrace.storage.history_rows import CostRow
+
+        _print_csv([f.name for f in dataclasses.fields(CostRow)], [r.as_dict() for r in rows])
         return EXIT_OK
     from rich.table import Table
 
