@@ -36,6 +36,7 @@ from recalltrace.tracer._capture_build import (
     children_index,
     find_requests,
     request_attributes,
+    resource_labels,
     role_of,
 )
 from recalltrace.tracer._state import TraceState
@@ -70,6 +71,9 @@ class CapturedState(TraceState):
         self.metadata.update(parts.metadata)
         self.metadata["captured_from"] = "spans"
         self.user_id, self.session_id, self.tags = request_attributes(root, children)
+        # The process that served the request says which release it ran (its resource); the
+        # receiving process's own release is the fallback at assembly.
+        self.release, self.environment = root.release, root.environment
 
 
 class _Trace:
@@ -214,23 +218,23 @@ def merge_into_state(state: Any, parts: RequestParts) -> None:
     state.notes.extend(parts.notes)
 
 
-_services: dict[int, tuple[Any, str | None]] = {}
+_Labels = tuple[str | None, str | None, str | None]
+_services: dict[int, tuple[Any, _Labels]] = {}
+_NO_LABELS: _Labels = (None, None, None)
 
 
-def _service_of(resource: Any) -> str | None:
-    """``service.name`` of a span's resource (remembered per resource object)."""
+def _labels_of(resource: Any) -> _Labels:
+    """Service name, release and environment of a span's resource (remembered per resource
+    object)."""
     if resource is None:
-        return None
+        return _NO_LABELS
     known = _services.get(id(resource))
     if known is not None and known[0] is resource:
         return known[1]
-    name = resource.attributes.get("service.name")
-    service = (
-        name if isinstance(name, str) and name and not name.startswith("unknown_service") else None
-    )
+    labels = resource_labels(resource.attributes)
     if len(_services) < 64:
-        _services[id(resource)] = (resource, service)
-    return service
+        _services[id(resource)] = (resource, labels)
+    return labels
 
 
 def _view(span: Any) -> SpanView:
@@ -254,6 +258,7 @@ def _view(span: Any) -> SpanView:
         resource = getattr(span, "resource", None)
         scope = span.instrumentation_scope
         start, end = span.start_time, span.end_time
+    service, release, environment = _labels_of(resource)
     return SpanView(
         span.name,
         context.trace_id,
@@ -264,8 +269,10 @@ def _view(span: Any) -> SpanView:
         attributes if attributes is not None else {},
         [(event.name, event.attributes or {}) for event in events] if events else (),
         status is not None and status.status_code.value == 2,
-        _service_of(resource),
+        service,
         scope.name if scope is not None else "",
+        release,
+        environment,
     )
 
 

@@ -67,10 +67,12 @@ class SpanView:
     __slots__ = (
         "attributes",
         "end",
+        "environment",
         "error",
         "events",
         "name",
         "parent_id",
+        "release",
         "role",
         "scope",
         "service",
@@ -92,6 +94,8 @@ class SpanView:
         error: bool = False,
         service: str | None = None,
         scope: str = "",
+        release: str | None = None,
+        environment: str | None = None,
     ) -> None:
         self.name = name
         self.trace_id = trace_id
@@ -104,7 +108,28 @@ class SpanView:
         self.error = error
         self.service = service
         self.scope = scope
+        self.release = release
+        """``service.version`` of the span's resource."""
+        self.environment = environment
+        """``deployment.environment.name`` (or ``deployment.environment``) of its resource."""
         self.role = -1
+
+
+def resource_labels(attributes: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``service.name`` (none for the SDK's ``unknown_service``), ``service.version`` and the
+    deployment environment of a resource's attributes."""
+    service = attributes.get("service.name")
+    if not isinstance(service, str) or not service or service.startswith("unknown_service"):
+        service = None
+    release = attributes.get("service.version")
+    environment = attributes.get("deployment.environment.name")
+    if environment is None:
+        environment = attributes.get("deployment.environment")
+    return (
+        service,
+        release if isinstance(release, str) and release else None,
+        environment if isinstance(environment, str) and environment else None,
+    )
 
 
 def role_of(view: SpanView) -> int:

@@ -137,16 +137,14 @@ class Rejected(Exception):
 
 def span_views(request: Any) -> tuple[list[Any], int, str]:
     """The spans of an ``ExportTraceServiceRequest`` as views; the rejected count and why."""
-    from recalltrace.tracer._capture_build import SpanView
+    from recalltrace.tracer._capture_build import SpanView, resource_labels
 
     views = []
     rejected = 0
     reason = ""
     for resource_spans in request.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
-        service = resource.get("service.name")
-        if not isinstance(service, str) or service.startswith("unknown_service"):
-            service = None
+        service, release, environment = resource_labels(resource)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope.name
             for span in scope_spans.spans:
@@ -172,6 +170,8 @@ def span_views(request: Any) -> tuple[list[Any], int, str]:
                         span.status.code == 2,
                         service,
                         scope,
+                        release,
+                        environment,
                     )
                 )
     return views, rejected, reason

@@ -22,7 +22,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 import recalltrace
 from recalltrace.storage.records import ReferenceUpdate
@@ -126,7 +126,14 @@ def score_all(database_url: str, engine: Engine, records: list[Any]) -> None:
 def send_openinference_requests(url: str) -> None:
     """Two requests as OpenInference spans, exported by the SDK's OTLP exporter (protobuf,
     gzip)."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "python-rag"}))
+    resource = Resource.create(
+        {
+            "service.name": "python-rag",
+            "service.version": "3.1.0",
+            "deployment.environment.name": "staging",
+        }
+    )
+    provider = TracerProvider(resource=resource)
     exporter = OTLPSpanExporter(endpoint=url, compression=Compression.Gzip)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("app")
@@ -167,6 +174,10 @@ def test_the_python_sdk_exporter_sends_protobuf_and_the_requests_are_stored_and_
         assert record.response == ANSWERS[question]
         assert record.app_name == "answer"
         assert record.notes == []
+    # The sending service's resource names the release and environment of its requests.
+    with pg_engine.connect() as conn:
+        labels = conn.execute(text("SELECT DISTINCT release, environment FROM traces")).all()
+    assert [tuple(row) for row in labels] == [("3.1.0", "staging")]
     score_all(postgres_url, pg_engine, records)
     summary = collect.stop()
     assert "2 request(s) found" in summary and "0 rejected" in summary

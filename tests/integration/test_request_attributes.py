@@ -232,3 +232,29 @@ def test_trace_show_prints_the_attributes(tmp_path: Any) -> None:
         [*command, "--database-url", url], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert "release" in table.stdout and "2.4.1" in table.stdout and "u-42" in table.stdout
+
+
+def test_captured_requests_take_release_and_environment_from_their_resource() -> None:
+    provider = TracerProvider(
+        resource=Resource.create(
+            {"service.version": "7.0.0", "deployment.environment": "canary"}  # the older key
+        )
+    )
+    traced = make_traced(capture_spans=True, tracer_provider=provider)
+    tracer = provider.get_tracer("vendor")
+    with (
+        tracer.start_as_current_span(
+            "chain", attributes={"openinference.span.kind": "CHAIN", "input.value": "q?"}
+        ),
+        tracer.start_as_current_span(
+            "retrieve",
+            attributes={
+                "openinference.span.kind": "RETRIEVER",
+                "retrieval.documents.0.document.content": "text",
+            },
+        ),
+    ):
+        pass
+    record = traced.record()
+    recalltrace.shutdown(2)
+    assert (record.release, record.environment) == ("7.0.0", "canary")
