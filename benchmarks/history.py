@@ -159,7 +159,7 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
                 f"""
                 INSERT INTO scores (trace_id, metric, version, app_name, trace_started_at,
                     status, value, reason, details, model, prompt_tokens, completion_tokens,
-                    cost_usd, latency_ms, scored_at)
+                    cost_usd, latency_ms, scored_at, release, environment)
                 SELECT s.trace_id, m.metric, m.version, s.app_name, s.started_at,
                     CASE WHEN s.r < 0.03 THEN 'failed' WHEN s.r < 0.10 THEN 'skipped'
                          ELSE 'scored' END,
@@ -171,10 +171,10 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
                               || 'contexts.' END,
                     {_DETAILS},
                     'gpt-4o-mini', 1800 + (s.g % 900), 120 + (s.g % 80), 0.0004, 850 + s.x * 900,
-                    s.started_at + interval '2 minutes'
+                    s.started_at + interval '2 minutes', s.release, s.environment
                 FROM (
-                    SELECT t.trace_id, t.app_name, t.started_at, random() AS r, random() AS x,
-                        row_number() OVER () AS g
+                    SELECT t.trace_id, t.app_name, t.started_at, t.release, t.environment,
+                        random() AS r, random() AS x, row_number() OVER () AS g
                     FROM traces t
                 ) AS s
                 CROSS JOIN (VALUES {_metrics_values()}) AS m(metric, version, base)

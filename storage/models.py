@@ -229,6 +229,10 @@ class Score(Base):
     cost_usd: Mapped[float | None] = mapped_column(Float)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     scored_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    release: Mapped[str | None] = mapped_column(String(200))
+    """The trace's release, copied when the score is written (for comparing releases)."""
+    environment: Mapped[str | None] = mapped_column(String(200))
+    """The trace's environment, copied likewise."""
 
     __table_args__ = (
         UniqueConstraint("trace_id", "metric", "version", name="uq_scores_trace_metric_version"),
@@ -258,6 +262,14 @@ class Score(Base):
         ),
         # A judge budget sums the spend of one model since the period began.
         Index("ix_scores_model_scored_at", "model", "scored_at"),
+        # Comparing releases or environments reads this index only (Postgres).
+        Index(
+            "ix_scores_metric_version_started_attrs",
+            "metric",
+            "version",
+            "trace_started_at",
+            postgresql_include=["release", "environment", "status", "value"],
+        ),
     )
 
 

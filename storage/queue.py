@@ -343,6 +343,8 @@ class JobQueue:
                         Trace.started_at,
                         Trace.otel_trace_id,
                         Trace.otel_span_id,
+                        Trace.release,
+                        Trace.environment,
                     ).where(Trace.trace_id.in_({r.trace_id for r in rows}))
                 )
             }
@@ -362,6 +364,8 @@ class JobQueue:
                         "version": r.version,
                         "app_name": traces[r.trace_id].app_name,
                         "trace_started_at": traces[r.trace_id].started_at,
+                        "release": traces[r.trace_id].release,
+                        "environment": traces[r.trace_id].environment,
                         "status": "skipped",
                         "value": None,
                         "reason": reason,
@@ -559,6 +563,8 @@ class JobQueue:
                         Trace.started_at,
                         Trace.otel_trace_id,
                         Trace.otel_span_id,
+                        Trace.release,
+                        Trace.environment,
                     ).where(Trace.trace_id.in_(trace_ids))
                 )
             }
@@ -574,6 +580,8 @@ class JobQueue:
                     "version": score.version,
                     "app_name": traces[job.trace_id].app_name,
                     "trace_started_at": traces[job.trace_id].started_at,
+                    "release": traces[job.trace_id].release,
+                    "environment": traces[job.trace_id].environment,
                     "status": score.status,
                     "value": score.value,
                     # A judge's answer may carry characters no backend stores (NUL).

@@ -10,7 +10,9 @@ tracer's configuration or the OpenTelemetry resource: ``service.version``,
 ``user.id``/``session.id`` on captured spans), each indexed with the start time; and tags, one
 row per tag in ``trace_tags`` (indexed by tag), also kept as a list on the trace. Scores gain
 an index on (model, scored_at): a worker with a judge budget sums the period's spend of its
-model, read by every worker before claiming LLM jobs. Human labels get a table of their own,
+model, read by every worker before claiming LLM jobs. Scores also keep their trace's release
+and environment (as they keep its app and start time), with an index carrying them, so
+comparing releases reads one index instead of joining every score to its trace. Human labels get a table of their own,
 ``labels``: a score in [0, 1] (and optionally per-claim verdicts) for a trace and variant, with
 who labelled it and a note, one per (trace, variant, labeller).
 """
@@ -49,6 +51,19 @@ def upgrade() -> None:
     )
     op.create_index("ix_trace_tags_tag", "trace_tags", ["tag", "trace_id"])
     op.create_index("ix_scores_model_scored_at", "scores", ["model", "scored_at"])
+    op.add_column("scores", sa.Column("release", sa.String(length=200), nullable=True))
+    op.add_column("scores", sa.Column("environment", sa.String(length=200), nullable=True))
+    op.execute(
+        "UPDATE scores SET release = (SELECT release FROM traces t WHERE t.trace_id = "
+        "scores.trace_id), environment = (SELECT environment FROM traces t WHERE "
+        "t.trace_id = scores.trace_id)"
+    )
+    op.create_index(
+        "ix_scores_metric_version_started_attrs",
+        "scores",
+        ["metric", "version", "trace_started_at"],
+        postgresql_include=["release", "environment", "status", "value"],
+    )
     op.create_table(
         "labels",
         sa.Column(
@@ -68,6 +83,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_scores_metric_version_started_attrs", table_name="scores")
+    op.drop_column("scores", "environment")
+    op.drop_column("scores", "release")
     op.drop_index("ix_labels_metric", table_name="labels")
     op.drop_table("labels")
     op.drop_index("ix_scores_model_scored_at", table_name="scores")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import text
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
@@ -62,6 +63,18 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     worker = run("worker", "--once", "--no-progress", "--metric", METRIC, url=database)
     assert worker.returncode == 0, worker.stderr
     assert "scored 805" in worker.stdout
+    # Scores keep their trace's release and environment, so comparing them needs no join.
+    engine = create_engine_from_url(database)
+    with engine.connect() as conn:
+        kept = conn.execute(
+            text("SELECT release, environment, count(*) FROM scores GROUP BY 1, 2 ORDER BY 1")
+        ).all()
+    engine.dispose()
+    assert [tuple(row) for row in kept] == [
+        ("2.4.1", "production", 400),
+        ("2.5.0", "production", 400),
+        ("2.5.1-canary", "production", 5),
+    ]
     yield database
 
 
