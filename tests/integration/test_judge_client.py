@@ -252,8 +252,11 @@ def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> N
     with pytest.raises(TransientJudgeError):
         chat(client(server, records, timeout_s=0.4, max_retries=1))
     assert time.perf_counter() - started < 2.0
-    assert server.call_count == 2
+    # Two attempts, each cut at the timeout. The server sees the second one only if it was
+    # sent within its 0.4 s: on a loaded machine LiteLLM's own preparation of the request can
+    # use the whole timeout, so the count the server saw is not what this test is about.
     assert all(r.error_type is not None for r in records) and len(records) == 2
+    assert 1 <= server.call_count <= 2
 
 
 @pytest.mark.usefixtures("route")
