@@ -162,6 +162,19 @@ def _truncate(value: datetime, bucket: Bucket) -> datetime:
     return value.replace(minute=0, second=0, microsecond=0)
 
 
+# The score columns a ``worst`` row is built from (:func:`_worst_row`).
+_WORST_COLUMNS = (
+    Score.trace_id,
+    Score.metric,
+    Score.version,
+    Score.value,
+    Score.reason,
+    Score.app_name,
+    Score.trace_started_at,
+    Score.scored_at,
+)
+
+
 def _worst_row(r: Any, **extra: Any) -> WorstRow:
     """A :class:`WorstRow` from a result row of the score columns ``worst`` selects."""
     return WorstRow(
@@ -729,16 +742,7 @@ class History:
         versions = self.metric_versions(metric, version)
         if per_question:
             return self._worst_per_question(versions, limit, since, until, app, where)
-        columns = (
-            Score.trace_id,
-            Score.metric,
-            Score.version,
-            Score.value,
-            Score.reason,
-            Score.app_name,
-            Score.trace_started_at,
-            Score.scored_at,
-        )
+        columns = _WORST_COLUMNS
         parts = []
         for key, key_version in versions.items():
             conditions = self._score_filters(since, until, app, {key: key_version})
@@ -784,14 +788,7 @@ class History:
             question = func.coalesce(Trace.user_input, "")
             ranked = (
                 select(
-                    Score.trace_id,
-                    Score.metric,
-                    Score.version,
-                    Score.value,
-                    Score.reason,
-                    Score.app_name,
-                    Score.trace_started_at,
-                    Score.scored_at,
+                    *_WORST_COLUMNS,
                     Trace.user_input.label("question"),
                     func.row_number()
                     .over(

@@ -727,21 +727,33 @@ def _check_compare(
             f"attribute: add --where {name}=VALUE"
         )
     candidate = candidates[0]
-    query = argparse.Namespace(**vars(args))
-    query.by = name
-    query.where = [(key, value) for key, value in args.where if key != name]
-    query.baseline = None
-    groups = {g.group: g for g in _compare(engine, query, metric, version, since, until).groups}
-    found = {value: groups[value].traces if value in groups else 0 for value in groups}
-    mine_count, their_count = found.get(candidate, 0), found.get(reference, 0)
+    try:
+        groups = _history(engine).group_summaries(
+            metric=metric,
+            by=name,
+            since=since,
+            until=until,
+            app=args.app,
+            version=version,
+            where=[(key, value) for key, value in args.where if key != name],
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    mine_count, their_count = (
+        groups[value].count if value in groups else 0 for value in (candidate, reference)
+    )
     if min(mine_count, their_count) < args.min_traces:
         return False, (
             f"FAIL {metric}: too few scored traces to compare {name}={candidate} "
             f"({mine_count}) with {name}={reference} ({their_count}) for "
             f"{_window_text(since, until)}; --min-traces {args.min_traces} each"
         )
-    query.baseline = reference
-    pair = {g.group: g for g in _compare(engine, query, metric, version, since, until).groups}
+    result = compare_groups(
+        {value: groups[value] for value in (reference, candidate)},
+        baseline=reference,
+        min_traces=args.min_traces,
+    )
+    pair = {g.group: g for g in result.groups}
     mine, theirs = pair[candidate], pair[reference]
     low, high = mine.difference_interval or (0.0, 0.0)
     text = (
