@@ -39,6 +39,7 @@ from recalltrace.tracer._extract import (
     read_usage,
     snapshot,
     to_text,
+    unreadable,
 )
 from recalltrace.tracer._internal import internal_error, user_code_error
 
@@ -467,12 +468,16 @@ def _split_docs(
         else:
             items = document_list(result) or []
         if room is None:
-            return [read_document(item) for item in items], [], len(items)
+            return _read_rest(spec, items), [], len(items)
         docs: list[Doc] = []
         for item in items:
             if room <= 0:
                 break
-            doc = read_document(item)
+            try:
+                doc = read_document(item)
+            except Exception as exc:
+                user_code_error(f"reading a document returned by {spec.qualname}")
+                doc = unreadable(exc)
             room -= 1 + (doc.id is not None) + (doc.score is not None) + bool(doc.metadata)
             if room < 0:
                 break
@@ -485,11 +490,16 @@ def _split_docs(
 
 
 def _read_rest(spec: _Spec, items: list[Any]) -> list[Doc]:
-    try:
-        return [read_document(item) for item in items]
-    except Exception:
-        user_code_error(f"reading the documents returned by {spec.qualname}")
-        return []
+    """Every one of ``items`` read; one whose reading raises is an empty stand-in (the record
+    notes it) so it costs only itself."""
+    docs: list[Doc] = []
+    for item in items:
+        try:
+            docs.append(read_document(item))
+        except Exception as exc:
+            user_code_error(f"reading a document returned by {spec.qualname}")
+            docs.append(unreadable(exc))
+    return docs
 
 
 def _attribute_room(span: Any) -> int | None:

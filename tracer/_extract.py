@@ -26,6 +26,20 @@ class Doc(NamedTuple):
     metadata: dict[str, Any]
 
 
+class UnreadableDoc(Doc):
+    """A document whose reading raised, kept empty in its place so the ranks of the others
+    hold; ``error`` names the exception."""
+
+    error: str
+
+
+def unreadable(exc: BaseException) -> Doc:
+    """The empty stand-in for a document whose reading raised ``exc``."""
+    doc = UnreadableDoc("", None, None, {})
+    doc.error = type(exc).__name__
+    return doc
+
+
 class Usage(NamedTuple):
     """Token counts of one generation; any of them may be unknown."""
 

@@ -11,7 +11,13 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRecord
-from recalltrace.tracer._extract import Usage, to_id_list, to_text, to_text_list
+from recalltrace.tracer._extract import (
+    UnreadableDoc,
+    Usage,
+    to_id_list,
+    to_text,
+    to_text_list,
+)
 
 if TYPE_CHECKING:
     from recalltrace.tracer._scrub import Scrubber
@@ -213,7 +219,20 @@ def assemble_record(
             read.append(item)
         else:
             read.extend(item.read())
-    blank = [i for i, doc in enumerate(read) if not doc[0] and doc[1] is None]
+    failed = [(i, doc.error) for i, doc in enumerate(read) if type(doc) is UnreadableDoc]
+    if failed:
+        shown = ", ".join(f"{i} ({error})" for i, error in failed[:10])
+        more = " ..." if len(failed) > 10 else ""
+        plural = "s" if len(failed) > 1 else ""
+        notes.append(
+            f"{len(failed)} retrieved document(s) could not be read, raising when read "
+            f"(position{plural} {shown}{more}); each is kept empty in its place"
+        )
+    blank = [
+        i
+        for i, doc in enumerate(read)
+        if not doc[0] and doc[1] is None and type(doc) is not UnreadableDoc
+    ]
     if blank:
         shown = ", ".join(str(i) for i in blank[:10]) + (" ..." if len(blank) > 10 else "")
         notes.append(

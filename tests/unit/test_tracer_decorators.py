@@ -994,3 +994,49 @@ def test_record_ids_differ_across_a_fork_and_ignore_random_seed() -> None:
     first = _decorators._record_ids.getrandbits(128)
     random.seed(7)
     assert _decorators._record_ids.getrandbits(128) != first
+
+
+class _Passage:
+    """A document object of the application's own kind."""
+
+    def __init__(self, i: int, bad: int) -> None:
+        self.i = i
+        self.bad = bad
+
+    @property
+    def page_content(self) -> str:
+        if self.i == self.bad:
+            raise RuntimeError("lazy load failed")
+        return f"text {self.i}"
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"id": f"doc-{self.i}"}
+
+
+@pytest.mark.parametrize("bad", [5, 60], ids=["on-the-span", "past-the-span"])
+def test_one_unreadable_document_costs_only_itself_and_says_so(traced: Traced, bad: int) -> None:
+    """One document that raised when read used to drop every document of the retrieval (on the
+    span) or every one past what the span holds (70 of 100), without a note."""
+
+    @recalltrace.retrieval
+    def search(query: str) -> list[_Passage]:
+        return [_Passage(i, bad) for i in range(100)]
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        search(question)
+        return "ok"
+
+    answer("which documents?")
+    record = traced.record()
+    contexts = record.retrieved_contexts
+    assert len(contexts) == 100
+    before, after = contexts[bad - 1], contexts[bad + 1]
+    assert (before.content, after.content) == (f"text {bad - 1}", f"text {bad + 1}")
+    assert after.id == f"doc-{bad + 1}"
+    assert contexts[bad].content == "" and contexts[bad].id is None
+    notes = [n for n in record.notes if "could not be read" in n]
+    assert len(notes) == 1, record.notes
+    assert f"position {bad} (RuntimeError)" in notes[0]
+    assert not [n for n in record.notes if "neither text nor an id" in n]

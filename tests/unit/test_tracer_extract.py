@@ -199,7 +199,9 @@ def test_failing_document_object_never_reaches_the_caller(traced: Traced) -> Non
         return docs
 
     assert in_request(search, "q") is docs
-    assert traced.record().retrieved_contexts == []
+    record = traced.record()
+    assert [(c.content, c.id) for c in record.retrieved_contexts] == [("", None)]
+    assert any("could not be read" in note for note in record.notes)
 
 
 # -- generations ----------------------------------------------------------------------------------
