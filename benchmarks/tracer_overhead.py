@@ -79,7 +79,8 @@ class CountingSink:
         return int(self.repository.attach_reference(update))
 
 
-def _text(seed: int, length: int) -> str:
+def document_text(seed: int, length: int) -> str:
+    """Made-up document text of whole words, different for each seed."""
     words = ("context", "recall", "retrieval", "answer", "document", "vector", "query", "score")
     out: list[str] = []
     size = 0
@@ -99,7 +100,7 @@ def make_documents(count: int) -> list[dict[str, Any]]:
     return [
         {
             "id": f"doc-{i}",
-            "content": _text(i, DOCUMENT_CHARS),
+            "content": document_text(i, DOCUMENT_CHARS),
             "score": 1.0 - i / (count * 2),
             "metadata": {"source": f"handbook/section-{i}.md"},
         }
@@ -108,7 +109,7 @@ def make_documents(count: int) -> list[dict[str, Any]]:
 
 
 DOCUMENTS = make_documents(DOCUMENT_COUNT)
-ANSWER = _text(99, ANSWER_CHARS)
+ANSWER = document_text(99, ANSWER_CHARS)
 QUESTION = "How does the tracer measure context recall in production?"
 
 

@@ -18,9 +18,11 @@ cap, is dropped and counted (``capture_timeout``, ``capture_evicted``, ``capture
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,11 +42,15 @@ from recalltrace.tracer._capture_build import (
     role_of,
 )
 from recalltrace.tracer._state import TraceState
+from recalltrace.tracer._writer import add_cycle_hook
 
 logger = logging.getLogger("recalltrace.tracer")
 
 RECALLTRACE_SCOPE = "recalltrace"
 _SWEEP_EVERY = 1.0
+# Finished subtrees waiting for the writer thread before it is woken at once (else it finds
+# them at its next cycle, within flush_interval).
+_WAKE_AT = 64
 
 
 class CapturedState(TraceState):
@@ -258,6 +264,9 @@ def _view(span: Any) -> SpanView:
         resource = getattr(span, "resource", None)
         scope = span.instrumentation_scope
         start, end = span.start_time, span.end_time
+    # An ended SDK span's attributes no longer change: their plain dict is read from here on
+    # (a BoundedAttributes lookup is a Python call; a dict's is not).
+    attributes = getattr(attributes, "_dict", attributes)
     service, release, environment = _labels_of(resource)
     return SpanView(
         span.name,
@@ -339,10 +348,49 @@ class SpanCapture:
             "recalltrace: %d span(s) past max_spans_per_trace were left out of their "
             "request's record (said once)",
         )
+        self._backlog = _Counter(
+            "capture_backlog",
+            "recalltrace: %d finished trace(s) found max_open_traces already waiting for the "
+            "writer thread in span capture: not stored (said once)",
+        )
+        # Subtrees whose spans have all ended: the requests in them are found, sampled and
+        # queued on the writer thread (see finish_pending), not on the application's.
+        self._finished: deque[list[tuple[SpanView, list[SpanView]]]] = deque()
         self._state_key: Any = None
         self._get_current: Any = None
         self.active = True
         _instances.add(self)
+        add_cycle_hook(_finish_all_pending)
+
+    def finish_pending(self) -> None:
+        """Find the requests in the subtrees that ended and hand them to the writer (called
+        by the writer thread at each cycle and by every flush)."""
+        pending = self._finished
+        while pending:
+            try:
+                tops = pending.popleft()
+            except IndexError:
+                return
+            for top, spans in tops:
+                try:
+                    if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
+                        continue  # the decorators made the record, or said why not
+                    self.assembler.finish(top, spans)
+                except Exception:
+                    from recalltrace.tracer._internal import internal_error
+
+                    internal_error("finding the requests in finished spans")
+
+    def _hand_over(self, tops: list[tuple[SpanView, list[SpanView]]]) -> None:
+        runtime = _runtime_now()
+        if not runtime.enabled:
+            return
+        pending = self._finished
+        if len(pending) >= self.max_open_traces:
+            self._backlog.add(len(tops))
+            return
+        pending.append(tops)
+        runtime.writer.wake(now=len(pending) >= _WAKE_AT)
 
     def cover(self, trace_id: int, span_id: int) -> None:
         """Leave span ``span_id`` out of a decorated request's record (the decorator has it)."""
@@ -476,10 +524,8 @@ class SpanCapture:
             self._too_many.add(too_many)
         if group is not None:
             self._merge(view, group)
-        for top, spans in tops:
-            if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
-                continue  # the decorators made the record, or said why not
-            self.assembler.finish(top, spans)
+        if tops:
+            self._hand_over(tops)
 
     def _merge(self, root: SpanView, group: _Group) -> None:
         """The decorator's ``@rag`` span ended: the instrumentors' calls inside it join the
@@ -496,14 +542,32 @@ class SpanCapture:
         merge_into_state(group.state, build_parts(root, children, skip, root_is_request=False))
 
     def shutdown(self) -> None:
-        """Forget the open traces."""
+        """Hand the finished requests to the writer and forget the open traces."""
+        self.finish_pending()
         with self._lock:
             self._traces.clear()
             self._groups.clear()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Nothing is buffered for export: records go through the tracer's own writer."""
+        """Hand the finished requests to the tracer's writer (``recalltrace.flush()`` stores
+        them)."""
+        self.finish_pending()
         return True
+
+
+def _finish_all_pending() -> None:
+    for capture in list(_instances):
+        capture.finish_pending()
+
+
+def _forget_pending_in_child() -> None:
+    # A forked child must not store its parent's requests a second time.
+    for capture in list(_instances):
+        capture._finished.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pending_in_child)
 
 
 def _take_subtree(trace: _Trace, top: SpanView, keep: bool = False) -> list[SpanView]:

@@ -160,6 +160,10 @@ _PHONE = (
     0,
     0,
 )
+# What the text's shape must show before a kind's gates are searched: a run of 16 key
+# characters; an assignment ("=" or ":") and three capitals in a row; an assignment (the
+# authorization gate is then searched in the lower-cased text, case-insensitively).
+_LONG_RUN, _CAPITALS_ASSIGNED, _ASSIGNED = "long run", "capitals and assignment", "assignment"
 _GATED = (
     (
         _GITLAB,
@@ -176,14 +180,15 @@ _GATED = (
             "glsoat-",
             "GR1348941",
         ),
+        _LONG_RUN,
     ),
-    (_WEBHOOK, ("hooks.slack.com", "discord")),
-    (_AZURE_KEY, ("AccountKey=",)),
-    (_AZURE_SAS, ("sig=",)),
-    (_AWS_SECRET, ("aws", "AWS", "Aws")),
-    (_BASIC_AUTH, ("uthorization", "UTHORIZATION")),
-    (_ENV_SECRET, ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")),
-    (_SERVICE_KEY, ("SK", "SG.", "npm_", "key-", "shp", "xapp-")),
+    (_WEBHOOK, ("hooks.slack.com", "discord"), _LONG_RUN),
+    (_AZURE_KEY, ("AccountKey=",), _LONG_RUN),
+    (_AZURE_SAS, ("sig=",), _LONG_RUN),
+    (_AWS_SECRET, ("aws", "AWS", "Aws"), _LONG_RUN),
+    (_BASIC_AUTH, ("authorization",), _ASSIGNED),
+    (_ENV_SECRET, ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH"), _CAPITALS_ASSIGNED),
+    (_SERVICE_KEY, ("SK", "SG.", "npm_", "key-", "shp", "xapp-"), _LONG_RUN),
 )
 # Patterns whose gate is "enough digits", checked with the card number's.
 _DIGIT_GATED = (_IBAN, _SSN, _PHONE)
@@ -195,13 +200,23 @@ _VALUE_PATTERNS = (
     _PASSWORD,
     _EMAIL,
     _CARD,
-    *(rule for rule, _ in _GATED),
+    *(rule for rule, _, _ in _GATED),
     _URL_PASSWORD,
     *_DIGIT_GATED,
 )
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _Rules = list[tuple[str, "re.Pattern[str]", int]]
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# Shape tests on a text's bytes, each a translation and a search for a long needle (both run
+# in C at about a byte a nanosecond): the gated kinds below all hold a run of at least 16
+# characters that may appear in a key, a token or a URL path; the configuration-name kind
+# needs three capitals in a row. Prose has neither, so its gates are not even searched.
+_TOKEN_CHARS = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%"
+)
+_TOKEN_RUN = bytes(ord("t") if i in _TOKEN_CHARS else 32 for i in range(256))
+_CAPITALS = bytes(ord("A") if 65 <= i <= 90 else 32 for i in range(256))
+_RUN_16 = b"t" * 16
 
 # Key names whose values are always redacted (metadata of the record and of documents).
 _SENSITIVE_KEY = (
@@ -272,9 +287,13 @@ class Scrubber:
         self._password = compiled[id(_PASSWORD)]
         self._email = compiled[id(_EMAIL)]
         self._card = compiled[id(_CARD)]
-        self._gated = tuple((compiled[id(rule)], gates) for rule, gates in _GATED)
+        self._gated = tuple(
+            (compiled[id(rule)], gates, shape) for rule, gates, shape in _GATED
+        )
         self._url_password = compiled[id(_URL_PASSWORD)]
         self._digit_gated = tuple(compiled[id(rule)] for rule in _DIGIT_GATED)
+        self._last_number_rule = self._digit_gated[-1]
+        self._number_rule_count = 1 + len(self._digit_gated)  # the card rule and these
         self._json_pair = (_JSON_PAIR[0], re.compile(_JSON_PAIR[1]), _JSON_PAIR[2])
         key_parts = [_SENSITIVE_KEY] if options.default_patterns else []
         custom: list[tuple[str, re.Pattern[str], int]] = []
@@ -312,7 +331,17 @@ class Scrubber:
         ``rules`` restricts the built-in patterns to those whose gate passed on a text that
         contains this one (see :meth:`scrub_record`); ``None`` gates ``text`` itself."""
         if self._defaults:
-            for rule in self._default_rules_for(text) if rules is None else rules:
+            if rules is None:
+                rules = self._default_rules_for(text)
+            elif (
+                rules
+                and rules[-1] is self._last_number_rule
+                and b"0000" not in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO)
+            ):
+                # The group's text held a long number and this field holds none: the number
+                # patterns (always last) are skipped for it.
+                rules = rules[: -self._number_rule_count]
+            for rule in rules:
                 text = self._apply(text, rule[1], rule[2], rule[0], path, notes)
         for name, regex, group in self._custom:
             if regex.search(text) is not None:
@@ -333,7 +362,9 @@ class Scrubber:
             or ("-----" in text and "PRIVATE KEY-----" in text)
         ):
             rules.append(self._vendor)
-        if "=" in text or ":" in text:
+        encoded = text.encode("utf-8", "ignore")
+        assigned = "=" in text or ":" in text
+        if assigned:
             lowered = text.lower()
             if "key" in lowered or "secret" in lowered or "token" in lowered:
                 rules.append(self._assignment)
@@ -346,11 +377,19 @@ class Scrubber:
             if "://" in text:
                 rules.append(self._url_password)
             rules.append(self._email)
-        for rule, gates in self._gated:
-            if any(gate in text for gate in gates):
+        long_run = _RUN_16 in encoded.translate(_TOKEN_RUN)
+        capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
+        for rule, gates, shape in self._gated:
+            if shape is _LONG_RUN:
+                if long_run and any(gate in text for gate in gates):
+                    rules.append(rule)
+            elif shape is _CAPITALS_ASSIGNED:
+                if capitals and any(gate in text for gate in gates):
+                    rules.append(rule)
+            elif assigned and "uthorization" in lowered:  # _ASSIGNED
                 rules.append(rule)
         # Numbers last: a webhook URL or a key holding a long number is taken whole first.
-        if b"0000" in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO):
+        if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
         return rules
@@ -503,7 +542,11 @@ class Scrubber:
                 "\x00".join(context.content for context in record.retrieved_contexts)
             )
             if record.metadata:
-                metadata_rules = self._default_rules_for(repr(record.metadata))
+                # Its strings (keys and values) joined, not its repr: the colons and quotes a
+                # repr adds would pass the assignment gates for every key named like a token.
+                strings: list[str] = []
+                _strings_of(record.metadata, strings, 0)
+                metadata_rules = self._default_rules_for("\x00".join(strings))
         if rules or content_rules or self._custom:
             if record.user_input is not None:
                 record.user_input = self.scrub_text(record.user_input, "user_input", notes, rules)
@@ -591,6 +634,21 @@ def _vendor_hyphen(text: str) -> bool:
             return True
         index = text.find("-", index + 1)
     return True
+
+
+def _strings_of(value: Any, out: list[str], depth: int) -> None:
+    """Every string :meth:`Scrubber.scrub_value` would scrub in ``value`` (keys as text)."""
+    if isinstance(value, str):
+        out.append(value)
+    elif depth > 20:
+        return
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            out.append(key if isinstance(key, str) else str(key))
+            _strings_of(item, out, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _strings_of(item, out, depth + 1)
 
 
 def _note(notes: list[str], line: str) -> None:

@@ -62,6 +62,26 @@ class _Orphan:
     still on its way); it is retried in the background until ``deadline``."""
 
 
+# Work handed to the writer thread by other parts of the tracer (span capture finds the
+# requests in finished spans there): each hook runs at the start of every writer cycle and of
+# every flush, in the thread running it, so what it offers is queued before a flush counts.
+_cycle_hooks: list[Callable[[], None]] = []
+
+
+def add_cycle_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at the start of every writer cycle and flush (once, however often added)."""
+    if hook not in _cycle_hooks:
+        _cycle_hooks.append(hook)
+
+
+def _run_cycle_hooks() -> None:
+    for hook in list(_cycle_hooks):
+        try:
+            hook()
+        except Exception:
+            logger.exception("recalltrace writer: handing over finished work failed")
+
+
 class BatchWriter:
     """Owns the queue, the writer thread and the sink."""
 
@@ -206,6 +226,7 @@ class BatchWriter:
         """Wait until everything queued before this call is stored or dropped; False when the
         timeout passed first (e.g. storage is down)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        _run_cycle_hooks()
         with self._lock:
             target = self._accepted
             if self._completed >= target:
@@ -347,7 +368,17 @@ class BatchWriter:
             self._held -= held
             self._progress.notify_all()
 
+    def wake(self, now: bool = False) -> None:
+        """Make sure the writer thread runs (and cycles at once when ``now``); cheap when it
+        does and nothing is urgent."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            self._ensure_thread()
+        if now and not self._wake.is_set():
+            self._wake.set()
+
     def _cycle(self) -> None:
+        _run_cycle_hooks()
         self._take_traces()
         self._take_references()
         if self._ready and time.monotonic() >= self._next_attempt:

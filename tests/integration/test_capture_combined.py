@@ -390,3 +390,51 @@ def test_captured_requests_are_sampled_like_decorated_ones() -> None:
         assert stats().snapshot()["captured"].get("chain", 0) >= 1
     finally:
         recalltrace.shutdown(2.0)
+
+
+def test_finished_traces_waiting_for_a_stuck_writer_are_bounded_and_counted() -> None:
+    """The requests in finished spans are found on the writer thread; while it is stuck (in a
+    write that hangs), what waits for it is bounded, and what is past the bound is counted."""
+    import threading
+
+    from opentelemetry import trace as otel_trace
+
+    from recalltrace.testing import MemorySink
+
+    release = threading.Event()
+    writing = threading.Event()
+
+    class StuckSink(MemorySink):
+        def write_traces(self, records: Any) -> None:
+            writing.set()
+            release.wait(30)
+            super().write_traces(records)
+
+    sink = StuckSink()
+    state = make_traced(sink)
+    try:
+        capture = recalltrace.SpanCapture(max_open_traces=3)
+        state.provider.add_span_processor(capture)
+        tracer = state.provider.get_tracer("vendor")
+        attributes = {"openinference.span.kind": "CHAIN", "input.value": "q"}
+        found = {"openinference.span.kind": "RETRIEVER", "retrieval.documents.0.document.id": "d"}
+
+        def request(name: str) -> None:
+            root = tracer.start_span(name, attributes=attributes)
+            context = otel_trace.set_span_in_context(root)
+            tracer.start_span("retrieve", context=context, attributes=found).end()
+            root.end()
+
+        request("first")
+        assert writing.wait(10)  # the writer thread now hangs in the sink
+        before = dropped("capture_backlog")
+        for index in range(5):
+            request(f"waiting-{index}")
+        assert dropped("capture_backlog") == before + 2  # three wait, two are past the bound
+        release.set()
+        assert recalltrace.flush(10)
+        stored = sorted(r.app_name for r in sink.records)
+        assert stored == ["first", "waiting-0", "waiting-1", "waiting-2"]
+    finally:
+        release.set()
+        recalltrace.shutdown(2.0)
