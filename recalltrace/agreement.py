@@ -36,12 +36,15 @@ class Agreement:
     """``judge_pass_label_pass``, ``judge_pass_label_fail``, ``judge_fail_label_pass``,
     ``judge_fail_label_fail``."""
     worst: list[AgreementPair] = field(default_factory=list)
+    rescored: bool = False
+    """The judge scored the labelled traces just now, for this comparison (nothing stored)."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary."""
         return {
             "model": self.model,
             "version": self.version,
+            "rescored": self.rescored,
             "labelled": self.labelled,
             "mae": self.mae,
             "pearson": self.pearson,

@@ -156,3 +156,26 @@ class LabelStore:
                 )
                 for row in conn.execute(stmt)
             ]
+
+    def labelled(
+        self,
+        metric: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[tuple[str, str, float, str | None]]:
+        """Every label of ``metric`` on a stored trace started in ``[since, until)``, as
+        (trace id, labeller, value, note), whether or not the judge scored the trace."""
+        conditions = [Label.metric == metric]
+        if since is not None:
+            conditions.append(Trace.started_at >= since)
+        if until is not None:
+            conditions.append(Trace.started_at < until)
+        stmt = (
+            select(Label.trace_id, Label.labeller, Label.value, Label.note)
+            .join(Trace, Trace.trace_id == Label.trace_id)
+            .where(*conditions)
+            .order_by(Label.trace_id, Label.labeller)
+        )
+        with self.engine.connect() as conn:
+            return [(row[0], row[1], float(row[2]), row[3]) for row in conn.execute(stmt)]

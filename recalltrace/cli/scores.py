@@ -48,9 +48,12 @@ from recalltrace.cli._render import (
     _window_text,
     inert,
 )
+from recalltrace.cli.worker import add_judge_arguments, judge_config_from_args
 from recalltrace.compare import MIN_TRACES, compare_groups
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from sqlalchemy import Engine
 
     from recalltrace.compare import Comparison, GroupComparison
@@ -168,7 +171,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Per judge model and variant version, over the labelled traces: mean "
         "absolute error, Pearson and Spearman correlation, Cohen's kappa at --threshold with "
         "its confusion table, and the worst disagreements with the judge's reason and the "
-        "labeller's note.",
+        "labeller's note. With --judge-model, the labelled traces are also scored now by that "
+        "model (nothing is stored) and its figures are shown beside the stored judge's, with "
+        "the traces it could not score and what the calls cost: compare judges before "
+        "switching.",
     )
     _add_database_option(agree)
     agree.add_argument("--metric", required=True, metavar="METRIC", help="the variant")
@@ -187,6 +193,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--worst", type=_positive_int, default=5, metavar="N", help="disagreements shown (5)"
     )
     agree.add_argument("--format", choices=("table", "json"), default="table")
+    agree.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="judge calls in flight when re-scoring with --judge-model (default: 4)",
+    )
+    add_judge_arguments(agree)
     agree.set_defaults(handler=_piped(_cmd_agreement))
 
     check = sub.add_parser(
@@ -605,14 +619,35 @@ def _cmd_agreement(args: argparse.Namespace) -> int:
     metric = _metric(args.metric)
     assert metric is not None
     since, until = _window(args)
+    judge = judge_config_from_args(args, args.concurrency)
+    if judge is not None:
+        from recalltrace.scorers.catalog import metric_info
+
+        if not metric_info(metric).uses_llm:
+            raise CommandError(
+                f"{metric} does not use a judge: --judge-model re-scores an LLM variant "
+                "(llm_context_recall, chunk_context_recall, judge_context_recall...)"
+            )
+    rescoring = None
     with _database(args) as engine:
         pairs = LabelStore(engine).agreement_pairs(metric, since=since, until=until)
+        if judge is not None:
+            rescoring = _rescore(engine, metric, judge, since, until, args.concurrency)
     reports = agreement(pairs, threshold=args.threshold, worst=args.worst)
+    if rescoring is not None:
+        for report in agreement(rescoring.pairs, threshold=args.threshold, worst=args.worst):
+            report.rescored = True
+            reports.append(report)
     if args.format == "json":
-        _print_json({"metric": metric, "reports": [r.as_dict() for r in reports]})
+        document: dict[str, Any] = {"metric": metric, "reports": [r.as_dict() for r in reports]}
+        if rescoring is not None:
+            document["rescoring"] = rescoring.as_dict()
+        _print_json(document)
         return EXIT_OK
     console = _console()
     window = _window_text(since, until)
+    if rescoring is not None:
+        console.print(_rescoring_line(rescoring, window))
     if not reports:
         console.print(
             f"No labelled traces of {metric} with a judge score for {window}: import labels "
@@ -622,8 +657,9 @@ def _cmd_agreement(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     for r in reports:
-        judge = _safe(r.model or "-")
-        title = f"{metric} v{_safe(r.version)}, judge {judge}: {r.labelled} labelled traces"
+        name = _safe(r.model or "-")
+        fresh = ", re-scored now (not stored)" if r.rescored else ""
+        title = f"{metric} v{_safe(r.version)}, judge {name}{fresh}: {r.labelled} labelled traces"
         table = Table(title=title, title_justify="left", show_header=False)
         table.add_column()
         table.add_column(justify="right")
@@ -647,6 +683,39 @@ def _cmd_agreement(args: argparse.Namespace) -> int:
                 f"    judge: {_safe(p.reason)}\n    {_safe(p.labeller)}: {_safe(p.note or '-')}"
             )
     return EXIT_OK
+
+
+def _rescore(
+    engine: Any,
+    metric: str,
+    judge: Any,
+    since: datetime | None,
+    until: datetime | None,
+    concurrency: int,
+) -> Any:
+    import asyncio
+
+    from recalltrace.rescore import rescore_labelled
+    from recalltrace.scorers._judge import load_judge_backend
+
+    load_judge_backend(litellm_http=True)  # as the worker calls the judge
+    return asyncio.run(
+        rescore_labelled(engine, metric, judge, since=since, until=until, concurrency=concurrency)
+    )
+
+
+def _rescoring_line(rescoring: Any, window: str) -> str:
+    """What the re-scoring rests on and cost, in one line (and one per reason not scored)."""
+    scored = len({p.trace_id for p in rescoring.pairs})
+    tokens = rescoring.calls_prompt_tokens + rescoring.calls_completion_tokens
+    cost = "" if rescoring.cost_usd is None else f", ${rescoring.cost_usd:.4f}"
+    line = (
+        f"Re-scored {scored} of {rescoring.labelled_traces} labelled traces with "
+        f"{_safe(rescoring.model)} for {window} ({tokens} tokens{cost}; nothing stored)"
+    )
+    for reason, count in rescoring.not_scored.most_common():
+        line += f"\n  not scored: {count} ({_safe(reason)})"
+    return line
 
 
 def _num_or_dash(value: float | None) -> str:

@@ -128,3 +128,88 @@ def test_bad_files_import_nothing_and_say_why_in_one_line(
     (line,) = done.stderr.strip().splitlines()
     assert message in line
     assert labels_stored(url) == 0
+
+
+def test_labelled_traces_rescored_by_another_judge_beside_the_stored_one(tmp_path: Path) -> None:
+    """Compare judges before switching: the candidate scores the labelled traces now, nothing
+    is stored, and what it could not score is counted with its reason."""
+    from tests.support.judge_server import JudgeServer, Reply
+
+    metric = "judge_context_recall"
+    url = f"sqlite:///{tmp_path / 'rescore.db'}"
+    upgrade(url)
+    records = [make_trace() for _ in range(5)]
+    repo = make_repository(create_engine_from_url(url), metrics=[metric])
+    repo.write_traces(records)
+    repo.dispose()
+    ids = sorted(r.trace_id for r in records)
+    people = [1.0, 0.5, 0.0, 1.0, 0.5]
+    csv_file = tmp_path / "labels.csv"
+    csv_file.write_text(
+        "trace_id,metric,value\n"
+        + "".join(f"{i},{metric},{v}\n" for i, v in zip(ids, people, strict=True))
+    )
+    with JudgeServer() as judge:
+        stored = run(
+            "worker", "--once", "--no-progress", "--metric", metric, "--judge-model",
+            "openai/gpt-4o-mini", "--judge-api-base", judge.base_url, url=url,
+        )  # fmt: skip
+        assert stored.returncode == 0, stored.stderr
+        assert run("labels", "import", str(csv_file), "--labeller", "ana", url=url).returncode == 0
+        calls_before = judge.call_count
+        candidate = [1.0, 0.5, 0.25, None, 0.5]  # in trace id order; None: the call is refused
+        judge.script(
+            *(
+                Reply.error(400, "this request is refused")
+                if value is None
+                else Reply.json({"context_recall_score": value, "reason": "by the candidate"})
+                for value in candidate
+            )
+        )
+        report = run(
+            "scores", "agreement", "--metric", metric, "--judge-model", "openai/gpt-4.1-mini",
+            "--judge-api-base", judge.base_url, "--judge-max-retries", "0", "--concurrency", "1",
+            "--format", "json", url=url,
+        )  # fmt: skip
+        assert report.returncode == 0, report.stderr
+        assert judge.call_count - calls_before == 5, report.stdout
+        table = run(
+            "scores", "agreement", "--metric", metric, "--judge-model", "openai/gpt-4.1-mini",
+            "--judge-api-base", judge.base_url, "--concurrency", "1", url=url,
+        )  # fmt: skip
+    document = json.loads(report.stdout)
+    by_kind = {r["rescored"]: r for r in document["reports"]}
+    assert by_kind[False]["model"] == "openai/gpt-4o-mini" and by_kind[False]["labelled"] == 5
+    assert by_kind[False]["mae"] == pytest.approx(statistics.fmean(abs(0.8 - p) for p in people))
+    fresh = by_kind[True]
+    assert fresh["model"] == "openai/gpt-4.1-mini" and fresh["labelled"] == 4
+    kept = [(c, p) for c, p in zip(candidate, people, strict=True) if c is not None]
+    assert fresh["mae"] == pytest.approx(statistics.fmean(abs(c - p) for c, p in kept))
+    assert fresh["pearson"] == pytest.approx(
+        statistics.correlation([c for c, _ in kept], [p for _, p in kept])
+    )
+    rescoring = document["rescoring"]
+    assert (rescoring["labelled_traces"], rescoring["scored"]) == (5, 4)
+    ((reason, count),) = rescoring["not_scored"].items()
+    assert count == 1 and reason.startswith("failed") and "this request is refused" in reason
+    assert rescoring["prompt_tokens"] > 0
+    # Nothing of the candidate's was stored.
+    assert labels_stored(url) == 5
+    again = run("scores", "agreement", "--metric", metric, "--format", "json", url=url)
+    assert [r["model"] for r in json.loads(again.stdout)["reports"]] == ["openai/gpt-4o-mini"]
+    assert table.returncode == 0, table.stderr
+    assert "re-scored now (not stored)" in table.stdout
+    assert "Re-scored 5 of 5 labelled traces with openai/gpt-4.1-mini" in table.stdout
+
+
+def test_rescoring_a_variant_without_a_judge_says_so(scored: tuple[str, list[str]]) -> None:
+    url, _ids = scored
+    done = run(
+        "scores", "agreement", "--metric", METRIC, "--judge-model", "openai/x", url=url
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "id_based_context_recall does not use a judge: --judge-model re-scores an LLM variant "
+        "(llm_context_recall, chunk_context_recall, judge_context_recall...)"
+    )
+    assert "Traceback" not in done.stderr
