@@ -13,6 +13,13 @@ Intervals are taken over traces (each scored trace counts once):
 A group with fewer than ``min_traces`` scored traces is reported as too few to judge rather
 than guessed at. The verdict is ``worse`` or ``better`` when the difference's 95% interval
 lies wholly below or above zero, else ``no detectable difference``.
+
+**Corrected by people's labels.** When a group holds at least ``min_labels`` traces that people
+labelled, its mean is corrected by prediction-powered inference (Angelopoulos et al., 2023):
+the judge's mean over all the group's scored traces plus the mean of (label - judge score) over
+the labelled ones, with the variance of each part added (``var(judge)/N + var(label -
+judge)/n``) for a normal 95% interval. A judge that is biased on one release and not on another
+then no longer decides the verdict; a difference is corrected when both its groups are.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ RESAMPLES = 1000
 MAX_BOOTSTRAP_TRACES = 1000
 #: The default least number of scored traces a group needs to be judged.
 MIN_TRACES = 30
+#: The default least number of labelled traces a group needs for its mean to be corrected.
+MIN_LABELS = 30
 _Z = 1.959963984540054  # the 97.5th percentile of the standard normal
 
 WORSE, BETTER, SAME, TOO_FEW, BASELINE = (
@@ -44,6 +53,7 @@ METHOD_WILSON = "Wilson score interval (0/1 scores)"
 METHOD_BOOTSTRAP = f"percentile bootstrap over traces ({RESAMPLES} resamples)"
 METHOD_NORMAL = "normal approximation (large group)"
 METHOD_NEWCOMBE = "Newcombe hybrid score interval (0/1 scores)"
+METHOD_PPI = "prediction-powered: the judge's mean corrected by people's labels (normal)"
 
 
 @dataclass
@@ -64,12 +74,21 @@ class GroupComparison:
     """Mean minus the baseline's mean."""
     difference_interval: tuple[float, float] | None = None
     difference_method: str | None = None
+    labels: int = 0
+    """Labelled traces of the group (people's labels beside the judge's scores)."""
+    corrected: bool = False
+    """The mean (and the difference, when the baseline's is too) is corrected by the labels."""
+    judge_mean: float | None = None
+    """The judge's own mean, when ``mean`` is the corrected one."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary."""
         return {
             "group": self.group,
             "traces": self.traces,
+            "labels": self.labels,
+            "corrected": self.corrected,
+            "judge_mean": self.judge_mean,
             "mean": self.mean,
             "ci95": list(self.interval) if self.interval else None,
             "method": self.method,
@@ -126,11 +145,14 @@ def compare_groups(
     baseline: str | None = None,
     min_traces: int = MIN_TRACES,
     order: Sequence[str | None] | None = None,
+    labelled: Mapping[str | None, Sequence[tuple[float, float]]] | None = None,
+    min_labels: int = MIN_LABELS,
 ) -> Comparison:
     """Compare every group with ``baseline`` (default: the first of ``order``, else the
     largest group). A group is its values, or their sums as ``History.group_summaries`` gives
-    them (large groups then need no values). Raises ``KeyError`` for a baseline that is not a
-    group."""
+    them (large groups then need no values). ``labelled`` gives, per group, the (label, judge
+    score) pairs of its labelled traces: groups with at least ``min_labels`` are corrected (see
+    the module's notes). Raises ``KeyError`` for a baseline that is not a group."""
     if not groups:
         return Comparison(baseline=baseline)
     stats = {name: _Stats.of(data) for name, data in groups.items()}
@@ -141,24 +163,61 @@ def compare_groups(
     elif baseline not in stats:
         raise KeyError(baseline)
     base = stats[baseline]
+    pairs = labelled or {}
+    corrected = {
+        name: prediction_powered(stats[name], pairs[name])
+        for name in stats
+        if stats[name].n >= min_traces and len(pairs.get(name, ())) >= min_labels
+    }
     result = Comparison(baseline=baseline)
     for name in [baseline, *(n for n in names if n != baseline)]:
         group = stats[name]
+        labels = len(pairs.get(name, ()))
         if group.n < min_traces:
-            result.groups.append(GroupComparison(name, group.n, group.mean, None, None, TOO_FEW))
+            result.groups.append(
+                GroupComparison(name, group.n, group.mean, None, None, TOO_FEW, labels=labels)
+            )
             continue
         interval, method = _mean_interval(group)
         entry = GroupComparison(name, group.n, group.mean, interval, method, BASELINE)
+        entry.labels = labels
+        if name in corrected:
+            estimate, variance = corrected[name]
+            half = _Z * math.sqrt(variance)
+            entry.judge_mean, entry.mean, entry.corrected = group.mean, estimate, True
+            entry.interval = (max(0.0, estimate - half), min(1.0, estimate + half))
+            entry.method = METHOD_PPI
         if name != baseline:
             if base.n < min_traces:
                 entry.verdict = TOO_FEW
+            elif name in corrected and baseline in corrected:
+                estimate, variance = corrected[name]
+                base_estimate, base_variance = corrected[baseline]
+                d = estimate - base_estimate
+                half = _Z * math.sqrt(variance + base_variance)
+                entry.difference, entry.difference_interval = d, (d - half, d + half)
+                entry.difference_method = METHOD_PPI
+                entry.verdict = WORSE if d + half < 0 else BETTER if d - half > 0 else SAME
             else:
+                # Uncorrected on at least one side: the difference stays the judge's own.
                 (low, high), entry.difference_method = _difference_interval(group, base)
                 entry.difference = group.mean - base.mean
                 entry.difference_interval = (low, high)
                 entry.verdict = WORSE if high < 0 else BETTER if low > 0 else SAME
         result.groups.append(entry)
     return result
+
+
+def prediction_powered(judged: Any, pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The prediction-powered estimate of a group's true mean and its variance: the judge's
+    mean over the group (``judged``: its values, or sums) plus the mean of (label - judge
+    score) over the labelled ``pairs``; the variance is ``var(judge)/N + var(rectifier)/n``."""
+    group = judged if isinstance(judged, _Stats) else _Stats.of(judged)
+    rectifier = [label - score for label, score in pairs]
+    n = len(rectifier)
+    shift = math.fsum(rectifier) / n
+    spread = statistics.variance(rectifier) if n > 1 else 0.0
+    return group.mean + shift, group.variance / group.n + spread / n
 
 
 def _binary(values: Sequence[float]) -> bool:

@@ -51,6 +51,7 @@ from recalltrace.storage.history_rows import (
 )
 from recalltrace.storage.models import (
     JobStatus,
+    Label,
     RetrievedContext,
     Score,
     ScoringJob,
@@ -572,18 +573,7 @@ class History:
         the sum and the sum of squares of the values and how many are neither 0 nor 1, with
         the values themselves only for groups of at most ``max_values`` (for a bootstrap).
         Groups come in the order of their first trace in the window."""
-        versions = self.metric_versions(metric, version)
-        conditions = self._score_filters(since, until, app, versions)
-        conditions.append(Score.status == "scored")
-        # Release, environment and app are kept on the scores too: grouping and filtering by
-        # them alone reads the scores (an index on Postgres), not every score's trace.
-        direct = by in _ON_SCORES and all(name in _ON_SCORES for name, _value in where)
-        if direct:
-            for name, value in where:
-                conditions.append(_ON_SCORES[name] == check_filter_text(name, value))
-            column = _ON_SCORES[by]
-        else:
-            column = self._attribute_filters(by, where, conditions)
+        conditions, column, direct = self._grouping(metric, by, since, until, app, version, where)
         fractional = func.sum(case((Score.value.in_((0.0, 1.0)), 0), else_=1))
         stmt = (
             select(
@@ -630,6 +620,63 @@ class History:
                 for group, found in collected.items():
                     sums[group] = replace(sums[group], values=tuple(found))
         return sums
+
+    def group_labels(
+        self,
+        *,
+        metric: str,
+        by: str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        app: str | None = None,
+        version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
+    ) -> dict[str | None, list[tuple[float, float]]]:
+        """Per group of :meth:`group_summaries` (the same traces, grouped the same way): the
+        (people's label, judge score) pair of every scored trace people labelled for
+        ``metric``, the label being the mean of its labellers' labels."""
+        conditions, column, direct = self._grouping(metric, by, since, until, app, version, where)
+        stmt = (
+            select(column, Score.trace_id, Score.value, func.avg(Label.value))
+            .select_from(Score)
+            .join(Label, (Label.trace_id == Score.trace_id) & (Label.metric == Score.metric))
+            .where(*conditions)
+            .group_by(column, Score.trace_id, Score.value)
+            .order_by(Score.trace_id)
+        )
+        if not direct:
+            stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
+        if by == "tag":
+            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
+        groups: dict[str | None, list[tuple[float, float]]] = {}
+        with self.engine.connect() as conn:
+            for group, _trace, score, label in conn.execute(stmt):
+                groups.setdefault(group, []).append((float(label), float(score)))
+        return groups
+
+    def _grouping(
+        self,
+        metric: str,
+        by: str,
+        since: datetime | None,
+        until: datetime | None,
+        app: str | None,
+        version: str | None,
+        where: Sequence[tuple[str, str]],
+    ) -> tuple[list[ColumnElement[bool]], Any, bool]:
+        """The conditions on the scored results of ``metric``, the column to group by, and
+        whether both are on the scores alone (no join to the traces needed)."""
+        versions = self.metric_versions(metric, version)
+        conditions = self._score_filters(since, until, app, versions)
+        conditions.append(Score.status == "scored")
+        # Release, environment and app are kept on the scores too: grouping and filtering by
+        # them alone reads the scores (an index on Postgres), not every score's trace.
+        direct = by in _ON_SCORES and all(name in _ON_SCORES for name, _value in where)
+        if direct:
+            for name, value in where:
+                conditions.append(_ON_SCORES[name] == check_filter_text(name, value))
+            return conditions, _ON_SCORES[by], True
+        return conditions, self._attribute_filters(by, where, conditions), False
 
     @staticmethod
     def _attribute_filters(

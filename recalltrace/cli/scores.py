@@ -49,7 +49,7 @@ from recalltrace.cli._render import (
     inert,
 )
 from recalltrace.cli.worker import add_judge_arguments, judge_config_from_args
-from recalltrace.compare import MIN_TRACES, compare_groups
+from recalltrace.compare import MIN_LABELS, MIN_TRACES, compare_groups
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -142,6 +142,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=MIN_TRACES,
         metavar="N",
         help=f"groups with fewer scored traces are reported as too few (default: {MIN_TRACES})",
+    )
+    compare.add_argument(
+        "--min-labels",
+        type=_positive_int,
+        default=MIN_LABELS,
+        metavar="N",
+        help="a group with at least N traces people labelled (recalltrace labels import) has "
+        f"its mean corrected by the labels (default: {MIN_LABELS})",
     )
     _add_format(compare)
     compare.set_defaults(handler=_piped(_cmd_compare))
@@ -488,16 +496,19 @@ def _compare(
     since: Any,
     until: Any,
 ) -> Comparison:
+    history = _history(engine)
+    selection: dict[str, Any] = {
+        "metric": metric,
+        "by": args.by,
+        "since": since,
+        "until": until,
+        "app": args.app,
+        "version": version,
+        "where": args.where,
+    }
     try:
-        groups = _history(engine).group_summaries(
-            metric=metric,
-            by=args.by,
-            since=since,
-            until=until,
-            app=args.app,
-            version=version,
-            where=args.where,
-        )
+        groups = history.group_summaries(**selection)
+        labelled = history.group_labels(**selection)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     if args.baseline is not None and args.baseline not in groups:
@@ -507,7 +518,12 @@ def _compare(
             f"{inert(args.baseline)} in the window; groups: {known}"
         )
     return compare_groups(
-        groups, baseline=args.baseline, min_traces=args.min_traces, order=list(groups)
+        groups,
+        baseline=args.baseline,
+        min_traces=args.min_traces,
+        order=list(groups),
+        labelled=labelled,
+        min_labels=args.min_labels,
     )
 
 
@@ -528,6 +544,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             "window": window,
             "where": dict(args.where),
             "min_traces": args.min_traces,
+            "min_labels": args.min_labels,
             **result.as_dict(),
         }
         _print_json(document)
@@ -551,7 +568,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         title=f"{metric} by {args.by}, {window}{_safe(filters)}; baseline {_safe(baseline)}",
         title_justify="left",
     )
-    for name in (args.by, "traces", "mean", "95% CI", "vs baseline", "95% CI ", "verdict"):
+    labelled = any(g.labels for g in result.groups)
+    columns = [args.by, "traces", *(["labels"] if labelled else []), "mean", "95% CI"]
+    for name in (*columns, "vs baseline", "95% CI ", "verdict"):
         table.add_column(name, justify="left" if name in (args.by, "verdict") else "right")
     methods: list[str] = []
     for g in result.groups:
@@ -564,6 +583,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         table.add_row(
             _safe("(none)" if g.group is None else g.group),
             str(g.traces),
+            *([f"{g.labels}{'*' if g.corrected else ''}"] if labelled else []),
             _num(g.mean),
             _interval(g.interval),
             "-" if g.difference is None else f"{g.difference:+.3f}",
@@ -572,7 +592,32 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print("Intervals: " + "; ".join(methods) if methods else "")
+    if labelled:
+        console.print(_labels_line(result, args.min_labels))
     return EXIT_OK
+
+
+def _labels_line(result: Comparison, min_labels: int) -> str:
+    """Which groups people's labels corrected, and which have too few for it."""
+
+    def name(g: GroupComparison) -> str:
+        return _safe("(none)" if g.group is None else g.group)
+
+    corrected = [
+        f"{name(g)} ({g.judge_mean:.3f} by the judge alone)" for g in result.groups if g.corrected
+    ]
+    short = [f"{name(g)} ({g.labels})" for g in result.groups if g.labels and not g.corrected]
+    parts = []
+    if corrected:
+        parts.append(
+            "* corrected by people's labels (prediction-powered inference): " + ", ".join(corrected)
+        )
+    if short:
+        parts.append(
+            f"too few labelled traces to correct (at least {min_labels} needed): "
+            + ", ".join(short)
+        )
+    return "\n".join(parts)
 
 
 COMPARE_FIELDS = (
@@ -587,6 +632,9 @@ COMPARE_FIELDS = (
     "difference_ci95_high",
     "difference_method",
     "verdict",
+    "labels",
+    "corrected",
+    "judge_mean",
 )
 
 
@@ -596,6 +644,9 @@ def _compare_csv_row(g: GroupComparison) -> dict[str, Any]:
     return {
         "group": g.group,
         "traces": g.traces,
+        "labels": g.labels,
+        "corrected": g.corrected,
+        "judge_mean": g.judge_mean,
         "mean": g.mean,
         "ci95_low": interval[0],
         "ci95_high": interval[1],
@@ -796,16 +847,19 @@ def _check_compare(
             f"attribute: add --where {name}=VALUE"
         )
     candidate = candidates[0]
+    history = _history(engine)
+    selection: dict[str, Any] = {
+        "metric": metric,
+        "by": name,
+        "since": since,
+        "until": until,
+        "app": args.app,
+        "version": version,
+        "where": [(key, value) for key, value in args.where if key != name],
+    }
     try:
-        groups = _history(engine).group_summaries(
-            metric=metric,
-            by=name,
-            since=since,
-            until=until,
-            app=args.app,
-            version=version,
-            where=[(key, value) for key, value in args.where if key != name],
-        )
+        groups = history.group_summaries(**selection)
+        labelled = history.group_labels(**selection)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     mine_count, their_count = (
@@ -821,6 +875,7 @@ def _check_compare(
         {value: groups[value] for value in (reference, candidate)},
         baseline=reference,
         min_traces=args.min_traces,
+        labelled=labelled,
     )
     pair = {g.group: g for g in result.groups}
     mine, theirs = pair[candidate], pair[reference]
@@ -831,6 +886,11 @@ def _check_compare(
         f"{(mine.difference or 0.0):+.4f}, 95% CI [{low:.4f}, {high:.4f}] "
         f"({mine.difference_method})"
     )
+    if mine.corrected and theirs.corrected:
+        text += (
+            f"; corrected by {mine.labels} and {theirs.labels} labelled traces (the judge alone: "
+            f"{mine.judge_mean:.4f} vs {theirs.judge_mean:.4f})"
+        )
     if mine.verdict == "worse":
         return False, f"FAIL {text}: detectably worse"
     return True, f"OK {text}: {mine.verdict}"

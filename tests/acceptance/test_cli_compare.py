@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -200,3 +201,56 @@ def test_worst_per_question_gives_each_question_one_row(url: str) -> None:
     csv_out = run("scores", "worst", "--metric", METRIC, "--per-question", "--format", "csv",
                   url=url)  # fmt: skip
     assert csv_out.stdout.splitlines()[0].endswith("question,traces_with_question")
+
+
+def test_labels_correct_the_comparison_and_the_check(url: str, tmp_path: Path) -> None:
+    """People label 60 traces of each release: on 2.5.0 they find recall a fifth higher than
+    the variant says (on 2.4.1 they agree with it). Corrected by the labels (prediction-powered
+    inference), 2.5.0 is no longer detectably worse, and the output says it was corrected."""
+    engine = create_engine_from_url(url)
+    with engine.connect() as conn:
+        picked = {
+            release: conn.execute(
+                text(
+                    "SELECT trace_id, value FROM scores WHERE release = :r AND status = 'scored' "
+                    "ORDER BY trace_id LIMIT 60"
+                ),
+                {"r": release},
+            ).all()
+            for release in ("2.4.1", "2.5.0")
+        }
+    labels = tmp_path / "labels.csv"
+    rows = ["trace_id,metric,value"]
+    for release, shift in (("2.4.1", 0.0), ("2.5.0", 0.2)):
+        rows += [
+            f"{trace_id},{METRIC},{min(1.0, value + shift)}" for trace_id, value in picked[release]
+        ]
+    labels.write_text("\n".join(rows) + "\n")
+    try:
+        done = run("labels", "import", str(labels), "--labeller", "qa", url=url)
+        assert done.returncode == 0, done.stderr
+        compared = run("scores", "compare", "--metric", METRIC, "--by", "release",
+                       "--format", "json", url=url)  # fmt: skip
+        assert compared.returncode == 0, compared.stderr
+        groups = {g["group"]: g for g in json.loads(compared.stdout)["groups"]}
+        old, new, canary = groups["2.4.1"], groups["2.5.0"], groups["2.5.1-canary"]
+        assert (old["labels"], new["labels"], canary["labels"]) == (60, 60, 0)
+        assert old["corrected"] and new["corrected"] and not canary["corrected"]
+        assert new["mean"] > new["judge_mean"] + 0.1
+        assert new["verdict"] != "worse" and "prediction-powered" in new["difference_method"]
+
+        table = run("scores", "compare", "--metric", METRIC, "--by", "release", url=url)
+        assert "* corrected by people's labels (prediction-powered inference)" in table.stdout
+        fewer = run("scores", "compare", "--metric", METRIC, "--by", "release",
+                    "--min-labels", "61", url=url)  # fmt: skip
+        assert "too few labelled traces to correct (at least 61 needed)" in fewer.stdout
+        assert "worse" in fewer.stdout
+
+        check = run("check", "--metric", METRIC, "--where", "release=2.5.0", "--compare-to",
+                    "release=2.4.1", "--since", "7d", url=url)  # fmt: skip
+        assert check.returncode == 0, check.stderr
+        assert "corrected by 60 and 60 labelled traces" in check.stdout
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM labels"))
+        engine.dispose()

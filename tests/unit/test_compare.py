@@ -10,8 +10,10 @@ import pytest
 
 from recalltrace.compare import (
     BASELINE,
+    BETTER,
     METHOD_BOOTSTRAP,
     METHOD_NEWCOMBE,
+    METHOD_PPI,
     METHOD_WILSON,
     SAME,
     TOO_FEW,
@@ -19,6 +21,7 @@ from recalltrace.compare import (
     compare_groups,
     difference_interval,
     mean_interval,
+    prediction_powered,
     wilson,
 )
 
@@ -122,3 +125,62 @@ def test_sums_give_the_same_answer_as_values() -> None:
     ones = sums([1.0] * 40 + [0.0] * 60, False)
     (only,) = compare_groups({"x": ones}).groups
     assert only.method == METHOD_WILSON and only.interval == pytest.approx(wilson(40, 100))
+
+
+def _judged(rng: random.Random, truth: float, bias: float, n: int) -> list[tuple[float, float]]:
+    """(true value, judge score) of ``n`` traces: true values spread around ``truth``; the
+    judge adds ``bias`` and some noise."""
+    pairs = []
+    for _ in range(n):
+        value = min(max(rng.gauss(truth, 0.12), 0.0), 1.0)
+        score = min(max(value + bias + rng.gauss(0.0, 0.05), 0.0), 1.0)
+        pairs.append((value, score))
+    return pairs
+
+
+def test_labels_correct_a_judge_biased_towards_the_new_release() -> None:
+    """Release B is truly worse by 0.1, but the judge over-scores B by 0.15: on the judge alone
+    B looks better; 200 labels per release correct the verdict to worse."""
+    rng = random.Random(7)
+    a = _judged(rng, 0.7, 0.0, 2000)
+    b = _judged(rng, 0.6, 0.15, 2000)
+    groups = {"A": [s for _, s in a], "B": [s for _, s in b]}
+    judge_only = {g.group: g for g in compare_groups(groups, baseline="A").groups}
+    assert judge_only["B"].verdict == BETTER
+    labelled = {"A": a[:200], "B": b[:200]}
+    result = {g.group: g for g in compare_groups(groups, baseline="A", labelled=labelled).groups}
+    b_row = result["B"]
+    assert b_row.corrected and b_row.labels == 200 and b_row.method == METHOD_PPI
+    assert b_row.verdict == WORSE and b_row.difference_method == METHOD_PPI
+    assert b_row.judge_mean == pytest.approx(statistics.fmean(groups["B"]))
+    true_b = statistics.fmean(v for v, _ in b)
+    assert b_row.interval is not None and b_row.interval[0] <= true_b <= b_row.interval[1]
+    assert b_row.difference is not None and -0.14 < b_row.difference < -0.06
+
+
+def test_the_corrected_interval_covers_the_true_mean_about_95_percent_of_the_time() -> None:
+    rng = random.Random(11)
+    covered = 0
+    for _ in range(200):
+        pairs = _judged(rng, 0.6, 0.1, 1000)
+        labelled = rng.sample(pairs, 60)
+        estimate, variance = prediction_powered([s for _, s in pairs], labelled)
+        half = 1.959963984540054 * variance**0.5
+        truth = statistics.fmean(v for v, _ in pairs)
+        covered += estimate - half <= truth <= estimate + half
+    assert covered >= 180, covered  # 95% nominal; 180 of 200 is far below what chance gives
+
+
+def test_too_few_labels_leave_the_judge_figures_and_say_how_many() -> None:
+    rng = random.Random(3)
+    a, b = _judged(rng, 0.7, 0.0, 500), _judged(rng, 0.6, 0.15, 500)
+    groups = {"A": [s for _, s in a], "B": [s for _, s in b]}
+    result = compare_groups(groups, baseline="A", labelled={"A": a[:50], "B": b[:10]})
+    rows = {g.group: g for g in result.groups}
+    assert rows["A"].corrected and rows["A"].labels == 50
+    assert not rows["B"].corrected and rows["B"].labels == 10
+    # The difference is the judge's own when either side is not corrected.
+    assert rows["B"].difference_method != METHOD_PPI
+    assert rows["B"].difference == pytest.approx(
+        statistics.fmean(groups["B"]) - statistics.fmean(groups["A"])
+    )
