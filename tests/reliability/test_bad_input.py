@@ -155,8 +155,14 @@ def test_odd_values_never_reach_the_caller_and_are_stored(storage_tracer: str) -
     metadata = rows["unprintable-metadata"]["contexts"]
     assert [c["content"] for c in metadata] == ["m"]
     assert metadata[0]["metadata"] == {"k": "<Unprintable not printable: RuntimeError>"}
-    # A document that cannot be read at all is left out (and logged once); the trace is kept.
-    assert rows["unprintable-document"]["contexts"] == []
+    # A document that cannot be read at all is kept empty in its place with a note (and logged
+    # once); the trace is kept.
+    unreadable = rows["unprintable-document"]
+    assert [(c["content"], c["context_id"]) for c in unreadable["contexts"]] == [("", None)]
+    assert any(
+        "could not be read" in note and "position 0 (RuntimeError)" in note
+        for note in unreadable["notes"]
+    )
     question = rows["unprintable-question"]
     assert question["user_input"] is None
     assert any("user_input" in note for note in question["notes"])
