@@ -188,6 +188,16 @@ class WorkerOptions:
     deadline each job was created with (the writer's ``reference_ttl``, one day by default)."""
     maintenance_interval_s: float = 5.0
     """How often expired leases and expired waits are swept and the queue gauges refreshed."""
+    summaries_interval_s: float | None = flag_option(
+        60.0,
+        flag="--summaries-interval",
+        parse=positive_seconds,
+        metavar="S",
+        help="every S seconds, store the history summaries of the hour and day buckets that "
+        "have ended (Postgres), so no `scores summary` run computes them",
+    )
+    """How often the summaries of ended buckets are stored in the background (see
+    ``History.warm_summaries``); ``None`` leaves them to the first query that reads them."""
     status_interval_s: float | None = flag_option(
         60.0,
         flag="--status-interval",
@@ -322,6 +332,8 @@ class Worker:
             self._scorers, self.options.judge.model if self.options.judge is not None else None
         )
         self._paused_until = 0.0
+        self._next_summaries = 0.0
+        self._summaries_failing = False
         self._budget_until = 0.0
         self._budget_said: datetime | None = None
         self._unpriced_said = False
@@ -1086,6 +1098,34 @@ class Worker:
         while True:
             await asyncio.sleep(self.options.maintenance_interval_s)
             await self._maintain_once()
+            await self._store_summaries_when_due()
+
+    async def _store_summaries_when_due(self) -> None:
+        """Store the summaries of history buckets that have ended, every
+        ``summaries_interval_s`` (workers on one database share the work: a bucket stored by
+        one is found stored by the others)."""
+        interval = self.options.summaries_interval_s
+        engine = getattr(self.repo, "engine", None)
+        if interval is None or engine is None or time.monotonic() < self._next_summaries:
+            return
+        self._next_summaries = time.monotonic() + interval
+        from recalltrace.scorers.catalog import current_versions
+        from recalltrace.storage.history import History
+
+        try:
+            await self._db_call(History(engine, current_versions()).warm_summaries)
+        except Exception as exc:
+            if not self._summaries_failing:
+                logger.warning(
+                    "storing history summaries failed (%s); queries compute them until it "
+                    "works again (said once)",
+                    _describe(exc),
+                )
+            self._summaries_failing = True
+            return
+        if self._summaries_failing:
+            logger.info("storing history summaries works again")
+        self._summaries_failing = False
 
     async def _listen_loop(self) -> None:
         """Wake the claim loop on NOTIFY; reconnect after errors; polling covers the gaps."""

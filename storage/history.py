@@ -363,6 +363,37 @@ class History:
             return self._summary_postgres(bucket, since, until, app, versions)
         return self._summary_python(bucket, conditions, versions)
 
+    def warm_summaries(
+        self,
+        *,
+        days: int = 31,
+        hours: int = 48,
+        apps: int = 20,
+        now: datetime | None = None,
+    ) -> int:
+        """Compute and store the summary rows of complete buckets that are not stored yet, so
+        no user query pays for them: day buckets of the last ``days`` days and hour buckets of
+        the last ``hours`` hours, for every app together and for each of (at most ``apps``)
+        apps, every metric at its version. Postgres only (elsewhere nothing is cached; returns
+        0). Returns how many summary rows those windows hold. Workers call this in the
+        background;
+        when everything is stored already it costs a few index probes per app."""
+        if not self.dialect.postgres:
+            return 0
+        if now is None:
+            with self.engine.connect() as conn:
+                now = _utc(conn.execute(select(func.now())).scalar_one())
+        scopes: list[str | None] = [None, *self.app_names(limit=apps)]
+        looked = 0
+        windows: tuple[tuple[Bucket, int], ...] = (("day", days), ("hour", hours))
+        for bucket, count in windows:
+            step = _BUCKET_STEP[bucket]
+            until = _truncate(_utc(now), bucket)  # every bucket before it has ended
+            since = until - count * step
+            for app in scopes:
+                looked += len(self._summary_postgres(bucket, since, until, app, self.versions))
+        return looked
+
     def _summary_postgres(
         self,
         bucket: Bucket,

@@ -139,3 +139,73 @@ def test_deleting_old_traces_drops_their_cached_buckets(pg_engine: Engine) -> No
     assert repo.delete_traces_before(hour.replace(minute=30)) == 1
     assert [(r.count, r.mean) for r in history.summary(bucket="hour", since=since)] == [(1, 0.0)]
     assert [(r.count, r.mean) for r in history.summary(bucket="day", metric=METRIC)] == [(1, 0.0)]
+
+
+def cached_keys(engine: Engine) -> set[tuple[str, datetime, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(SummaryCache.bucket, SummaryCache.bucket_start, SummaryCache.app_name)
+        ).all()
+    return {(bucket, start.astimezone(timezone.utc), app) for bucket, start, app in rows}
+
+
+def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
+    pg_engine: Engine,
+) -> None:
+    """A worker stores the summaries of ended hour and day buckets (for all apps together and
+    for each app), so the first ``scores summary`` after a restart reads them instead of
+    computing them; the buckets still filling are never stored."""
+    import asyncio
+
+    from recalltrace.scorers.worker import Worker, WorkerOptions
+
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    now = datetime.now(timezone.utc)
+    old, recent = now - timedelta(days=3), now - timedelta(hours=3)
+    score_traces(repo, old, [0.0, 1.0])
+    score_traces(repo, recent, [0.5])
+    assert cache_rows(pg_engine) == 0
+
+    worker = Worker(
+        WorkerOptions(
+            metrics=[METRIC],
+            poll_interval_s=0.05,
+            maintenance_interval_s=0.05,
+            summaries_interval_s=0.1,
+            listen=False,
+        ),
+        repository=repo,
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
+    thread.start()
+    day = old.replace(hour=0, minute=0, second=0, microsecond=0)
+    hour = recent.replace(minute=0, second=0, microsecond=0)
+    wanted = {
+        ("day", day, ""),
+        ("day", day, "support-bot"),
+        ("hour", hour, ""),
+        ("hour", hour, "support-bot"),
+    }
+    deadline = time.monotonic() + 30
+    try:
+        while not wanted <= cached_keys(pg_engine):
+            assert time.monotonic() < deadline, cached_keys(pg_engine)
+            time.sleep(0.05)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        worker.close()
+    this_hour = now.replace(minute=0, second=0, microsecond=0)
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    stored = cached_keys(pg_engine)
+    assert not {key for key in stored if key[1] in (this_hour, today)}  # still filling
+
+    # A user's query over ended buckets now finds them all stored: it stores nothing more,
+    # and its figures are the scores' own.
+    before = cache_rows(pg_engine)
+    history = make_history(pg_engine)
+    rows = history.summary(bucket="day", metric=METRIC, since=day, until=day + timedelta(days=1))
+    assert [(r.count, r.mean) for r in rows] == [(2, 0.5)]
+    assert cache_rows(pg_engine) == before
+    assert history.warm_summaries() > 0  # a second pass finds everything stored
+    assert cache_rows(pg_engine) == before
