@@ -226,6 +226,44 @@ def _attribute_column(name: str) -> Any:
     return columns[name]
 
 
+# Attributes kept on the score rows that a cached summary can be scoped by (app is the
+# cache's own column).
+_SCOPED = ("release", "environment")
+
+
+def _scope(
+    app: str | None, where: Sequence[tuple[str, str]]
+) -> tuple[str | None, dict[str, str]] | None:
+    """``(app, {release/environment: value})`` when every ``where`` filter is on the score rows
+    (each attribute once, app agreeing with ``app``); ``None`` when a summary must join the
+    traces instead."""
+    attributes: dict[str, str] = {}
+    for name, value in where:
+        value = check_filter_text(name, value)
+        if name == "app":
+            if app is not None and app != value:
+                return None
+            app = value
+        elif name in _SCOPED and name not in attributes:
+            attributes[name] = value
+        else:
+            return None
+    return app, attributes
+
+
+def _scope_key(app: str | None, attributes: Mapping[str, str]) -> str:
+    """The summary cache's key of a scope: the app name ("" for all apps), then each
+    attribute filter; a key too long for the column is replaced by a digest of it."""
+    key = app or ""
+    for name, value in sorted(attributes.items()):
+        key += f"\x1f{name}={value}"
+    if len(key) <= 200:
+        return key
+    import hashlib
+
+    return "#" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -233,7 +271,7 @@ def _float(value: Any) -> float | None:
 _BUCKET_STEP: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedelta(hours=24)}
 
 
-def _summary_sql(*, with_app: bool) -> TextClause:
+def _summary_sql(*, with_app: bool, attributes: Sequence[str] = ()) -> TextClause:
     """The Postgres summary of chosen (bucket, metric) pairs: one small aggregate each.
 
     Each lateral aggregate is an index-only range scan of ``ix_scores_metric_version_started``, so
@@ -244,6 +282,10 @@ def _summary_sql(*, with_app: bool) -> TextClause:
     gives.
     """
     app_filter = "AND sc.app_name = :app" if with_app else ""
+    # Release and environment are on the score rows (and in the covering index): filtering
+    # by them keeps the scan index-only. Only these two names reach here (see _scope).
+    for name in attributes:
+        app_filter += f" AND sc.{name} = :attr_{name}"
     # ``value`` is NULL unless the status is 'scored' (the result contract), and these
     # aggregates skip NULLs, so they need no FILTER: evaluating one per row per aggregate
     # costs a third of the query. One array-valued percentile_cont sorts each bucket once.
@@ -344,8 +386,9 @@ class History:
         """Per bucket and metric: scored count, mean, p10/p50/p90, skipped and failed counts.
 
         ``where`` keeps the traces whose request attributes have the given values (see
-        :data:`ATTRIBUTES`); such summaries are computed from the scores each time, not from
-        the summary cache.
+        :data:`ATTRIBUTES`). On Postgres, filters on ``release``, ``environment`` and ``app``
+        (kept on the score rows) are summarised like the unfiltered ones, ended buckets from
+        the summary cache; other attributes are computed from the scores each time.
 
         Each metric is read at its current catalog version, or at ``version`` (which needs
         ``metric``; see :func:`metric_versions`). Rows come ordered by bucket, then metric;
@@ -356,11 +399,13 @@ class History:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
         versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
+        scope = _scope(app, where) if self.dialect.postgres else None
+        if scope is not None:
+            scoped_app, attributes = scope
+            return self._summary_postgres(bucket, since, until, scoped_app, versions, attributes)
         if where:
             self._attribute_filters(None, where, conditions)
             return self._summary_python(bucket, conditions, versions, join_traces=True)
-        if self.dialect.postgres:
-            return self._summary_postgres(bucket, since, until, app, versions)
         return self._summary_python(bucket, conditions, versions)
 
     def warm_summaries(
@@ -401,8 +446,10 @@ class History:
         until: datetime | None,
         app: str | None,
         versions: Mapping[str, str],
+        attributes: Mapping[str, str] | None = None,
     ) -> list[SummaryRow]:
-        """Cached rows for complete buckets in the past, live aggregates for the rest.
+        """Cached rows for complete buckets in the past, live aggregates for the rest (of the
+        scores with the given ``attributes``: release and environment values).
 
         A bucket is complete when the window covers all of it and it has ended; its rows are
         computed once, stored in ``summary_cache`` and dropped by the repository whenever a
@@ -411,14 +458,16 @@ class History:
         """
         metrics = list(versions)
         step = _BUCKET_STEP[bucket]
-        app_key = app or ""
+        attributes = dict(attributes or {})
+        app_key = _scope_key(app, attributes)
+        on_scores = [_ON_SCORES[name] == value for name, value in sorted(attributes.items())]
         with self.engine.connect() as conn:
             # Per metric, the first and last start time in the window: two index probes each.
             parts = [
                 select(
                     func.min(Score.trace_started_at).label("first"),
                     func.max(Score.trace_started_at).label("last"),
-                ).where(*self._score_filters(since, until, app, {key: version}))
+                ).where(*self._score_filters(since, until, app, {key: version}), *on_scores)
                 for key, version in versions.items()
             ]
             bounds = union_all(*parts).subquery()
@@ -448,6 +497,7 @@ class History:
                 "upper": until if until is not None else last + timedelta(microseconds=1),
                 "app": app,
                 "fractions": list(PERCENTILES),
+                **{f"attr_{name}": value for name, value in attributes.items()},
             }
             fresh: list[SummaryRow] = []
             if wanted and any(b in complete for b, _m in wanted):
@@ -455,11 +505,11 @@ class History:
                 # in these buckets between computing them and storing the rows.
                 with self.engine.begin() as fill:
                     summary_cache.lock_for_fill(fill)
-                    fresh = self._aggregate(fill, wanted, versions, params, app)
+                    fresh = self._aggregate(fill, wanted, versions, params, app, attributes)
                     storable = [r for r in fresh if r.bucket_start in complete]
                     summary_cache.store(fill, bucket, app_key, storable, now)
             elif wanted:
-                fresh = self._aggregate(conn, wanted, versions, params, app)
+                fresh = self._aggregate(conn, wanted, versions, params, app, attributes)
         rows = list(cached.values()) + fresh
         rows.sort(key=lambda r: (r.bucket_start, r.metric))
         return rows
@@ -471,6 +521,7 @@ class History:
         versions: Mapping[str, str],
         params: dict[str, Any],
         app: str | None,
+        attributes: Mapping[str, str] | None = None,
     ) -> list[SummaryRow]:
         """Live aggregates of (bucket, metric) pairs, each metric at the version ``versions``
         gives; pairs without any result are left out."""
@@ -478,7 +529,7 @@ class History:
         # costs more than the query itself.
         conn.execute(text("SET LOCAL jit = off"))
         rows = conn.execute(
-            _summary_sql(with_app=app is not None),
+            _summary_sql(with_app=app is not None, attributes=sorted(attributes or {})),
             {
                 **params,
                 "starts": [b for b, _m in pairs],

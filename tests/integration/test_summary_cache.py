@@ -209,3 +209,54 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
     assert cache_rows(pg_engine) == before
     assert history.warm_summaries() > 0  # a second pass finds everything stored
     assert cache_rows(pg_engine) == before
+
+
+def test_summaries_filtered_by_release_are_cached_scoped_and_dropped_with_their_bucket(
+    pg_engine: Engine,
+) -> None:
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
+    day = datetime.now(timezone.utc).replace(hour=10, minute=0, second=0, microsecond=0)
+    started = day - timedelta(days=3)
+
+    def score(release: str, environment: str, values: list[float]) -> None:
+        traces = [make_trace(started_at=started, reference_context_ids=["doc_1"]) for _ in values]
+        for trace in traces:
+            trace.release, trace.environment = release, environment
+        repo.write_traces(traces)
+        jobs = {j.trace_id: j for j in repo.claim_jobs("w", limit=100, lease=timedelta(minutes=5))}
+        repo.finish_jobs(
+            [(jobs[t.trace_id], Result(METRIC, v)) for t, v in zip(traces, values, strict=True)]
+        )
+
+    score("2.4.1", "production", [0.0, 1.0])
+    score("2.5.0", "production", [0.5])
+    score("2.5.0", "staging", [1.0])
+
+    def summary(*where: tuple[str, str]) -> list[tuple[int, float | None]]:
+        rows = history.summary(bucket="day", metric=METRIC, where=list(where))
+        return [(r.count, r.mean) for r in rows]
+
+    assert summary(("release", "2.4.1")) == [(2, 0.5)]
+    assert summary(("release", "2.5.0")) == [(2, 0.75)]
+    assert summary(("release", "2.5.0"), ("environment", "production")) == [(1, 0.5)]
+    assert summary(("environment", "staging"), ("app", "support-bot")) == [(1, 1.0)]
+    assert summary(("release", "9.9")) == []
+    with pg_engine.connect() as conn:
+        keys = set(conn.scalars(select(SummaryCache.app_name)))
+    assert keys == {
+        "\x1frelease=2.4.1",
+        "\x1frelease=2.5.0",
+        "\x1fenvironment=production\x1frelease=2.5.0",
+        "support-bot\x1fenvironment=staging",
+    }
+    assert summary(("release", "2.4.1")) == [(2, 0.5)]  # from the cache, the same
+    # A filter the score rows do not carry still joins the traces, and agrees.
+    assert (
+        history.summary(bucket="day", metric=METRIC, where=[("service", "test-service")])[0].count
+        == 4
+    )
+
+    score("2.4.1", "production", [1.0])  # a new score of the bucket drops every scope's row
+    assert cache_rows(pg_engine) == 0
+    assert summary(("release", "2.4.1")) == [(3, pytest.approx(2 / 3))]
