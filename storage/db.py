@@ -29,6 +29,9 @@ DEFAULT_DATABASE_URL = "sqlite:///./recalltrace.db"
 
 DATABASE_URL_ENV = "RECALLTRACE_DATABASE_URL"
 
+VERSION_TABLE = "recalltrace_alembic_version"
+"""The table holding the schema's migration revision (Alembic's, under recalltrace's name)."""
+
 
 class DatabaseURLError(ValueError):
     """The database URL cannot be used; the message never contains the password."""

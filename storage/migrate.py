@@ -10,9 +10,17 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url
 
-VERSION_TABLE = "recalltrace_alembic_version"
+__all__ = [
+    "VERSION_TABLE",
+    "alembic_config",
+    "current_revision",
+    "current_revision_of",
+    "head_revision",
+    "upgrade",
+    "upgrade_engine",
+]
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

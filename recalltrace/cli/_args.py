@@ -193,8 +193,7 @@ def check_sqlite_target(url: str, *, creating: bool, into_existing: bool = False
     ``into_existing`` allows adding recalltrace's tables to it). Other URLs pass."""
     import sqlite3
 
-    from recalltrace.storage.db import redact_url
-    from recalltrace.storage.migrate import VERSION_TABLE
+    from recalltrace.storage.db import VERSION_TABLE, redact_url
 
     if not url.startswith("sqlite"):
         return
