@@ -231,6 +231,13 @@ def _attribute_column(name: str) -> Any:
 _SCOPED = ("release", "environment")
 
 
+def _joins_traces(by: str | None, where: Sequence[tuple[str, str]]) -> bool:
+    """Whether grouping by ``by`` and filtering by ``where`` needs the traces' own columns
+    (user, session, service), not only the scores' and the tags'."""
+    names = [name for name, _value in where] + ([by] if by is not None else [])
+    return any(name not in _ON_SCORES and name != "tag" for name in names)
+
+
 def _scope(
     app: str | None, where: Sequence[tuple[str, str]]
 ) -> tuple[str | None, dict[str, str]] | None:
@@ -405,7 +412,8 @@ class History:
             return self._summary_postgres(bucket, since, until, scoped_app, versions, attributes)
         if where:
             self._attribute_filters(None, where, conditions)
-            return self._summary_python(bucket, conditions, versions, join_traces=True)
+            joins = _joins_traces(None, where)
+            return self._summary_python(bucket, conditions, versions, join_traces=joins)
         return self._summary_python(bucket, conditions, versions)
 
     def warm_summaries(
@@ -655,7 +663,7 @@ class History:
         the sum and the sum of squares of the values and how many are neither 0 nor 1, with
         the values themselves only for groups of at most ``max_values`` (for a bootstrap).
         Groups come in the order of their first trace in the window."""
-        conditions, column, direct = self._grouping(metric, by, since, until, app, version, where)
+        conditions, column, joins = self._grouping(metric, by, since, until, app, version, where)
         fractional = func.sum(case((Score.value.in_((0.0, 1.0)), 0), else_=1))
         stmt = (
             select(
@@ -670,7 +678,7 @@ class History:
             .where(*conditions)
             .group_by(column)
         )
-        if not direct:
+        if joins:
             stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
         if by == "tag":
             stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
@@ -692,7 +700,7 @@ class History:
                     .where(*conditions, or_(*matches))
                     .order_by(Score.trace_id)  # the same values in the same order every time
                 )
-                if not direct:
+                if joins:
                     values = values.join(Trace, Trace.trace_id == Score.trace_id)
                 if by == "tag":
                     values = values.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
@@ -717,7 +725,7 @@ class History:
         """Per group of :meth:`group_summaries` (the same traces, grouped the same way): the
         (people's label, judge score) pair of every scored trace people labelled for
         ``metric``, the label being the mean of its labellers' labels."""
-        conditions, column, direct = self._grouping(metric, by, since, until, app, version, where)
+        conditions, column, joins = self._grouping(metric, by, since, until, app, version, where)
         stmt = (
             select(column, Score.trace_id, Score.value, func.avg(Label.value))
             .select_from(Score)
@@ -726,7 +734,7 @@ class History:
             .group_by(column, Score.trace_id, Score.value)
             .order_by(Score.trace_id)
         )
-        if not direct:
+        if joins:
             stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
         if by == "tag":
             stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
@@ -747,18 +755,12 @@ class History:
         where: Sequence[tuple[str, str]],
     ) -> tuple[list[ColumnElement[bool]], Any, bool]:
         """The conditions on the scored results of ``metric``, the column to group by, and
-        whether both are on the scores alone (no join to the traces needed)."""
+        whether the query must join the scores to their traces."""
         versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
         conditions.append(Score.status == "scored")
-        # Release, environment and app are kept on the scores too: grouping and filtering by
-        # them alone reads the scores (an index on Postgres), not every score's trace.
-        direct = by in _ON_SCORES and all(name in _ON_SCORES for name, _value in where)
-        if direct:
-            for name, value in where:
-                conditions.append(_ON_SCORES[name] == check_filter_text(name, value))
-            return conditions, _ON_SCORES[by], True
-        return conditions, self._attribute_filters(by, where, conditions), False
+        column = self._attribute_filters(by, where, conditions)
+        return conditions, column, _joins_traces(by, where)
 
     @staticmethod
     def _attribute_filters(
@@ -766,7 +768,11 @@ class History:
         where: Sequence[tuple[str, str]],
         conditions: list[ColumnElement[bool]],
     ) -> Any:
-        """Add the ``where`` conditions; the column to group by (``None`` for no grouping)."""
+        """Add the ``where`` conditions; the column to group by (``None`` for no grouping).
+
+        Release, environment and app are kept on the scores too, and tags have their own
+        table: grouping and filtering by them reads no trace (an index on Postgres), so the
+        traces are joined only for the other attributes (see :func:`_joins_traces`)."""
         for name, value in where:
             if name == "tag":
                 conditions.append(
@@ -777,10 +783,15 @@ class History:
                     )
                 )
             else:
-                conditions.append(_attribute_column(name) == check_filter_text(name, value))
+                on_scores = _ON_SCORES.get(name)
+                column = on_scores if on_scores is not None else _attribute_column(name)
+                conditions.append(column == check_filter_text(name, value))
         if by is None:
             return None
-        return TraceTag.tag if by == "tag" else _attribute_column(by)
+        if by == "tag":
+            return TraceTag.tag
+        column = _ON_SCORES.get(by)
+        return column if column is not None else _attribute_column(by)
 
     # -- judge cost --------------------------------------------------------------------------
     def cost(
@@ -878,7 +889,8 @@ class History:
             part = select(*columns).select_from(Score)
             if where:
                 self._attribute_filters(None, where, conditions)
-                part = part.join(Trace, Trace.trace_id == Score.trace_id)
+                if _joins_traces(None, where):
+                    part = part.join(Trace, Trace.trace_id == Score.trace_id)
             parts.append(
                 part.where(Score.status == "scored", *conditions)
                 .order_by(Score.value, Score.trace_started_at.desc(), Score.trace_id)

@@ -482,3 +482,41 @@ def test_sqlite_and_postgres_give_the_same_summary(sqlite_url: str, postgres_url
             )
             for x, y in ((a.mean, b.mean), (a.p10, b.p10), (a.p50, b.p50), (a.p90, b.p90)):
                 assert x == pytest.approx(y, abs=1e-12)
+
+
+def test_tags_release_and_environment_never_join_the_traces(
+    repo: Repository, history: History, engine: Engine
+) -> None:
+    """Scores carry release and environment, and tags have their own table: grouping and
+    filtering by them reads no trace row (joining every score of the window to its trace cost
+    most of such a query)."""
+    from sqlalchemy import event
+
+    metric = "id_based_context_recall"
+    now = datetime.now(timezone.utc)
+    plan = []
+    for index in range(4):
+        trace = trace_at(now - timedelta(hours=index + 1))
+        trace.release = "2.4.1" if index % 2 else "2.5.0"
+        trace.tags = ["beta"] if index < 2 else []
+        plan.append((trace, [scored(metric, index / 4)]))
+    seed(repo, plan)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        by_tag = history.group_summaries(metric=metric, by="tag", where=[("release", "2.5.0")])
+        assert {group: sums.count for group, sums in by_tag.items()} == {"beta": 1, None: 1}
+        assert history.group_labels(metric=metric, by="tag") == {}
+        rows = history.summary(bucket="day", metric=metric, where=[("tag", "beta")])
+        assert sum(r.count for r in rows) == 2
+        worst = history.worst(metric=metric, where=[("tag", "beta"), ("release", "2.4.1")])
+        assert len(worst) == 1
+        assert not [s for s in statements if "JOIN traces" in s], statements
+        history.group_summaries(metric=metric, by="user_id")
+        assert "JOIN traces" in statements[-1] or any("JOIN traces" in s for s in statements)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
