@@ -211,9 +211,7 @@ _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # in C at about a byte a nanosecond): the gated kinds below all hold a run of at least 16
 # characters that may appear in a key, a token or a URL path; the configuration-name kind
 # needs three capitals in a row. Prose has neither, so its gates are not even searched.
-_TOKEN_CHARS = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%"
-)
+_TOKEN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%")
 _TOKEN_RUN = bytes(ord("t") if i in _TOKEN_CHARS else 32 for i in range(256))
 _CAPITALS = bytes(ord("A") if 65 <= i <= 90 else 32 for i in range(256))
 _RUN_16 = b"t" * 16
@@ -287,9 +285,7 @@ class Scrubber:
         self._password = compiled[id(_PASSWORD)]
         self._email = compiled[id(_EMAIL)]
         self._card = compiled[id(_CARD)]
-        self._gated = tuple(
-            (compiled[id(rule)], gates, shape) for rule, gates, shape in _GATED
-        )
+        self._gated = tuple((compiled[id(rule)], gates, shape) for rule, gates, shape in _GATED)
         self._url_password = compiled[id(_URL_PASSWORD)]
         self._digit_gated = tuple(compiled[id(rule)] for rule in _DIGIT_GATED)
         self._last_number_rule = self._digit_gated[-1]
