@@ -21,20 +21,29 @@ BASE_URL = os.environ.get(
 
 
 @contextmanager
-def scratch_database(name: str) -> Iterator[str]:
-    """Create database ``name`` on the benchmark server, migrate it, yield its URL, drop it."""
+def scratch_database(name: str, *, keep: bool = False) -> Iterator[str]:
+    """Create database ``name`` on the benchmark server, migrate it, yield its URL, drop it.
+
+    With ``keep``, an existing database of that name is reused (migrated) and nothing is
+    dropped, so a long fill can serve several runs.
+    """
     admin = create_engine_from_url(
         make_url(BASE_URL).set(database="postgres").render_as_string(hide_password=False),
         isolation_level="AUTOCOMMIT",
     )
     with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+        ).first()
+        if not (keep and exists):
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(BASE_URL).set(database=name).render_as_string(hide_password=False)
     upgrade(url)
     try:
         yield url
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if not keep:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()

@@ -1,13 +1,14 @@
-"""Latency of the history queries on Postgres with a million stored scores.
+"""Latency of the history queries on Postgres with a million (or ten million) stored scores.
 
 Creates a dedicated database (``rt_bench_history``) on the benchmark server (see
 ``benchmarks/_pg.py``: ``$RECALLTRACE_BENCH_DATABASE_URL``, else the test server), fills it
-server-side (``INSERT ... SELECT generate_series``) with traces spread over 30 days, their
-retrieved contexts, one score and one finished job per (trace, metric), then times the queries
-``recalltrace`` runs, through :class:`storage.history.History`, and drops the database.
+server-side (``INSERT ... SELECT generate_series``, into tables whose indexes are dropped for the
+load and built after) with traces spread over 30 days, their retrieved contexts, one score and
+one finished job per (trace, metric), then times the queries ``recalltrace`` runs, through
+:class:`storage.history.History`, and drops the database.
 
     python -m benchmarks.history                 # 1,000,000 scores
-    python -m benchmarks.history --scores 200000
+    python -m benchmarks.history --scores 10000000 --keep   # keep the fill for the next run
 
 Prints the median latency of each query and whether it meets the 100 ms target.
 """
@@ -92,46 +93,87 @@ END
 """
 
 
+FILLED_TABLES = ("traces", "trace_tags", "retrieved_contexts", "scores", "scoring_jobs")
+
+
+def _drop_indexes(conn: Any) -> list[str]:
+    """Drop the filled tables' constraints and indexes; returns the statements that restore
+    them. Loading into bare tables and building each index once after is several times faster
+    than maintaining five indexes on ``scores`` row by row."""
+    tables = {"tables": list(FILLED_TABLES)}
+    constraints = conn.execute(
+        text(
+            """
+            SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid), c.contype
+            FROM pg_constraint c
+            WHERE (c.conrelid::regclass::text = ANY(:tables) AND c.contype IN ('p', 'u', 'f'))
+               OR (c.contype = 'f' AND c.confrelid::regclass::text = ANY(:tables))
+            ORDER BY CASE c.contype WHEN 'p' THEN 0 WHEN 'u' THEN 1 ELSE 2 END
+            """
+        ),
+        tables,
+    ).all()
+    indexes = conn.execute(
+        text(
+            """
+            SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+            FROM pg_index i
+            WHERE i.indrelid::regclass::text = ANY(:tables)
+              AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+            """
+        ),
+        tables,
+    ).all()
+    for table, name, _definition, _kind in reversed(constraints):
+        conn.execute(text(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"'))
+    for name, _definition in indexes:
+        conn.execute(text(f"DROP INDEX {name}"))
+    return [
+        *(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}'
+          for table, name, definition, kind in constraints if kind != "f"),
+        *(definition for _name, definition in indexes),
+        *(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}'
+          for table, name, definition, kind in constraints if kind == "f"),
+    ]  # fmt: skip
+
+
 def populate(engine: Engine, scores: int, now: datetime) -> int:
     """Fill the database server-side; returns the number of traces."""
     metrics = len(CATALOG)
     traces = -(-scores // metrics)
     params = {"n": traces, "now": now, "days": DAYS}
     with engine.begin() as conn:
+        restore = _drop_indexes(conn)
+        # Request attributes: the release changed 10 days ago, a tenth of the traffic is
+        # staging, 4,096 users, one trace in eight tagged beta.
         conn.execute(
             text(
                 """
                 INSERT INTO traces (trace_id, app_name, service_name, started_at, duration_ms,
                     user_input, response, reference, reference_contexts, reference_context_ids,
-                    metadata, error, notes, created_at)
-                SELECT md5('trace-' || g), (ARRAY['support-bot', 'docs-search',
-                        'billing-assistant'])[1 + g % 3], 'bench-service',
-                    :now - random() * make_interval(days => :days), 40 + random() * 900,
-                    'How do I reset the password of user ' || g || ' on the EU region?',
+                    metadata, error, notes, created_at, release, environment, user_id)
+                SELECT t.trace_id, (ARRAY['support-bot', 'docs-search',
+                        'billing-assistant'])[1 + t.g % 3], 'bench-service',
+                    t.started_at, 40 + random() * 900,
+                    'How do I reset the password of user ' || t.g || ' on the EU region?',
                     'Open the admin console, choose the user and press reset; the email '
                         || 'arrives within five minutes.',
                     'Password resets are sent by email within five minutes. The link expires '
                         || 'after 24 hours. Admins can force a reset from the console.',
                     jsonb_build_array('Password resets are sent by email.',
                                       'Reset links expire after 24 hours.'),
-                    jsonb_build_array('doc_' || (g % 997), 'doc_' || (g % 983)),
-                    '{"user_tier": "pro"}'::jsonb, false, '[]'::jsonb, :now
-                FROM generate_series(1, :n) AS g
-                """
-            ),
-            params,
-        )
-        # Request attributes: the release changed 10 days ago, a tenth of the traffic is
-        # staging, 4,096 users, one trace in eight tagged beta.
-        conn.execute(
-            text(
-                """
-                UPDATE traces SET
-                    release = CASE WHEN started_at > :now - interval '10 days' THEN '2.4.1'
-                                   ELSE '2.4.0' END,
-                    environment = CASE WHEN hashtext(trace_id) % 10 = 0 THEN 'staging'
-                                       ELSE 'production' END,
-                    user_id = 'user-' || (hashtext(trace_id) & 4095)
+                    jsonb_build_array('doc_' || (t.g % 997), 'doc_' || (t.g % 983)),
+                    '{"user_tier": "pro"}'::jsonb, false, '[]'::jsonb, :now,
+                    CASE WHEN t.started_at > :now - interval '10 days' THEN '2.4.1'
+                         ELSE '2.4.0' END,
+                    CASE WHEN hashtext(t.trace_id) % 10 = 0 THEN 'staging'
+                         ELSE 'production' END,
+                    'user-' || (hashtext(t.trace_id) & 4095)
+                FROM (
+                    SELECT g, md5('trace-' || g) AS trace_id,
+                        :now - random() * make_interval(days => :days) AS started_at
+                    FROM generate_series(1, :n) AS g
+                ) AS t
                 """
             ),
             params,
@@ -194,12 +236,34 @@ def populate(engine: Engine, scores: int, now: datetime) -> int:
                 """
             )
         )
+        conn.execute(text("SET LOCAL maintenance_work_mem = '1GB'"))
+        for statement in restore:
+            conn.execute(text(statement))
+        conn.execute(
+            text("CREATE TABLE bench_fill (scores bigint, traces bigint, now timestamptz)")
+        )
+        conn.execute(
+            text("INSERT INTO bench_fill VALUES (:scores, :n, :now)"), {**params, "scores": scores}
+        )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     return traces
 
 
+def filled(engine: Engine, scores: int) -> tuple[int, datetime] | None:
+    """The traces and fill time of a kept database holding ``scores`` scores, else None."""
+    with engine.connect() as conn:
+        if conn.execute(text("SELECT to_regclass('bench_fill')")).scalar_one() is None:
+            return None
+        row = conn.execute(text("SELECT scores, traces, now FROM bench_fill")).first()
+    if row is None or row.scores != scores:
+        return None
+    return int(row.traces), row.now
+
+
 METRIC = "llm_context_recall"
+# Queries served from what the workers summarise in the background: their first run is shown.
+CACHED = ("summary", "compare", "cost")
 
 
 def compare(history: Any, by: str, since: datetime | None) -> Any:
@@ -236,13 +300,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scores", type=int, default=1_000_000, help="score rows to store")
     parser.add_argument("--repeat", type=int, default=21, help="timed runs per query")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the filled database after the run, and reuse one kept with the same "
+        "--scores (its data then ends when it was filled, and the first-run figures read a "
+        "cache earlier runs filled)",
+    )
     args = parser.parse_args()
 
-    with scratch_database(DATABASE) as url:
+    with scratch_database(DATABASE, keep=args.keep) as url:
         engine = create_engine_from_url(url)
         now = datetime.now(timezone.utc).replace(microsecond=0)
         started = time.perf_counter()
-        traces = populate(engine, args.scores, now)
+        kept = filled(engine, args.scores) if args.keep else None
+        if kept is None:
+            with engine.begin() as conn:
+                conn.execute(text("DROP TABLE IF EXISTS bench_fill"))
+                for table in ("summary_cache", *reversed(FILLED_TABLES)):
+                    conn.execute(text(f"TRUNCATE {table} CASCADE"))
+            traces = populate(engine, args.scores, now)
+        else:
+            traces, now = kept
+            print(f"reusing the database kept from a run at {now:%Y-%m-%d %H:%M} UTC")
         with engine.connect() as conn:
             stored = conn.execute(text("SELECT count(*) FROM scores")).scalar_one()
             trace_ids = list(
@@ -259,8 +339,9 @@ def main() -> int:
         began = time.perf_counter()
         held = history.warm_summaries()
         print(
-            f"workers' background fill of ended buckets (31 days by day, 48 hours by hour, all "
-            f"apps and each app), once on an empty cache: {time.perf_counter() - began:.1f} s "
+            f"workers' background fill of ended buckets (summaries: 31 days by day, 48 hours by "
+            f"hour, all apps and each app; compare and cost rollups: 31 days by hour, all apps), "
+            f"once on empty caches: {time.perf_counter() - began:.1f} s "
             f"({held:,} rows); a pass with everything stored: "
             f"{_median_ms(history.warm_summaries, 3)[0]:.0f} ms"
         )
@@ -330,14 +411,14 @@ def main() -> int:
         ]
         print(f"\nmedian of {args.repeat} runs after 2 warm-up runs (target {TARGET_MS:.0f} ms)")
         print(
-            "summaries also show their first run after the workers' fill (what a user's first "
-            "query pays),\nand, at the end, their first run on an empty summary cache (no "
+            "summaries, compare and cost also show their first run after the workers' fill (what "
+            "a user's first\nquery pays), and, at the end, their first run on empty caches (no "
             "worker running)"
         )
         print(f"{'query':<54} {'first ms':>8} {'median ms':>10}  {'rows':>5}  target")
         for name, run in cases:
             first = "-"
-            if name.startswith("summary"):
+            if name.startswith(CACHED):
                 began = time.perf_counter()
                 run()
                 first = f"{(time.perf_counter() - began) * 1000:.1f}"
@@ -355,11 +436,12 @@ def main() -> int:
                 f"`recalltrace {' '.join(command)}` as a new process (a restart: interpreter "
                 f"start included): median {cli:.0f} ms of 5 runs"
             )
-        print("\nfirst run on an empty summary cache (no worker has filled it):")
+        print("\nfirst run on empty caches (no worker has filled them):")
         for name, run in cases:
-            if name.startswith("summary"):
+            if name.startswith(CACHED):
                 with engine.begin() as conn:
-                    conn.execute(text("DELETE FROM summary_cache"))
+                    for table in ("summary_cache", "group_cache", "cost_cache"):
+                        conn.execute(text(f"DELETE FROM {table}"))
                 began = time.perf_counter()
                 run()
                 print(f"{name:<54} {(time.perf_counter() - began) * 1000:>8.1f}")

@@ -28,7 +28,7 @@ from sqlalchemy import ColumnElement, Engine, and_, case, func, or_, select, tex
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from recalltrace.storage import summary_cache
+from recalltrace.storage import rollups, summary_cache
 from recalltrace.storage._dialect import Dialect
 from recalltrace.storage._storable import UNSTORABLE_TEXT
 from recalltrace.storage.contracts import TraceNotFound, UnknownMetric, check_metric
@@ -427,7 +427,9 @@ class History:
         """Compute and store the summary rows of complete buckets that are not stored yet, so
         no user query pays for them: day buckets of the last ``days`` days and hour buckets of
         the last ``hours`` hours, for every app together and for each of (at most ``apps``)
-        apps, every metric at its version. Postgres only (elsewhere nothing is cached; returns
+        apps, every metric at its version; and the hourly rollups of the last ``days`` days
+        that ``scores compare`` by release, environment or tag and ``scores cost`` read (every
+        app together). Postgres only (elsewhere nothing is cached; returns
         0). Returns how many summary rows those windows hold. Workers call this in the
         background;
         when everything is stored already it costs a few index probes per app."""
@@ -445,6 +447,31 @@ class History:
             since = until - count * step
             for app in scopes:
                 looked += len(self._summary_postgres(bucket, since, until, app, self.versions))
+        # The hourly rollups of ``scores compare`` (every app, grouped by release, environment
+        # and tag) and of ``scores cost``, over the same days.
+        until = _truncate(_utc(now), "hour")
+        since = until - timedelta(days=days)
+        for key, key_version in self.versions.items():
+            for by in rollups.GROUPED:
+                looked += len(
+                    rollups.group_hours(
+                        self.engine,
+                        metric=key,
+                        version=key_version,
+                        by=by,
+                        scope="",
+                        app=None,
+                        attributes={},
+                        lower=since,
+                        upper=until,
+                        now=now,
+                    )
+                )
+        looked += len(
+            rollups.cost_hours(
+                self.engine, app=None, metric=None, lower=since, upper=until, now=now
+            )
+        )
         return looked
 
     def _summary_postgres(
@@ -664,6 +691,10 @@ class History:
         the values themselves only for groups of at most ``max_values`` (for a bootstrap).
         Groups come in the order of their first trace in the window."""
         conditions, column, joins = self._grouping(metric, by, since, until, app, version, where)
+        scope = _scope(app, where) if self.dialect.postgres and by in rollups.GROUPED else None
+        if scope is not None:
+            sums = self._rolled_group_sums(metric, by, since, until, version, *scope)
+            return self._with_small_values(sums, conditions, column, joins, by, max_values)
         fractional = func.sum(case((Score.value.in_((0.0, 1.0)), 0), else_=1))
         stmt = (
             select(
@@ -688,6 +719,73 @@ class History:
                 r[0]: GroupSums(int(r[1]), float(r[2] or 0.0), float(r[3] or 0.0), int(r[4] or 0))
                 for r in rows
             }
+        return self._with_small_values(sums, conditions, column, joins, by, max_values)
+
+    def _rolled_group_sums(
+        self,
+        metric: str,
+        by: str,
+        since: datetime | None,
+        until: datetime | None,
+        version: str | None,
+        app: str | None,
+        attributes: Mapping[str, str],
+    ) -> dict[str | None, GroupSums]:
+        """:meth:`group_summaries`' sums from the hourly rollups (``storage.rollups``):
+        ended hours from ``group_cache``, the window's partial edges live."""
+        key_version = self.metric_versions(metric, version)[metric]
+        on_scores = [_ON_SCORES[name] == value for name, value in sorted(attributes.items())]
+        with self.engine.connect() as conn:
+            now = _utc(conn.execute(select(func.now())).scalar_one())
+            lower, upper = since, until
+            if lower is None or upper is None:
+                first, last = conn.execute(
+                    select(func.min(Score.trace_started_at), func.max(Score.trace_started_at))
+                    .where(*self._score_filters(since, until, app, {metric: key_version}))
+                    .where(*on_scores)
+                ).one()
+                if first is None:
+                    return {}
+                lower = lower if lower is not None else _utc(first)
+                upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
+        hours = rollups.group_hours(
+            self.engine,
+            metric=metric,
+            version=key_version,
+            by=by,
+            scope=_scope_key(app, attributes),
+            app=app,
+            attributes=attributes,
+            lower=lower,
+            upper=upper,
+            now=now,
+        )
+        merged: dict[str | None, list[Any]] = {}
+        for hour in hours:
+            into = merged.setdefault(hour.group, [0, 0.0, 0.0, 0, hour.first_started])
+            into[0] += hour.count
+            into[1] += hour.total
+            into[2] += hour.total_squares
+            into[3] += hour.fractional
+            into[4] = min(into[4], hour.first_started)
+        ordered = sorted(merged.items(), key=lambda item: (item[1][4], str(item[0])))
+        return {
+            group: GroupSums(n, total, squares, frac)
+            for group, (n, total, squares, frac, _f) in ordered
+        }
+
+    def _with_small_values(
+        self,
+        sums: dict[str | None, GroupSums],
+        conditions: list[ColumnElement[bool]],
+        column: Any,
+        joins: bool,
+        by: str,
+        max_values: int,
+    ) -> dict[str | None, GroupSums]:
+        """``sums`` with the values of each group of at most ``max_values`` (for a bootstrap),
+        read in trace order so the same values come in the same order every time."""
+        with self.engine.connect() as conn:
             small = [group for group, g in sums.items() if g.count <= max_values]
             if small:
                 named = [group for group in small if group is not None]
@@ -815,9 +913,8 @@ class History:
         if metric is not None:
             conditions.append(Score.metric == self.check_metric(metric))
         if self.dialect.postgres:
-            day: Any = func.date_trunc("day", func.timezone("UTC", Score.scored_at))
-        else:
-            day = func.substr(Score.scored_at, 1, 10)
+            return self._rolled_cost(conditions, since, until, app, metric)
+        day = func.substr(Score.scored_at, 1, 10)
         stmt = (
             select(
                 day.label("day"),
@@ -853,6 +950,46 @@ class History:
                     )
                 )
         return rows
+
+    def _rolled_cost(
+        self,
+        conditions: list[ColumnElement[bool]],
+        since: datetime | None,
+        until: datetime | None,
+        app: str | None,
+        metric: str | None,
+    ) -> list[CostRow]:
+        """:meth:`cost` from the hourly rollups (``storage.rollups``): ended hours of scoring
+        from ``cost_cache``, the window's partial edges live, summed into UTC days."""
+        with self.engine.connect() as conn:
+            now = _utc(conn.execute(select(func.now())).scalar_one())
+            lower, upper = since, until
+            if lower is None or upper is None:
+                first, last = conn.execute(
+                    select(func.min(Score.scored_at), func.max(Score.scored_at)).where(*conditions)
+                ).one()
+                if first is None:
+                    return []
+                lower = lower if lower is not None else _utc(first)
+                upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
+        if lower >= upper:
+            return []
+        days: dict[tuple[datetime, str, str], list[Any]] = {}
+        for hour in rollups.cost_hours(
+            self.engine, app=app, metric=metric, lower=lower, upper=upper, now=now
+        ):
+            day = hour.hour.replace(hour=0)
+            into = days.setdefault((day, hour.metric, hour.model), [0, 0, 0, None, 0])
+            into[0] += hour.count
+            into[1] += hour.prompt_tokens
+            into[2] += hour.completion_tokens
+            if hour.cost_usd is not None:
+                into[3] = (into[3] or 0.0) + hour.cost_usd
+            into[4] += hour.unpriced
+        return [
+            CostRow(day, key, model, n, prompt, completion, cost, unpriced)
+            for (day, key, model), (n, prompt, completion, cost, unpriced) in sorted(days.items())
+        ]
 
     # -- worst -----------------------------------------------------------------------------
     def worst(
@@ -922,41 +1059,74 @@ class History:
         app: str | None,
         where: Sequence[tuple[str, str]],
     ) -> list[WorstRow]:
+        """Per metric: read the lowest results in value order (the partial value index),
+        a few times ``limit`` at a time and eight times more each round, until ``limit``
+        questions are found; then count each found question's scored traces through the
+        hash index on the question. Only what the answer needs is read, however many results
+        the window holds."""
         rows: list[WorstRow] = []
         for key, key_version in versions.items():
             conditions = self._score_filters(since, until, app, {key: key_version})
             self._attribute_filters(None, where, conditions)
-            question = func.coalesce(Trace.user_input, "")
-            ranked = (
-                select(
-                    *_WORST_COLUMNS,
-                    Trace.user_input.label("question"),
-                    func.row_number()
-                    .over(
-                        partition_by=question,
-                        order_by=(Score.value, Score.trace_started_at.desc(), Score.trace_id),
-                    )
-                    .label("rank"),
-                    func.count().over(partition_by=question).label("asked"),
-                )
+            conditions.append(Score.status == "scored")
+            lowest = (
+                select(*_WORST_COLUMNS, Trace.user_input.label("question"))
                 .select_from(Score)
                 .join(Trace, Trace.trace_id == Score.trace_id)
-                .where(Score.status == "scored", *conditions)
-                .subquery()
+                .where(*conditions)
+                .order_by(Score.value, Score.trace_started_at.desc(), Score.trace_id)
             )
-            stmt = (
-                select(ranked)
-                .where(ranked.c.rank == 1)
-                .order_by(ranked.c.value, ranked.c.trace_started_at.desc(), ranked.c.trace_id)
-                .limit(limit)
-            )
+            fetch = 4 * limit
             with self.engine.connect() as conn:
-                for r in conn.execute(stmt):
-                    rows.append(
-                        _worst_row(r, question=r.question, traces_with_question=int(r.asked))
-                    )
+                while True:
+                    batch = conn.execute(lowest.limit(fetch)).all()
+                    first: dict[str, Any] = {}
+                    for r in batch:
+                        # A trace without a question and one with an empty question are the
+                        # same "question".
+                        first.setdefault(r.question or "", r)
+                        if len(first) == limit:
+                            break
+                    if len(first) == limit or len(batch) < fetch:
+                        break
+                    fetch *= 8
+                asked = self._count_questions(conn, conditions, list(first))
+            rows.extend(
+                _worst_row(r, question=r.question, traces_with_question=asked.get(question, 0))
+                for question, r in first.items()
+            )
         rows.sort(key=lambda r: (r.value, -r.trace_started_at.timestamp(), r.trace_id, r.metric))
         return rows[:limit]
+
+    @staticmethod
+    def _count_questions(
+        conn: Connection, conditions: Sequence[ColumnElement[bool]], questions: list[str]
+    ) -> dict[str, int]:
+        """How many results matching ``conditions`` belong to traces asking each question
+        (``""`` stands for no question)."""
+        counted: dict[str, int] = {}
+        asked = [q for q in questions if q]
+        if asked:
+            counted.update(
+                (question, int(n))
+                for question, n in conn.execute(
+                    select(Trace.user_input, func.count())
+                    .select_from(Score)
+                    .join(Trace, Trace.trace_id == Score.trace_id)
+                    .where(*conditions, Trace.user_input.in_(asked))
+                    .group_by(Trace.user_input)
+                )
+            )
+        if "" in questions:
+            counted[""] = int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(Score)
+                    .join(Trace, Trace.trace_id == Score.trace_id)
+                    .where(*conditions, or_(Trace.user_input.is_(None), Trace.user_input == ""))
+                ).scalar_one()
+            )
+        return counted
 
     # -- what exists, for hints ---------------------------------------------------------------
     def app_names(self, limit: int = 50) -> list[str]:

@@ -120,6 +120,9 @@ class Trace(Base):
         Index("ix_traces_environment_started_at", "environment", "started_at"),
         Index("ix_traces_user_id_started_at", "user_id", "started_at"),
         Index("ix_traces_session_id_started_at", "session_id", "started_at"),
+        # Counting the traces that asked one question (``scores worst --per-question``); a
+        # hash index holds questions of any length.
+        Index("ix_traces_user_input", "user_input", postgresql_using="hash"),
     )
 
 
@@ -262,6 +265,8 @@ class Score(Base):
         ),
         # A judge budget sums the spend of one model since the period began.
         Index("ix_scores_model_scored_at", "model", "scored_at"),
+        # The live edges of a judge-cost window (its ended hours come from ``cost_cache``).
+        Index("ix_scores_scored_at", "scored_at"),
         # Comparing releases or environments reads this index only (Postgres).
         Index(
             "ix_scores_metric_version_started_attrs",
@@ -334,4 +339,53 @@ class SummaryCache(Base):
     p90: Mapped[float | None] = mapped_column(Float)
     n_skipped: Mapped[int] = mapped_column(Integer)
     n_failed: Mapped[int] = mapped_column(Integer)
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class GroupCache(Base):
+    """Per ended hour of trace start, variant version, scope and grouping attribute: each
+    group's scored count, sum, sum of squares and count of values other than 0 and 1 (Postgres
+    only), the additive sums ``scores compare`` reads.
+
+    ``scope`` is the filter the row was computed for (see ``storage.history._scope_key``);
+    ``missing`` marks the group of traces without the attribute (``group_value`` is then
+    empty). Rows are removed with the summary cache's (see :class:`SummaryCache`).
+    """
+
+    __tablename__ = "group_cache"
+
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[str] = mapped_column(String(32), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attribute: Mapped[str] = mapped_column(String(32), primary_key=True)
+    missing: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    group_value: Mapped[str] = mapped_column(String(200), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    total: Mapped[float] = mapped_column(Float)
+    total_sq: Mapped[float] = mapped_column(Float)
+    fractional: Mapped[int] = mapped_column(Integer)
+    first_started: Mapped[datetime] = mapped_column(UTCDateTime())
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class CostCache(Base):
+    """Per ended hour of scoring, scope (app key, empty for every app), variant and judge
+    model: the results' count, tokens and money (Postgres only), what ``scores cost`` reads.
+
+    Rows are removed in the transaction that writes, replaces or deletes a score stored in
+    their hour, and all of them when retention deletes traces.
+    """
+
+    __tablename__ = "cost_cache"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(200), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    unpriced: Mapped[int] = mapped_column(Integer)
     computed_at: Mapped[datetime] = mapped_column(UTCDateTime())

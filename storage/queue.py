@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import TextClause
 
-from recalltrace.storage import summary_cache
+from recalltrace.storage import rollups, summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
 from recalltrace.storage._storable import MODEL_LIMIT, json_safe, storable_json, storable_text
 from recalltrace.storage.contracts import (
@@ -603,6 +603,17 @@ class JobQueue:
             # SQLAlchemy sends them as multi-row VALUES ("insertmanyvalues") with RETURNING and
             # compiles the statement once per batch, not once per row count. (The PostgreSQL
             # dialect's INSERT never enters SQLAlchemy's compiled cache.)
+            if self.dialect.postgres:
+                # A result replaced (a skipped or failed one) leaves the judge-cost hour it was
+                # stored in; the new ones enter the current hour.
+                replaced = conn.execute(
+                    select(Score.scored_at).where(
+                        tuple_(Score.trace_id, Score.metric, Score.version).in_(
+                            [(r["trace_id"], r["metric"], r["version"]) for r in rows]
+                        )
+                    )
+                ).scalars()
+                rollups.invalidate_cost(conn, self.dialect, [scored_at, *replaced])
             written = {tuple(r) for r in conn.execute(self._score_upsert, rows)}
             summary_cache.invalidate(
                 conn,
@@ -738,12 +749,13 @@ class JobQueue:
                             ),
                             Score.status == "failed",
                         )
-                        .returning(Score.metric, Score.trace_started_at)
+                        .returning(Score.metric, Score.trace_started_at, Score.scored_at)
                     )
                     .tuples()
                     .all()
                 )
-                summary_cache.invalidate(conn, self.dialect, dropped)
+                summary_cache.invalidate(conn, self.dialect, [(m, t) for m, t, _ in dropped])
+                rollups.invalidate_cost(conn, self.dialect, [s for _m, _t, s in dropped])
             self.dialect.notify(conn)
             return len(requeued)
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from recalltrace.storage._dialect import Dialect
 from recalltrace.storage.history_rows import Bucket, SummaryRow
-from recalltrace.storage.models import SummaryCache
+from recalltrace.storage.models import GroupCache, SummaryCache
 
 SUMMARY_LOCK_KEY = 0x7265_6361_6C6C
 """Postgres advisory lock between score writers (shared) and summary-cache fills (exclusive)."""
@@ -54,28 +54,40 @@ def lock_for_score_writes(conn: Connection, dialect: Dialect) -> None:
 
 
 def invalidate(conn: Connection, dialect: Dialect, touched: Iterable[tuple[str, datetime]]) -> None:
-    """Drop cached rows of the (metric, trace start) pairs just written."""
+    """Drop cached rows of the (metric, trace start) pairs just written: the summaries of
+    their hour and day buckets and the group sums of their hour (``storage.rollups``)."""
     if not dialect.postgres:
         return  # the cache is only used on Postgres
-    keys = {
-        (bucket, start, metric)
-        for metric, moment in touched
-        for bucket, start in bucket_starts(moment)
-    }
-    if keys:
+    keys = sorted(
+        {
+            (bucket, start, metric)
+            for metric, moment in touched
+            for bucket, start in bucket_starts(moment)
+        }
+    )
+    for first in range(0, len(keys), 500):
+        part = keys[first : first + 500]
         conn.execute(
             delete(SummaryCache).where(
                 tuple_(SummaryCache.bucket, SummaryCache.bucket_start, SummaryCache.metric).in_(
-                    sorted(keys)
+                    part
                 )
             )
         )
+        hours = sorted({(metric, start) for bucket, start, metric in part if bucket == "hour"})
+        if hours:
+            conn.execute(
+                delete(GroupCache).where(
+                    tuple_(GroupCache.metric, GroupCache.bucket_start).in_(hours)
+                )
+            )
 
 
 def invalidate_before(conn: Connection, dialect: Dialect, cutoff: datetime) -> None:
     """Drop every cached row whose bucket starts before ``cutoff`` (traces were deleted)."""
     if dialect.postgres:
         conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= cutoff))
+        conn.execute(delete(GroupCache).where(GroupCache.bucket_start <= cutoff))
 
 
 # -- the fill's half ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert
 
-from recalltrace.storage import summary_cache
+from recalltrace.storage import rollups, summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
 from recalltrace.storage._storable import json_safe, storable_record
 from recalltrace.storage.contracts import JobSpec
@@ -273,6 +273,7 @@ class TraceWrites:
             if deleted:
                 # Every bucket that starts before the cutoff may have lost scores.
                 summary_cache.invalidate_before(conn, self.dialect, cutoff)
+                rollups.invalidate_all_cost(conn, self.dialect)
             return deleted
 
     def dispose(self) -> None:

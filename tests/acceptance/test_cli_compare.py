@@ -92,7 +92,7 @@ def test_compare_by_release_finds_the_worse_release_and_the_small_canary(url: st
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["metric"] == METRIC and result["by"] == "release"
-    assert result["baseline"] == "2.4.1"  # the release seen first
+    assert result["baseline"] == "2.4.1", result  # the release seen first
     groups = {g["group"]: g for g in result["groups"]}
     assert [g["group"] for g in result["groups"]] == ["2.4.1", "2.5.0", "2.5.1-canary"]
     old, new, canary = groups["2.4.1"], groups["2.5.0"], groups["2.5.1-canary"]

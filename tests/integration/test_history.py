@@ -520,3 +520,51 @@ def test_tags_release_and_environment_never_join_the_traces(
         assert "JOIN traces" in statements[-1] or any("JOIN traces" in s for s in statements)
     finally:
         event.remove(engine, "before_cursor_execute", seen)
+
+
+def test_worst_per_question_agrees_with_ranking_every_result(
+    repo: Repository, history: History
+) -> None:
+    """One question holds the 70 lowest results, so the first reads find nothing else; the
+    answer must still be each question's lowest trace with the count of its scored traces in
+    the window, as ranking every result of the window gives (traces without a question and
+    with an empty one are one question)."""
+    rng = random.Random(5)
+    metric = "llm_context_recall"
+    plan = []
+    questions: list[str | None] = []
+    for index in range(150):
+        if index < 70:
+            question: str | None = "Why is my invoice late?"
+            value = round(index / 1000, 3)
+        else:
+            question = rng.choice([f"Question {index % 9}?", None, "", "Long? " + "x" * 4000])
+            value = round(0.1 + rng.random() * 0.9, 3)
+        trace = trace_at(T0 + timedelta(minutes=index))
+        trace.user_input = question
+        questions.append(question)
+        plan.append((trace, [scored(metric, value)]))
+    # Out of the window: must count for nothing.
+    old = trace_at(T0 - timedelta(days=3))
+    old.user_input = "Why is my invoice late?"
+    plan.append((old, [scored(metric, 0.0)]))
+    seed(repo, plan)
+
+    since = T0 - timedelta(hours=1)
+    rows = history.worst(metric=metric, limit=4, since=since, per_question=True)
+
+    # The reference: rank every result of the window, keep each question's first.
+    window = [
+        (result.value, -trace.started_at.timestamp(), trace.trace_id, question or "")
+        for (trace, (result,)), question in zip(plan, [*questions, None], strict=True)
+        if trace.started_at >= since
+    ]
+    window.sort()
+    first: dict[str, str] = {}
+    for *_order, trace_id, question in window:
+        first.setdefault(question, trace_id)
+    counts = {q: sum(1 for *_rest, other in window if other == q) for q in first}
+    assert [(r.trace_id, r.question or "", r.traces_with_question) for r in rows] == [
+        (trace_id, q, counts[q]) for q, trace_id in list(first.items())[:4]
+    ]
+    assert rows[0].question == "Why is my invoice late?" and rows[0].traces_with_question == 70

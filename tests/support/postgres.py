@@ -22,6 +22,8 @@ DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLES = (
     "workers",
     "summary_cache",
+    "group_cache",
+    "cost_cache",
     "scores",
     "scoring_jobs",
     "retrieved_contexts",
