@@ -323,6 +323,9 @@ def main() -> int:
         else:
             traces, now = kept
             print(f"reusing the database kept from a run at {now:%Y-%m-%d %H:%M} UTC")
+            with engine.begin() as conn:  # what an earlier run stored is not this run's
+                for table in ("summary_cache", "group_cache", "cost_cache"):
+                    conn.execute(text(f"DELETE FROM {table}"))
         with engine.connect() as conn:
             stored = conn.execute(text("SELECT count(*) FROM scores")).scalar_one()
             trace_ids = list(
@@ -340,9 +343,10 @@ def main() -> int:
         held = history.warm_summaries()
         print(
             f"workers' background fill of ended buckets (summaries: 31 days by day, 48 hours by "
-            f"hour, all apps and each app; compare and cost rollups: 31 days by hour, all apps), "
-            f"once on empty caches: {time.perf_counter() - began:.1f} s "
-            f"({held:,} rows); a pass with everything stored: "
+            f"hour, all apps, each app, the 5 latest releases and environments; compare and "
+            f"cost rollups: 31 days by hour, all apps), once on empty caches: "
+            f"{time.perf_counter() - began:.1f} s "
+            f"({held:,} rows stored or read); a pass with everything stored: "
             f"{_median_ms(history.warm_summaries, 3)[0]:.0f} ms"
         )
         week = now - timedelta(days=7)
@@ -393,6 +397,16 @@ def main() -> int:
                 lambda: compare(history, "environment", week),
             ),
             ("compare --by tag --metric M (last 7 days)", lambda: compare(history, "tag", week)),
+            (
+                "summary --by release --metric M (all 30 days)",
+                lambda: history.summary(bucket="day", metric=METRIC, by="release"),
+            ),
+            (
+                "summary --where environment=staging (7 days)",
+                lambda: history.summary(
+                    bucket="day", since=week, where=[("environment", "staging")]
+                ),
+            ),
             (
                 "summary --where release=2.4.1 --metric M (7 days)",
                 lambda: history.summary(

@@ -24,7 +24,18 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, case, func, or_, select, text, union_all
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
@@ -258,17 +269,32 @@ def _scope(
     return app, attributes
 
 
-def _scope_key(app: str | None, attributes: Mapping[str, str]) -> str:
+def _scope_key(app: str | None, attributes: Mapping[str, str | None]) -> str:
     """The summary cache's key of a scope: the app name ("" for all apps), then each
     attribute filter; a key too long for the column is replaced by a digest of it."""
     key = app or ""
     for name, value in sorted(attributes.items()):
-        key += f"\x1f{name}={value}"
+        # No value (the traces without the attribute) has no "=": no value collides with it.
+        key += f"\x1f{name}" if value is None else f"\x1f{name}={value}"
     if len(key) <= 200:
         return key
     import hashlib
 
     return "#" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+MAX_SUMMARY_GROUPS = 50
+"""The most groups a summary split by an attribute shows."""
+
+
+def _empty_row(bucket_start: datetime, metric: str, version: str) -> SummaryRow:
+    """What the summary cache stores for an ended bucket without any result (never shown)."""
+    return SummaryRow(bucket_start, metric, version, 0, None, None, None, None, 0, 0)
+
+
+def _group_order(group: str | None) -> tuple[bool, str]:
+    """Groups in name order, the group without the attribute last."""
+    return (group is None, group or "")
 
 
 def _float(value: Any) -> float | None:
@@ -278,7 +304,9 @@ def _float(value: Any) -> float | None:
 _BUCKET_STEP: dict[str, timedelta] = {"hour": timedelta(hours=1), "day": timedelta(hours=24)}
 
 
-def _summary_sql(*, with_app: bool, attributes: Sequence[str] = ()) -> TextClause:
+def _summary_sql(
+    *, with_app: bool, attributes: Sequence[str] = (), missing: Sequence[str] = ()
+) -> TextClause:
     """The Postgres summary of chosen (bucket, metric) pairs: one small aggregate each.
 
     Each lateral aggregate is an index-only range scan of ``ix_scores_metric_version_started``, so
@@ -293,6 +321,8 @@ def _summary_sql(*, with_app: bool, attributes: Sequence[str] = ()) -> TextClaus
     # by them keeps the scan index-only. Only these two names reach here (see _scope).
     for name in attributes:
         app_filter += f" AND sc.{name} = :attr_{name}"
+    for name in missing:
+        app_filter += f" AND sc.{name} IS NULL"
     # ``value`` is NULL unless the status is 'scored' (the result contract), and these
     # aggregates skip NULLs, so they need no FILTER: evaluating one per row per aggregate
     # costs a third of the query. One array-valued percentile_cont sorts each bucket once.
@@ -389,6 +419,7 @@ class History:
         metric: str | None = None,
         version: str | None = None,
         where: Sequence[tuple[str, str]] = (),
+        by: str | None = None,
     ) -> list[SummaryRow]:
         """Per bucket and metric: scored count, mean, p10/p50/p90, skipped and failed counts.
 
@@ -401,11 +432,20 @@ class History:
         ``metric``; see :func:`metric_versions`). Rows come ordered by bucket, then metric;
         buckets without any result are absent, and so are metrics no longer in the catalog. A
         window starting mid-bucket makes its first bucket partial.
+
+        With ``by`` (one of :data:`ATTRIBUTES`), each bucket and metric is split by the value
+        of that attribute (rows carry ``by`` and ``group``; ``None`` is the group of traces
+        without it; a trace with several tags is in each tag's group), groups in name order,
+        the group without the attribute last. On Postgres, grouping by release, environment or
+        app reads each group's summary like a filter on it, from the summary cache; at most
+        ``MAX_SUMMARY_GROUPS`` groups are shown (more is a ``ValueError`` saying so).
         """
         if bucket not in BUCKETS:
             raise ValueError(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket!r}")
         versions = self.metric_versions(metric, version)
         conditions = self._score_filters(since, until, app, versions)
+        if by is not None:
+            return self._summary_by(bucket, since, until, app, versions, where, by, conditions)
         scope = _scope(app, where) if self.dialect.postgres else None
         if scope is not None:
             scoped_app, attributes = scope
@@ -416,23 +456,115 @@ class History:
             return self._summary_python(bucket, conditions, versions, join_traces=joins)
         return self._summary_python(bucket, conditions, versions)
 
+    def _summary_by(
+        self,
+        bucket: Bucket,
+        since: datetime | None,
+        until: datetime | None,
+        app: str | None,
+        versions: Mapping[str, str],
+        where: Sequence[tuple[str, str]],
+        by: str,
+        conditions: list[ColumnElement[bool]],
+    ) -> list[SummaryRow]:
+        if by not in ATTRIBUTES:
+            raise ValueError(f"unknown attribute {by!r}; use one of: {', '.join(ATTRIBUTES)}")
+        scope = _scope(app, where) if self.dialect.postgres else None
+        if scope is not None and by in (*_SCOPED, "app") and by not in scope[1]:
+            scoped_app, attributes = scope
+            if by == "app" and scoped_app is not None:
+                groups: list[str | None] = [scoped_app]
+            else:
+                groups = self._groups_in_window(by, since, until)
+            rows: list[SummaryRow] = []
+            for group in groups:
+                if by == "app":
+                    part = self._summary_postgres(bucket, since, until, group, versions, attributes)
+                else:
+                    part = self._summary_postgres(
+                        bucket, since, until, scoped_app, versions, {**attributes, by: group}
+                    )
+                rows.extend(replace(r, by=by, group=group) for r in part)
+            rows.sort(key=lambda r: (r.bucket_start, r.metric, *_group_order(r.group)))
+            return rows
+        column = self._attribute_filters(by, where, conditions)
+        return self._summary_python(
+            bucket,
+            conditions,
+            versions,
+            join_traces=_joins_traces(by, where),
+            group=column,
+            by=by,
+        )
+
+    def _groups_in_window(
+        self, by: str, since: datetime | None, until: datetime | None
+    ) -> list[str | None]:
+        """The values of ``by`` (release, environment or app) that traces started in the
+        window have, the missing value (``None``) included when some trace lacks it: a skip
+        scan of the (attribute, start) index, one probe per distinct value."""
+        table, column, started = {
+            "release": ("traces", "release", "started_at"),
+            "environment": ("traces", "environment", "started_at"),
+            "app": ("scores", "app_name", "trace_started_at"),
+        }[by]
+        window = ""
+        if since is not None:
+            window += f" AND w.{started} >= :since"
+        if until is not None:
+            window += f" AND w.{started} < :until"
+        stmt = text(
+            f"""
+            WITH RECURSIVE v(val) AS (
+                (SELECT {column} FROM {table} WHERE {column} IS NOT NULL
+                 ORDER BY {column} LIMIT 1)
+                UNION ALL
+                SELECT (SELECT {column} FROM {table} WHERE {column} > v.val
+                        ORDER BY {column} LIMIT 1)
+                FROM v WHERE v.val IS NOT NULL
+            )
+            SELECT val FROM v
+            WHERE val IS NOT NULL
+              AND EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} = v.val {window})
+            LIMIT :most
+            """
+        )
+        params = {"since": since, "until": until, "most": MAX_SUMMARY_GROUPS + 1}
+        with self.engine.connect() as conn:
+            values: list[str | None] = list(conn.execute(stmt, params).scalars())
+            if len(values) > MAX_SUMMARY_GROUPS:
+                raise ValueError(
+                    f"more than {MAX_SUMMARY_GROUPS} values of {by} in the window; narrow it "
+                    "with --since/--until or --where"
+                )
+            if by != "app":
+                missing = text(
+                    f"SELECT EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} IS NULL{window})"
+                )
+                if conn.execute(missing, params).scalar_one():
+                    values.append(None)
+        return values
+
     def warm_summaries(
         self,
         *,
         days: int = 31,
         hours: int = 48,
         apps: int = 20,
+        releases: int = 5,
+        environments: int = 5,
         now: datetime | None = None,
     ) -> int:
         """Compute and store the summary rows of complete buckets that are not stored yet, so
         no user query pays for them: day buckets of the last ``days`` days and hour buckets of
         the last ``hours`` hours, for every app together and for each of (at most ``apps``)
-        apps, every metric at its version; and the hourly rollups of the last ``days`` days
-        that ``scores compare`` by release, environment or tag and ``scores cost`` read (every
-        app together). Postgres only (elsewhere nothing is cached; returns
-        0). Returns how many summary rows those windows hold. Workers call this in the
-        background;
-        when everything is stored already it costs a few index probes per app."""
+        apps, every metric at its version; the hourly rollups of the last ``days`` days that
+        ``scores compare`` by release, environment or tag and ``scores cost`` read (every app
+        together); and the summaries filtered by each of the ``releases`` releases and
+        ``environments`` environments seen most recently. Postgres only (elsewhere nothing is
+        cached; returns 0). Returns how many summary rows those windows hold plus the rollup
+        rows it computed. Workers call this in the background; when everything is stored
+        already it reads the stored rows and a few index probes per scope."""
         if not self.dialect.postgres:
             return 0
         if now is None:
@@ -465,6 +597,7 @@ class History:
                         lower=since,
                         upper=until,
                         now=now,
+                        fill_only=True,
                     )
                 )
         looked += len(
@@ -472,6 +605,23 @@ class History:
                 self.engine, app=None, metric=None, lower=since, upper=until, now=now
             )
         )
+        # Summaries filtered by the releases and environments seen most recently (read from
+        # the rollups just filled), the filters people use.
+        with self.engine.connect() as conn:
+            recent = {
+                name: rollups.recent_groups(conn, name, since, most)
+                for name, most in (("release", releases), ("environment", environments))
+            }
+        for name, values in recent.items():
+            for value in values:
+                for bucket, count in windows:
+                    step = _BUCKET_STEP[bucket]
+                    end = _truncate(_utc(now), bucket)
+                    looked += len(
+                        self._summary_postgres(
+                            bucket, end - count * step, end, None, self.versions, {name: value}
+                        )
+                    )
         return looked
 
     def _summary_postgres(
@@ -481,10 +631,11 @@ class History:
         until: datetime | None,
         app: str | None,
         versions: Mapping[str, str],
-        attributes: Mapping[str, str] | None = None,
+        attributes: Mapping[str, str | None] | None = None,
     ) -> list[SummaryRow]:
         """Cached rows for complete buckets in the past, live aggregates for the rest (of the
-        scores with the given ``attributes``: release and environment values).
+        scores with the given ``attributes``: release and environment values, ``None`` for
+        the scores of traces without it).
 
         A bucket is complete when the window covers all of it and it has ended; its rows are
         computed once, stored in ``summary_cache`` and dropped by the repository whenever a
@@ -495,14 +646,16 @@ class History:
         step = _BUCKET_STEP[bucket]
         attributes = dict(attributes or {})
         app_key = _scope_key(app, attributes)
-        on_scores = [_ON_SCORES[name] == value for name, value in sorted(attributes.items())]
         with self.engine.connect() as conn:
             # Per metric, the first and last start time in the window: two index probes each.
+            # Not narrowed by the attributes: a release absent from most of the window would
+            # make each probe walk that part of the index. Buckets without its scores are
+            # stored empty once they have ended, so they cost nothing the next time.
             parts = [
                 select(
                     func.min(Score.trace_started_at).label("first"),
                     func.max(Score.trace_started_at).label("last"),
-                ).where(*self._score_filters(since, until, app, {key: version}), *on_scores)
+                ).where(*self._score_filters(since, until, app, {key: version}))
                 for key, version in versions.items()
             ]
             bounds = union_all(*parts).subquery()
@@ -541,11 +694,16 @@ class History:
                 with self.engine.begin() as fill:
                     summary_cache.lock_for_fill(fill)
                     fresh = self._aggregate(fill, wanted, versions, params, app, attributes)
-                    storable = [r for r in fresh if r.bucket_start in complete]
+                    found = {(r.bucket_start, r.metric) for r in fresh}
+                    storable = [r for r in fresh if r.bucket_start in complete] + [
+                        _empty_row(b, m, versions[m])
+                        for b, m in wanted
+                        if b in complete and (b, m) not in found
+                    ]
                     summary_cache.store(fill, bucket, app_key, storable, now)
             elif wanted:
                 fresh = self._aggregate(conn, wanted, versions, params, app, attributes)
-        rows = list(cached.values()) + fresh
+        rows = [r for r in cached.values() if r.count or r.skipped or r.failed] + fresh
         rows.sort(key=lambda r: (r.bucket_start, r.metric))
         return rows
 
@@ -556,7 +714,7 @@ class History:
         versions: Mapping[str, str],
         params: dict[str, Any],
         app: str | None,
-        attributes: Mapping[str, str] | None = None,
+        attributes: Mapping[str, str | None] | None = None,
     ) -> list[SummaryRow]:
         """Live aggregates of (bucket, metric) pairs, each metric at the version ``versions``
         gives; pairs without any result are left out."""
@@ -564,7 +722,11 @@ class History:
         # costs more than the query itself.
         conn.execute(text("SET LOCAL jit = off"))
         rows = conn.execute(
-            _summary_sql(with_app=app is not None, attributes=sorted(attributes or {})),
+            _summary_sql(
+                with_app=app is not None,
+                attributes=sorted(k for k, v in (attributes or {}).items() if v is not None),
+                missing=sorted(k for k, v in (attributes or {}).items() if v is None),
+            ),
             {
                 **params,
                 "starts": [b for b, _m in pairs],
@@ -595,18 +757,28 @@ class History:
         conditions: list[ColumnElement[bool]],
         versions: Mapping[str, str],
         join_traces: bool = False,
+        group: Any = None,
+        by: str | None = None,
     ) -> list[SummaryRow]:
-        stmt = select(Score.trace_started_at, Score.metric, Score.status, Score.value).select_from(
-            Score
-        )
+        """The summary computed from the score rows; with ``group`` (the column of attribute
+        ``by``), per group too."""
+        stmt = select(
+            Score.trace_started_at,
+            Score.metric,
+            Score.status,
+            Score.value,
+            literal(None) if group is None else group,
+        ).select_from(Score)
         if join_traces:
             stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
+        if by == "tag":
+            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
         stmt = stmt.where(*conditions)
-        groups: dict[tuple[datetime, str], tuple[list[float], list[int]]] = {}
+        groups: dict[tuple[datetime, str, str | None], tuple[list[float], list[int]]] = {}
         with self.engine.connect() as conn:
-            for started_at, metric, status, value in conn.execute(stmt):
+            for started_at, metric, status, value, name in conn.execute(stmt):
                 values, counts = groups.setdefault(
-                    (_truncate(started_at, bucket), metric), ([], [0, 0])
+                    (_truncate(started_at, bucket), metric, name), ([], [0, 0])
                 )
                 # The same rules as the Postgres query: a value means a scored result.
                 if value is not None:
@@ -616,7 +788,8 @@ class History:
                 elif status == "failed":
                     counts[1] += 1
         result = []
-        for (bucket_start, metric), (values, (skipped, failed)) in sorted(groups.items()):
+        ordered = sorted(groups.items(), key=lambda item: (*item[0][:2], *_group_order(item[0][2])))
+        for (bucket_start, metric, name), (values, (skipped, failed)) in ordered:
             values.sort()
             p10, p50, p90 = (percentile(values, p) for p in PERCENTILES)
             result.append(
@@ -631,6 +804,8 @@ class History:
                     p90=p90,
                     skipped=skipped,
                     failed=failed,
+                    by=by,
+                    group=name,
                 )
             )
         return result
@@ -1132,6 +1307,26 @@ class History:
     def app_names(self, limit: int = 50) -> list[str]:
         """Names of apps with stored scores (at most ``limit``), for "did you mean" hints."""
         with self.engine.connect() as conn:
+            if self.dialect.postgres:
+                # A skip scan of the index led by the app name: one probe per app, where
+                # DISTINCT reads every score (most of a second at ten million).
+                return list(
+                    conn.scalars(
+                        text(
+                            """
+                            WITH RECURSIVE a(name) AS (
+                                (SELECT app_name FROM scores ORDER BY app_name LIMIT 1)
+                                UNION ALL
+                                SELECT (SELECT app_name FROM scores WHERE app_name > a.name
+                                        ORDER BY app_name LIMIT 1)
+                                FROM a WHERE a.name IS NOT NULL
+                            )
+                            SELECT name FROM a WHERE name IS NOT NULL LIMIT :limit
+                            """
+                        ),
+                        {"limit": limit},
+                    )
+                )
             return list(
                 conn.scalars(
                     select(Score.app_name).distinct().order_by(Score.app_name).limit(limit)

@@ -55,11 +55,18 @@ class SummaryRow:
     """Results that had nothing to score (a missing input, a reference that never came)."""
     failed: int
     """Results where the judge could not produce a valid answer."""
+    by: str | None = None
+    """With a summary grouped by a request attribute: its name."""
+    group: str | None = None
+    """With ``by``: the attribute's value (``None`` for the traces without it)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (the bucket as an ISO 8601 string)."""
+        """A JSON-ready dictionary (the bucket as an ISO 8601 string; with ``by``, the group
+        under the attribute's name after the bucket)."""
+        grouped = {} if self.by is None else {self.by: self.group}
         return {
             "bucket_start": self.bucket_start.isoformat(),
+            **grouped,
             "metric": self.metric,
             "version": self.version,
             "count": self.count,

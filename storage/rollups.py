@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -165,10 +165,14 @@ def group_hours(
     lower: datetime,
     upper: datetime,
     now: datetime,
+    fill_only: bool = False,
 ) -> list[GroupHour]:
     """Every group's sums per hour over ``[lower, upper)``: ended whole hours from the cache
-    (computing and storing the missing ones), the others live."""
+    (computing and storing the missing ones), the others live. With ``fill_only``, only
+    store the missing hours and return what was computed (a background pass)."""
     complete, partial = split_window(lower, upper, now)
+    if fill_only:
+        partial = []
     params: dict[str, Any] = {
         "metric": metric,
         "version": version,
@@ -179,7 +183,11 @@ def group_hours(
         "upper": upper,
     }
     with engine.connect() as conn:
-        cached, seen = _read_groups(conn, metric, version, scope, by, complete)
+        cached: list[GroupHour] = []
+        if fill_only:
+            seen = _stored_hours(conn, metric, version, scope, by, complete)
+        else:
+            cached, seen = _read_groups(conn, metric, version, scope, by, complete)
         live = _aggregate_groups(conn, partial, **params)
         conn.rollback()
     missing = sorted(set(complete) - seen)
@@ -190,6 +198,31 @@ def group_hours(
             fresh = _aggregate_groups(fill, missing, **params)
             _store_groups(fill, metric, version, scope, by, missing, fresh, now)
     return cached + fresh + live
+
+
+def _stored_hours(
+    conn: Connection,
+    metric: str,
+    version: str,
+    scope: str,
+    by: str,
+    starts: Sequence[datetime],
+) -> set[datetime]:
+    if not starts:
+        return set()
+    stmt = (
+        select(GroupCache.bucket_start)
+        .distinct()
+        .where(
+            GroupCache.metric == metric,
+            GroupCache.version == version,
+            GroupCache.scope == scope,
+            GroupCache.attribute == by,
+            GroupCache.bucket_start >= min(starts),
+            GroupCache.bucket_start <= max(starts),
+        )
+    )
+    return {_utc(start) for start in conn.execute(stmt).scalars()} & set(starts)
 
 
 def _read_groups(
@@ -231,6 +264,26 @@ def _read_groups(
                 )
             )
     return rows, seen
+
+
+def recent_groups(conn: Connection, by: str, since: datetime, limit: int) -> list[str]:
+    """The ``limit`` values of ``by`` seen most recently since ``since`` (every app, any
+    variant), from the rolled-up hours."""
+    if limit < 1:
+        return []
+    rows = conn.execute(
+        select(GroupCache.group_value)
+        .where(
+            GroupCache.attribute == by,
+            GroupCache.scope == "",
+            GroupCache.missing.is_(False),
+            GroupCache.bucket_start >= since,
+        )
+        .group_by(GroupCache.group_value)
+        .order_by(func.max(GroupCache.bucket_start).desc(), GroupCache.group_value)
+        .limit(limit)
+    )
+    return list(rows.scalars())
 
 
 # An hour without any scored result is stored as a row with no results (a real group has at

@@ -73,6 +73,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_common(summary, metric_help="only this metric (default: every metric)")
     _add_where(summary)
+    summary.add_argument(
+        "--by",
+        type=_attribute_name,
+        default=None,
+        metavar="ATTR",
+        help=f"split each bucket by this attribute: {', '.join(ATTRIBUTE_NAMES)} (the traces "
+        "without it form the group (none))",
+    )
     _add_bucket(summary)
     _add_format(summary)
     summary.set_defaults(handler=_piped(_cmd_summary))
@@ -302,6 +310,7 @@ def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[Summar
         metric=metric,
         version=version,
         where=args.where,
+        by=getattr(args, "by", None),
     )
     return rows, _window_text(since, until)
 
@@ -310,10 +319,12 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     with _database(args) as engine:
         rows, window = _summary_rows(args, engine)
         hint = "" if rows else _nothing_hint(args, engine)
+    by = args.by
     if args.format == "json":
         _print_json([r.as_dict() for r in rows])
     elif args.format == "csv":
-        _print_csv(SUMMARY_FIELDS, [r.as_dict() for r in rows])
+        fields = SUMMARY_FIELDS if by is None else (SUMMARY_FIELDS[0], by, *SUMMARY_FIELDS[1:])
+        _print_csv(fields, [r.as_dict() for r in rows])
     if hint and args.format != "table":
         print(f"recalltrace: {hint}", file=sys.stderr)
     if args.format == "table":
@@ -326,13 +337,19 @@ def _cmd_summary(args: argparse.Namespace) -> int:
             console.print(f"No scores for {window}." + (f" Note: {_safe(hint)}." if hint else ""))
             return EXIT_OK
         stats = SUMMARY_FIELDS[3:]
-        title = f"Scores by {args.bucket}, {window}"
+        title = f"Scores by {args.bucket}" + ("" if by is None else f" and {by}") + f", {window}"
         table = Table(title=title, title_justify="left")
-        for name in (args.bucket, "metric", "v", *stats):
-            table.add_column(name, justify="left" if name in (args.bucket, "metric") else "right")
+        group = () if by is None else (by,)
+        left = (args.bucket, *group, "metric")
+        for name in (*left, "v", *stats):
+            table.add_column(name, justify="left" if name in left else "right")
+
+        def group_cell(r: SummaryRow) -> tuple[str, ...]:
+            return () if by is None else (_safe("(none)" if r.group is None else r.group),)
+
         for r in rows:
             when = _bucket_text(r.bucket_start, args.bucket)
-            table.add_row(when, r.metric, _safe(r.version), *_summary_stat_cells(r))
+            table.add_row(when, *group_cell(r), r.metric, _safe(r.version), *_summary_stat_cells(r))
         unbounded = console.options.update_width(10_000)
         if console.measure(table, options=unbounded).maximum <= console.width:
             console.print(table)
@@ -344,10 +361,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
             part = Table(
                 title=f"{metric} (version {_safe(series[0].version)})", title_justify="left"
             )
-            for name in (args.bucket, *stats):
-                part.add_column(name, justify="left" if name == args.bucket else "right")
+            for name in (args.bucket, *group, *stats):
+                part.add_column(name, justify="left" if name in left else "right")
             for r in series:
-                part.add_row(_bucket_text(r.bucket_start, args.bucket), *_summary_stat_cells(r))
+                part.add_row(
+                    _bucket_text(r.bucket_start, args.bucket),
+                    *group_cell(r),
+                    *_summary_stat_cells(r),
+                )
             console.print(part)
     return EXIT_OK
 

@@ -254,3 +254,33 @@ def test_labels_correct_the_comparison_and_the_check(url: str, tmp_path: Path) -
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM labels"))
         engine.dispose()
+
+
+def test_summary_by_release_and_tag_splits_each_bucket(url: str) -> None:
+    by_release = run("scores", "summary", "--metric", METRIC, "--by", "release", "--format",
+                     "json", url=url)  # fmt: skip
+    assert by_release.returncode == 0, by_release.stderr
+    rows = json.loads(by_release.stdout)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["release"]] = counts.get(row["release"], 0) + row["count"]
+    assert counts == {"2.4.1": 400, "2.5.0": 400, "2.5.1-canary": 5}
+    # Each group's rows are the summary filtered by it.
+    filtered = run("scores", "summary", "--metric", METRIC, "--where", "release=2.5.0",
+                   "--format", "json", url=url)  # fmt: skip
+    assert [
+        {k: v for k, v in r.items() if k != "release"} for r in rows if r["release"] == "2.5.0"
+    ] == json.loads(filtered.stdout)
+
+    by_tag = run("scores", "summary", "--metric", METRIC, "--by", "tag", "--format", "csv",
+                 url=url)  # fmt: skip
+    assert by_tag.returncode == 0, by_tag.stderr
+    lines = by_tag.stdout.splitlines()
+    assert lines[0].startswith("bucket_start,tag,metric,")
+    tags = {line.split(",")[1] for line in lines[1:]}
+    assert tags == {"beta", ""}  # the traces without a tag: an empty cell
+    table = run("scores", "summary", "--metric", METRIC, "--by", "tag", url=url)
+    assert table.returncode == 0, table.stderr
+    assert "(none)" in table.stdout and "beta" in table.stdout
+    bad = run("scores", "summary", "--by", "colour", url=url)
+    assert bad.returncode == 2 and "colour" in bad.stderr and "Traceback" not in bad.stderr

@@ -6,7 +6,7 @@ import json
 import random
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -568,3 +568,34 @@ def test_worst_per_question_agrees_with_ranking_every_result(
         (trace_id, q, counts[q]) for q, trace_id in list(first.items())[:4]
     ]
     assert rows[0].question == "Why is my invoice late?" and rows[0].traces_with_question == 70
+
+
+def test_summary_by_an_attribute_is_each_group_filtered(repo: Repository, history: History) -> None:
+    """Split by release, each group's rows equal the summary filtered by it (on Postgres from
+    the summary cache), and the traces without a release form their own group, last."""
+    metric = "id_based_context_recall"
+    now = datetime.now(timezone.utc)
+    plan = []
+    for index in range(24):
+        trace = trace_at(now - timedelta(days=index % 3, hours=index))
+        trace.release = [None, "2.4.1", "2.5.0"][index % 3]
+        trace.environment = "staging" if index % 4 == 0 else "production"
+        plan.append((trace, [scored(metric, (index % 5) / 4)]))
+    seed(repo, plan)
+    for by in ("release", "environment", "app", "user_id"):
+        rows = history.summary(bucket="day", metric=metric, by=by)
+        groups = [r.group for r in rows]
+        assert all(r.by == by for r in rows)
+        assert sum(r.count for r in rows) == 24
+        for group in {g for g in groups if g is not None}:
+            alone = history.summary(bucket="day", metric=metric, where=[(by, group)])
+            assert [replace(r, by=by, group=group) for r in alone] == [
+                r for r in rows if r.group == group
+            ]
+    rows = history.summary(bucket="day", metric=metric, by="release")
+    assert sum(r.count for r in rows if r.group is None) == 8
+    first_day = [r.group for r in rows if r.bucket_start == rows[0].bucket_start]
+    assert first_day == sorted(g for g in first_day if g is not None) + [None] * (None in first_day)
+    assert rows[0].as_dict()["release"] == rows[0].group
+    with pytest.raises(ValueError, match="unknown attribute"):
+        history.summary(by="colour")

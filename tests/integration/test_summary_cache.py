@@ -28,8 +28,12 @@ def Result(metric: str, value: float) -> ScoreResult:
     )
 
 
-def score_traces(repo: Repository, started_at: datetime, values: list[float]) -> None:
+def score_traces(
+    repo: Repository, started_at: datetime, values: list[float], release: str | None = None
+) -> None:
     traces = [make_trace(started_at=started_at, reference_context_ids=["doc_1"]) for _ in values]
+    for trace in traces:
+        trace.release = release
     repo.write_traces(traces)
     jobs = {j.trace_id: j for j in repo.claim_jobs("w", limit=1000, lease=timedelta(minutes=5))}
     repo.finish_jobs(
@@ -163,7 +167,7 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
     now = datetime.now(timezone.utc)
     old, recent = now - timedelta(days=3), now - timedelta(hours=3)
     score_traces(repo, old, [0.0, 1.0])
-    score_traces(repo, recent, [0.5])
+    score_traces(repo, recent, [0.5], release="2.5.0")
     assert cache_rows(pg_engine) == 0
 
     worker = Worker(
@@ -185,6 +189,8 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
         ("day", day, "support-bot"),
         ("hour", hour, ""),
         ("hour", hour, "support-bot"),
+        # The release seen recently, filtered: its hour bucket.
+        ("hour", hour, "\x1frelease=2.5.0"),
     }
     deadline = time.monotonic() + 30
     try:
@@ -206,6 +212,11 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
     history = make_history(pg_engine)
     rows = history.summary(bucket="day", metric=METRIC, since=day, until=day + timedelta(days=1))
     assert [(r.count, r.mean) for r in rows] == [(2, 0.5)]
+    rows = history.summary(
+        bucket="hour", metric=METRIC, since=hour, until=hour + timedelta(hours=1),
+        where=[("release", "2.5.0")],
+    )  # fmt: skip
+    assert [(r.count, r.mean) for r in rows] == [(1, 0.5)]
     assert cache_rows(pg_engine) == before
     assert history.warm_summaries() > 0  # a second pass finds everything stored
     assert cache_rows(pg_engine) == before
@@ -247,6 +258,7 @@ def test_summaries_filtered_by_release_are_cached_scoped_and_dropped_with_their_
     assert keys == {
         "\x1frelease=2.4.1",
         "\x1frelease=2.5.0",
+        "\x1frelease=9.9",  # its ended bucket is stored empty: not computed again
         "\x1fenvironment=production\x1frelease=2.5.0",
         "support-bot\x1fenvironment=staging",
     }
