@@ -78,3 +78,29 @@ def test_shell_examples_after_the_quick_start(tmp_path: Path) -> None:
         # `check` exits 1 when the mean is below the threshold; the half-found second
         # question keeps the mean at 0.75, above 0.7.
         assert result.returncode == 0, (command, result.stdout, result.stderr[-2000:])
+
+
+def test_the_python_history_example_of_the_cli_docs_runs(tmp_path: Path) -> None:
+    """docs/cli.md's "From Python" example, on the database the README's examples leave."""
+    docs = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## From Python") :]
+    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    url = "postgresql://rag@db/recalltrace"
+    assert url in example
+    (tmp_path / "quickstart.py").write_text("\n\n".join(blocks("python")), encoding="utf-8")
+    database = f"sqlite:///{tmp_path / 'recalltrace.db'}"
+    (tmp_path / "history.py").write_text(example.replace(url, database), encoding="utf-8")
+    env = clean_env()
+    for script in ("quickstart.py", "history.py"):
+        run = subprocess.run(
+            [sys.executable, script], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+        assert run.returncode == 0, (script, run.stderr[-2000:])
+    printed = run.stdout.splitlines()
+    # The two scored traces: a summary row, the same split by release (none set), the lower
+    # one's worst row and detail, and the release comparison (too few traces to judge).
+    assert printed[0].endswith(" 2 0.75 0.75"), printed
+    assert printed[1].endswith(" None id_based_context_recall 2 0.75"), printed
+    assert printed[2].startswith("0.5 "), printed
+    assert printed[-1] == "None 2 0.75 None too few traces", printed
