@@ -787,6 +787,11 @@ class History:
                     counts[0] += 1
                 elif status == "failed":
                     counts[1] += 1
+        if group is not None and len({key[2] for key in groups}) > MAX_SUMMARY_GROUPS:
+            raise ValueError(
+                f"more than {MAX_SUMMARY_GROUPS} values of {by} in the window; narrow it "
+                "with --since/--until or --where"
+            )
         result = []
         ordered = sorted(groups.items(), key=lambda item: (*item[0][:2], *_group_order(item[0][2])))
         for (bucket_start, metric, name), (values, (skipped, failed)) in ordered:

@@ -243,6 +243,7 @@ def render_html(
             f"<td>{e(cell)}</td>"
             for cell in (
                 _bucket_text(r.bucket_start, bucket),
+                *(() if r.by is None else ("(none)" if r.group is None else r.group,)),
                 r.metric,
                 r.version,
                 *_summary_stat_cells(r),
@@ -251,9 +252,11 @@ def render_html(
         + "</tr>"
         for r in rows
     )
+    by = next((r.by for r in rows if r.by is not None), None)
     header = "".join(
-        f"<th>{name}</th>"
-        for name in (bucket, *SUMMARY_FIELDS[1:])  # the time column is named after the bucket
+        f"<th>{e(name)}</th>"
+        # The time column is named after the bucket, a group column after its attribute.
+        for name in (bucket, *(() if by is None else (by,)), *SUMMARY_FIELDS[1:])
     )
     return f"""<!DOCTYPE html>
 <html lang="en">

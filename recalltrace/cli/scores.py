@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_common(plot, metric_help="only this metric (default: every metric)")
     _add_where(plot)
+    plot.add_argument(
+        "--by",
+        type=_attribute_name,
+        default=None,
+        metavar="ATTR",
+        help="one line per value of this attribute (and metric), e.g. --by release",
+    )
     _add_bucket(plot)
     plot.add_argument(
         "--out", required=True, metavar="FILE", help="output file: FILE.html or FILE.svg"
@@ -302,16 +310,19 @@ def _nothing_hint(args: argparse.Namespace, engine: Engine) -> str:
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
     metric, version = _metric_version(args)
     since, until = _window(args)
-    rows = _history(engine).summary(
-        bucket=args.bucket,
-        since=since,
-        until=until,
-        app=args.app,
-        metric=metric,
-        version=version,
-        where=args.where,
-        by=getattr(args, "by", None),
-    )
+    try:
+        rows = _history(engine).summary(
+            bucket=args.bucket,
+            since=since,
+            until=until,
+            app=args.app,
+            metric=metric,
+            version=version,
+            where=args.where,
+            by=getattr(args, "by", None),
+        )
+    except ValueError as exc:  # too many groups for --by
+        raise CommandError(str(exc)) from None
     return rows, _window_text(since, until)
 
 
@@ -496,7 +507,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if hint:
         print(f"recalltrace: {hint}", file=sys.stderr)
     title = f"Context recall by {args.bucket}" + (f", app {args.app}" if args.app else "")
-    svg = render_svg(rows, bucket=args.bucket, title=title, subtitle=window)
+    lines = rows
+    if args.by is not None:
+        title += f" and {args.by}"
+        # One series per (metric, group): the legend names both.
+        lines = [
+            replace(r, metric=f"{r.metric} {'(none)' if r.group is None else r.group}")
+            for r in rows
+        ]
+    svg = render_svg(lines, bucket=args.bucket, title=title, subtitle=window)
     if suffix == ".svg":
         document = '<?xml version="1.0" encoding="UTF-8"?>\n' + svg
     else:

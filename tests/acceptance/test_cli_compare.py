@@ -284,3 +284,38 @@ def test_summary_by_release_and_tag_splits_each_bucket(url: str) -> None:
     assert "(none)" in table.stdout and "beta" in table.stdout
     bad = run("scores", "summary", "--by", "colour", url=url)
     assert bad.returncode == 2 and "colour" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_plot_by_release_draws_a_line_per_release(url: str, tmp_path: Path) -> None:
+    page = tmp_path / "releases.html"
+    done = run("scores", "plot", "--metric", METRIC, "--by", "release", "--out", str(page),
+               url=url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = page.read_text()
+    for release in ("2.4.1", "2.5.0", "2.5.1-canary"):
+        assert f"{METRIC} {release} v" in document  # a legend entry per release
+    assert "<th>release</th>" in document
+    data = json.loads(
+        document.split('id="recalltrace-data">')[1].split("</script>")[0].replace("<\\/", "</")
+    )
+    assert {row["release"] for row in data["rows"]} == {"2.4.1", "2.5.0", "2.5.1-canary"}
+    assert {row["metric"] for row in data["rows"]} == {METRIC}
+
+
+def test_summary_by_an_attribute_with_too_many_values_says_so(url: str) -> None:
+    """Every trace has its own user: one group each is more than a table can show."""
+    done = run("scores", "summary", "--by", "user_id", url=url)
+    # The fixture's traces carry no user id: one group, (none).
+    assert done.returncode == 0 and "(none)" in done.stdout, done.stderr
+    engine = create_engine_from_url(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE traces SET user_id = 'user-' || trace_id"))
+        many = run("scores", "summary", "--by", "user_id", url=url)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE traces SET user_id = NULL"))
+        engine.dispose()
+    assert many.returncode == 2, many.stdout
+    assert "more than 50 values of user_id in the window" in many.stderr
+    assert "Traceback" not in many.stderr
