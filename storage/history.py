@@ -560,8 +560,8 @@ class History:
         the last ``hours`` hours, for every app together and for each of (at most ``apps``)
         apps, every metric at its version; the hourly rollups of the last ``days`` days that
         ``scores compare`` by release, environment or tag and ``scores cost`` read (every app
-        together); and the summaries filtered by each of the ``releases`` releases and
-        ``environments`` environments seen most recently. Postgres only (elsewhere nothing is
+        together); and the summaries and costs filtered by each of the ``releases`` releases
+        and ``environments`` environments seen most recently. Postgres only (elsewhere nothing is
         cached; returns 0). Returns how many summary rows those windows hold plus the rollup
         rows it computed. Workers call this in the background; when everything is stored
         already it reads the stored rows and a few index probes per scope."""
@@ -602,7 +602,14 @@ class History:
                 )
         looked += len(
             rollups.cost_hours(
-                self.engine, app=None, metric=None, lower=since, upper=until, now=now
+                self.engine,
+                scope="",
+                app=None,
+                attributes={},
+                metric=None,
+                lower=since,
+                upper=until,
+                now=now,
             )
         )
         # Summaries filtered by the releases and environments seen most recently (read from
@@ -614,6 +621,18 @@ class History:
             }
         for name, values in recent.items():
             for value in values:
+                looked += len(
+                    rollups.cost_hours(
+                        self.engine,
+                        scope=_scope_key(None, {name: value}),
+                        app=None,
+                        attributes={name: value},
+                        metric=None,
+                        lower=since,
+                        upper=until,
+                        now=now,
+                    )
+                )
                 for bucket, count in windows:
                     step = _BUCKET_STEP[bucket]
                     end = _truncate(_utc(now), bucket)
@@ -1079,10 +1098,19 @@ class History:
         until: datetime | None = None,
         app: str | None = None,
         metric: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
+        by: str | None = None,
     ) -> list[CostRow]:
         """Judge tokens and money per UTC day (when the results were stored), variant and
-        judge model, over the results stored in ``[since, until)``; ordered by day, variant,
-        model."""
+        judge model, over the results stored in ``[since, until)`` of the traces matching
+        ``where``; ordered by day, variant, model. With ``by`` (one of :data:`ATTRIBUTES`),
+        also per value of that attribute (rows carry ``by`` and ``group``), at most
+        ``MAX_SUMMARY_GROUPS`` values.
+
+        On Postgres, without ``by`` and with ``where`` on release, environment or app only,
+        the ended hours come from ``cost_cache`` (see ``storage.rollups``)."""
+        if by is not None and by not in ATTRIBUTES:
+            raise ValueError(f"unknown attribute {by!r}; use one of: {', '.join(ATTRIBUTES)}")
         conditions: list[ColumnElement[bool]] = [Score.model.is_not(None)]
         if since is not None:
             conditions.append(Score.scored_at >= since)
@@ -1092,27 +1120,36 @@ class History:
             conditions.append(Score.app_name == check_filter_text("app", app))
         if metric is not None:
             conditions.append(Score.metric == self.check_metric(metric))
+        scope = _scope(app, where) if self.dialect.postgres and by is None else None
+        if scope is not None:
+            scoped_app, attributes = scope
+            return self._rolled_cost(conditions, since, until, scoped_app, metric, attributes)
+        group = self._attribute_filters(by, where, conditions)
         if self.dialect.postgres:
-            return self._rolled_cost(conditions, since, until, app, metric)
-        day = func.substr(Score.scored_at, 1, 10)
+            day: Any = func.date_trunc("day", func.timezone("UTC", Score.scored_at))
+        else:
+            day = func.substr(Score.scored_at, 1, 10)
+        keys = [day, Score.metric, Score.model, literal(None) if group is None else group]
         stmt = (
             select(
-                day.label("day"),
-                Score.metric,
-                Score.model,
+                *keys,
                 func.count(),
                 func.coalesce(func.sum(Score.prompt_tokens), 0),
                 func.coalesce(func.sum(Score.completion_tokens), 0),
                 func.sum(Score.cost_usd),
                 func.count().filter(Score.cost_usd.is_(None)),
             )
+            .select_from(Score)
             .where(*conditions)
-            .group_by(day, Score.metric, Score.model)
-            .order_by(day, Score.metric, Score.model)
+            .group_by(*keys[:3], *keys[3:] if group is not None else ())
         )
+        if _joins_traces(by, where):
+            stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
+        if by == "tag":
+            stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
         rows = []
         with self.engine.connect() as conn:
-            for when, key, model, n, prompt, completion, cost, unpriced in conn.execute(stmt):
+            for when, key, model, name, n, prompt, completion, cost, unpriced in conn.execute(stmt):
                 if isinstance(when, str):
                     when = datetime.fromisoformat(when[:10]).replace(tzinfo=timezone.utc)
                 else:
@@ -1127,8 +1164,16 @@ class History:
                         int(completion),
                         None if cost is None else float(cost),
                         int(unpriced or 0),
+                        by=by,
+                        group=name,
                     )
                 )
+        if by is not None and len({r.group for r in rows}) > MAX_SUMMARY_GROUPS:
+            raise ValueError(
+                f"more than {MAX_SUMMARY_GROUPS} values of {by} in the window; narrow it "
+                "with --since/--until or --where"
+            )
+        rows.sort(key=lambda r: (r.day, r.metric, r.model, *_group_order(r.group)))
         return rows
 
     def _rolled_cost(
@@ -1138,6 +1183,7 @@ class History:
         until: datetime | None,
         app: str | None,
         metric: str | None,
+        attributes: Mapping[str, str],
     ) -> list[CostRow]:
         """:meth:`cost` from the hourly rollups (``storage.rollups``): ended hours of scoring
         from ``cost_cache``, the window's partial edges live, summed into UTC days."""
@@ -1156,7 +1202,14 @@ class History:
             return []
         days: dict[tuple[datetime, str, str], list[Any]] = {}
         for hour in rollups.cost_hours(
-            self.engine, app=app, metric=metric, lower=lower, upper=upper, now=now
+            self.engine,
+            scope=_scope_key(app, attributes),
+            app=app,
+            attributes=attributes,
+            metric=metric,
+            lower=lower,
+            upper=upper,
+            now=now,
         ):
             day = hour.hour.replace(hour=0)
             into = days.setdefault((day, hour.metric, hour.model), [0, 0, 0, None, 0])

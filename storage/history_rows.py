@@ -143,11 +143,18 @@ class CostRow:
     """The sum of the priced results; ``None`` when none had a price."""
     unpriced: int
     """Results whose cost LiteLLM's price list did not know (not in ``cost_usd``)."""
+    by: str | None = None
+    """With a cost grouped by a request attribute: its name."""
+    group: str | None = None
+    """With ``by``: the attribute's value (``None`` for the traces without it)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
+        """A JSON-ready dictionary (with ``by``, the group under the attribute's name after
+        the day)."""
+        grouped = {} if self.by is None else {self.by: self.group}
         return {
             "day": self.day.date().isoformat(),
+            **grouped,
             "metric": self.metric,
             "model": self.model,
             "scores": self.scores,

@@ -370,8 +370,9 @@ class GroupCache(Base):
 
 
 class CostCache(Base):
-    """Per ended hour of scoring, scope (app key, empty for every app), variant and judge
-    model: the results' count, tokens and money (Postgres only), what ``scores cost`` reads.
+    """Per ended hour of scoring, scope (app and filters, as ``GroupCache.scope``), variant
+    and judge model: the results' count, tokens and money (Postgres only), what ``scores
+    cost`` reads.
 
     Rows are removed in the transaction that writes, replaces or deletes a score stored in
     their hour, and all of them when retention deletes traces.

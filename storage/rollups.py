@@ -11,9 +11,10 @@ rows and two hour-long index ranges.
   other than 0 and 1. It changes exactly where the summary cache does (a score written or
   deleted in that hour, traces deleted before a cutoff), so
   :func:`storage.summary_cache.invalidate` drops both.
-- ``cost_cache`` holds, per hour of *scoring*, scope (app), variant and judge model, the count,
-  tokens and money. A score replaced or deleted drops the hour it had been stored in, and the
-  hour of its replacement (see :func:`invalidate_cost`).
+- ``cost_cache`` holds, per hour of *scoring*, scope (app, and release or environment
+  filters), variant and judge model, the count, tokens and money. A score replaced or deleted
+  drops the hour it had been stored in, and the hour of its replacement (see
+  :func:`invalidate_cost`).
 
 Fills take the summary cache's exclusive lock, so no score can land in an hour between its
 rollup being computed and stored.
@@ -364,10 +365,12 @@ class CostHour:
     unpriced: int
 
 
-def _cost_sql(with_app: bool, with_metric: bool) -> Any:
+def _cost_sql(with_app: bool, with_metric: bool, attributes: Sequence[str]) -> Any:
     filters = (" AND sc.app_name = :app" if with_app else "") + (
         " AND sc.metric = :metric" if with_metric else ""
     )
+    for name in attributes:  # only release and environment reach here
+        filters += f" AND sc.{name} = :attr_{name}"
     return text(
         f"""
         SELECT p.hour, c.metric, c.model, c.n, c.prompt, c.completion, c.cost, c.unpriced
@@ -393,6 +396,7 @@ def _aggregate_cost(
     starts: Sequence[datetime],
     *,
     app: str | None,
+    attributes: Mapping[str, str],
     metric: str | None,
     lower: datetime,
     upper: datetime,
@@ -401,13 +405,14 @@ def _aggregate_cost(
         return []
     conn.execute(text("SET LOCAL jit = off"))
     rows = conn.execute(
-        _cost_sql(app is not None, metric is not None),
+        _cost_sql(app is not None, metric is not None, sorted(attributes)),
         {
             "starts": list(starts),
             "app": app,
             "metric": metric,
             "lower": lower,
             "upper": upper,
+            **{f"attr_{name}": value for name, value in attributes.items()},
         },
     ).all()
     return [
@@ -428,18 +433,25 @@ def _aggregate_cost(
 def cost_hours(
     engine: Any,
     *,
+    scope: str,
     app: str | None,
+    attributes: Mapping[str, str],
     metric: str | None,
     lower: datetime,
     upper: datetime,
     now: datetime,
 ) -> list[CostHour]:
-    """Judge spend per hour, variant and model over scoring times in ``[lower, upper)``:
-    ended whole hours from the cache (every variant of the scope; computing and storing the
-    missing ones), the others live."""
-    scope = app or ""
+    """Judge spend per hour, variant and model over scoring times in ``[lower, upper)`` of
+    the scores of ``app`` with the given ``attributes`` (release, environment), cached under
+    ``scope``: ended whole hours from the cache (every variant of the scope; computing and
+    storing the missing ones), the others live."""
     complete, partial = split_window(lower, upper, now)
-    window: dict[str, Any] = {"app": app, "lower": lower, "upper": upper}
+    window: dict[str, Any] = {
+        "app": app,
+        "attributes": attributes,
+        "lower": lower,
+        "upper": upper,
+    }
     with engine.connect() as conn:
         cached, seen = _read_cost(conn, scope, complete)
         live = _aggregate_cost(conn, partial, metric=metric, **window)

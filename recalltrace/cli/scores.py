@@ -186,6 +186,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
     )
     cost.add_argument("--metric", default=None, metavar="METRIC", help="only this metric")
+    _add_where(cost)
+    cost.add_argument(
+        "--by",
+        type=_attribute_name,
+        default=None,
+        metavar="ATTR",
+        help=f"split each day by this attribute: {', '.join(ATTRIBUTE_NAMES)}",
+    )
     _add_format(cost)
     cost.set_defaults(handler=_piped(_cmd_cost))
 
@@ -818,7 +826,12 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     with _database(args) as engine:
         try:
             rows = _history(engine).cost(
-                since=since, until=until, app=args.app, metric=_metric(args.metric)
+                since=since,
+                until=until,
+                app=args.app,
+                metric=_metric(args.metric),
+                where=args.where,
+                by=args.by,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
@@ -830,7 +843,10 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
         from recalltrace.storage.history_rows import CostRow
 
-        _print_csv([f.name for f in dataclasses.fields(CostRow)], [r.as_dict() for r in rows])
+        fields = [f.name for f in dataclasses.fields(CostRow) if f.name not in ("by", "group")]
+        if args.by is not None:
+            fields.insert(1, args.by)
+        _print_csv(fields, [r.as_dict() for r in rows])
         return EXIT_OK
     from rich.table import Table
 
@@ -839,17 +855,19 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     if not rows:
         console.print(f"No judge calls for {window}.")
         return EXIT_OK
-    table = Table(title=f"Judge cost by day, {window}", title_justify="left")
-    for name in ("day", "metric", "model", "scores", "prompt tok", "completion tok", "USD"):
-        table.add_column(
-            name, justify="right" if name not in ("day", "metric", "model") else "left"
-        )
+    by = args.by
+    title = "Judge cost by day" + ("" if by is None else f" and {by}") + f", {window}"
+    table = Table(title=title, title_justify="left")
+    left = ("day", *(() if by is None else (by,)), "metric", "model")
+    for name in (*left, "scores", "prompt tok", "completion tok", "USD"):
+        table.add_column(name, justify="left" if name in left else "right")
     for r in rows:
         money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
         if r.cost_usd is not None and r.unpriced:
             money += f" (+{r.unpriced} unpriced)"
         table.add_row(
             r.day.date().isoformat(),
+            *(() if by is None else (_safe("(none)" if r.group is None else r.group),)),
             r.metric,
             _safe(r.model),
             str(r.scores),

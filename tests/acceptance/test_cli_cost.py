@@ -41,7 +41,11 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_cost_sums_what_the_judge_calls_spent(url: str) -> None:
     repo = make_repository(create_engine_from_url(url), metrics=[METRIC])
-    repo.write_traces([make_trace() for _ in range(4)])
+    traces = [make_trace() for _ in range(4)]
+    for index, trace in enumerate(traces):  # three on 2.5.0 (one tagged), one on no release
+        trace.release = "2.5.0" if index else None
+        trace.tags = ["beta"] if index == 1 else []
+    repo.write_traces(traces)
     repo.dispose()
     with JudgeServer() as judge:
         worker = run(
@@ -78,3 +82,20 @@ def test_cost_sums_what_the_judge_calls_spent(url: str) -> None:
     assert f"Total: {prompt + completion:,} tokens, {cost:.4f} USD" in table.stdout
     nothing = run("scores", "cost", "--metric", "id_based_context_recall", url=url)
     assert "No judge calls" in nothing.stdout
+
+    # Filtered and split by request attribute, the same calls add up.
+    released = run("scores", "cost", "--where", "release=2.5.0", "--format", "json", url=url)
+    assert released.returncode == 0, released.stderr
+    (row,) = json.loads(released.stdout)
+    assert row["scores"] == 3
+    by_release = run("scores", "cost", "--by", "release", "--format", "json", url=url)
+    assert by_release.returncode == 0, by_release.stderr
+    rows = json.loads(by_release.stdout)
+    assert [(r["release"], r["scores"]) for r in rows] == [("2.5.0", 3), (None, 1)]
+    assert sum(r["prompt_tokens"] for r in rows) == prompt
+    by_tag = run("scores", "cost", "--by", "tag", "--format", "csv", url=url)
+    lines = by_tag.stdout.splitlines()
+    assert lines[0].startswith("day,tag,metric,model,scores,")
+    assert [line.split(",")[1] for line in lines[1:]] == ["beta", ""]
+    table = run("scores", "cost", "--by", "release", url=url)
+    assert "(none)" in table.stdout and "2.5.0" in table.stdout

@@ -298,3 +298,46 @@ def test_cost_from_the_hourly_rollups_follows_retried_and_replaced_results(
     want = cost_by_sql(pg_engine, since)
     assert "gpt-d" not in [r[2] for r in want]
     assert as_tuples(history.cost(since=since)) == want
+
+
+def test_cost_filtered_by_release_is_rolled_up_in_its_own_scope(pg_engine: Engine) -> None:
+    metric = "llm_context_recall"
+    repo = make_repository(pg_engine, metrics=[metric])
+    history = make_history(pg_engine)
+    now = datetime.now(timezone.utc)
+    traces = [make_trace(started_at=now - timedelta(days=3)) for _ in range(5)]
+    for index, trace in enumerate(traces):
+        trace.release = "2.5.0" if index % 2 else "2.4.1"
+    repo.write_traces(traces)
+    jobs = repo.claim_jobs("w", limit=10, lease=timedelta(minutes=5))
+    repo.finish_jobs(
+        [
+            (
+                job,
+                ScoreResult(
+                    metric=metric, value=0.5, status="scored", reason="judge", model="gpt-a",
+                    prompt_tokens=10 * (index + 1), completion_tokens=1, cost_usd=0.01,
+                ),
+            )
+            for index, job in enumerate(jobs)
+        ]
+    )  # fmt: skip
+    scored_at(pg_engine, now, now - timedelta(days=2))
+    since = now - timedelta(days=4)
+
+    def by_sql(release: str) -> int:
+        with pg_engine.connect() as conn:
+            return int(
+                conn.scalar(
+                    text("SELECT sum(prompt_tokens) FROM scores WHERE release = :r"),
+                    {"r": release},
+                )
+            )
+
+    for release in ("2.5.0", "2.4.1"):
+        for _ in range(2):  # computed, then from the cache
+            rows = history.cost(since=since, until=now, where=[("release", release)])
+            assert sum(r.prompt_tokens for r in rows) == by_sql(release)
+    with pg_engine.connect() as conn:
+        scopes = set(conn.scalars(select(CostCache.scope).where(CostCache.n > 0)))
+    assert scopes == {"\x1frelease=2.5.0", "\x1frelease=2.4.1"}

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, delete, func, select
 
 from recalltrace.scorers import ScoreResult
 from recalltrace.storage import summary_cache
-from recalltrace.storage.models import SummaryCache
+from recalltrace.storage.models import CostCache, SummaryCache
 from recalltrace.storage.repository import Repository
 from tests.support.factories import make_history, make_repository, make_trace
 
@@ -205,6 +205,9 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     stored = cached_keys(pg_engine)
     assert not {key for key in stored if key[1] in (this_hour, today)}  # still filling
+    with pg_engine.connect() as conn:  # the judge-cost hours too, of every app and the release
+        scopes = set(conn.scalars(select(CostCache.scope).distinct()))
+    assert scopes == {"", "\x1frelease=2.5.0"}
 
     # A user's query over ended buckets now finds them all stored: it stores nothing more,
     # and its figures are the scores' own.
