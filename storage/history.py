@@ -497,6 +497,25 @@ class History:
             by=by,
         )
 
+    def _few_tags(self) -> bool:
+        """Whether traces carry few enough distinct tags (``rollups.MAX_ROLLED_TAGS``) for
+        per-hour sums by tag: with one tag per customer, say, those would hold a row per tag
+        per hour and outgrow the scores they sum, so such tags are summed from the scores."""
+        stmt = text(
+            """
+            WITH RECURSIVE t(tag) AS (
+                (SELECT tag FROM trace_tags ORDER BY tag LIMIT 1)
+                UNION ALL
+                SELECT (SELECT tag FROM trace_tags WHERE tag > t.tag ORDER BY tag LIMIT 1)
+                FROM t WHERE t.tag IS NOT NULL
+            )
+            SELECT count(*) FROM (SELECT tag FROM t WHERE tag IS NOT NULL LIMIT :most) AS f
+            """
+        )
+        with self.engine.connect() as conn:
+            found = conn.execute(stmt, {"most": rollups.MAX_ROLLED_TAGS + 1}).scalar_one()
+        return int(found) <= rollups.MAX_ROLLED_TAGS
+
     def _groups_in_window(
         self, by: str, since: datetime | None, until: datetime | None
     ) -> list[str | None]:
@@ -583,8 +602,9 @@ class History:
         # and tag) and of ``scores cost``, over the same days.
         until = _truncate(_utc(now), "hour")
         since = until - timedelta(days=days)
+        grouped = [by for by in rollups.GROUPED if by != "tag" or self._few_tags()]
         for key, key_version in self.versions.items():
-            for by in rollups.GROUPED:
+            for by in grouped:
                 looked += len(
                     rollups.group_hours(
                         self.engine,
@@ -891,7 +911,7 @@ class History:
         Groups come in the order of their first trace in the window."""
         conditions, column, joins = self._grouping(metric, by, since, until, app, version, where)
         scope = _scope(app, where) if self.dialect.postgres and by in rollups.GROUPED else None
-        if scope is not None:
+        if scope is not None and (by != "tag" or self._few_tags()):
             sums = self._rolled_group_sums(metric, by, since, until, version, *scope)
             return self._with_small_values(sums, conditions, column, joins, by, max_values)
         fractional = func.sum(case((Score.value.in_((0.0, 1.0)), 0), else_=1))

@@ -40,6 +40,9 @@ HOUR = timedelta(hours=1)
 #: Attributes whose groups are rolled up (kept on the score rows, or tags).
 GROUPED = ("release", "environment", "tag")
 
+MAX_ROLLED_TAGS = 200
+"""Tags are rolled up only while traces carry at most this many distinct ones."""
+
 
 def hour_of(moment: datetime) -> datetime:
     """The start of the UTC hour holding ``moment``."""

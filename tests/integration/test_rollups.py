@@ -341,3 +341,21 @@ def test_cost_filtered_by_release_is_rolled_up_in_its_own_scope(pg_engine: Engin
     with pg_engine.connect() as conn:
         scopes = set(conn.scalars(select(CostCache.scope).where(CostCache.n > 0)))
     assert scopes == {"\x1frelease=2.5.0", "\x1frelease=2.4.1"}
+
+
+def test_many_distinct_tags_are_summed_from_the_scores_not_rolled_up(pg_engine: Engine) -> None:
+    """A tag per customer would make the hourly sums outgrow the scores: past 200 distinct
+    tags, grouping by tag reads the scores, stores nothing, and still agrees with them."""
+    repo = make_repository(pg_engine, metrics=[METRIC])
+    history = make_history(pg_engine)
+    now = datetime.now(timezone.utc)
+    plan = [
+        (now - timedelta(hours=5 + index % 48), "2.4.1", "production", [f"customer-{index}"], 1.0)
+        for index in range(230)
+    ]
+    store(repo, plan)
+    assert same(got(history, "tag", None, {}), expected(plan, "tag", None, {}))
+    history.warm_summaries()
+    with pg_engine.connect() as conn:
+        attributes = set(conn.scalars(select(GroupCache.attribute).distinct()))
+    assert "tag" not in attributes and "release" in attributes
