@@ -620,18 +620,21 @@ class History:
                         fill_only=True,
                     )
                 )
-        looked += len(
-            rollups.cost_hours(
+
+        def cost_of(attributes: Mapping[str, str]) -> int:
+            hours = rollups.cost_hours(
                 self.engine,
-                scope="",
+                scope=_scope_key(None, attributes),
                 app=None,
-                attributes={},
+                attributes=attributes,
                 metric=None,
                 lower=since,
                 upper=until,
                 now=now,
             )
-        )
+            return len(hours)
+
+        looked += cost_of({})
         # Summaries filtered by the releases and environments seen most recently (read from
         # the rollups just filled), the filters people use.
         with self.engine.connect() as conn:
@@ -641,18 +644,7 @@ class History:
             }
         for name, values in recent.items():
             for value in values:
-                looked += len(
-                    rollups.cost_hours(
-                        self.engine,
-                        scope=_scope_key(None, {name: value}),
-                        app=None,
-                        attributes={name: value},
-                        metric=None,
-                        lower=since,
-                        upper=until,
-                        now=now,
-                    )
-                )
+                looked += cost_of({name: value})
                 for bucket, count in windows:
                     step = _BUCKET_STEP[bucket]
                     end = _truncate(_utc(now), bucket)
