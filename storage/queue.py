@@ -25,6 +25,7 @@ from sqlalchemy import (
     delete,
     func,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -150,7 +151,18 @@ class JobQueue:
             where=and_(
                 or_(stored == "skipped", stored == "failed"), insert.excluded.status != stored
             ),
-        ).returning(Score.__table__.c.trace_id, Score.__table__.c.metric, Score.__table__.c.version)
+        ).returning(
+            Score.__table__.c.trace_id,
+            Score.__table__.c.metric,
+            Score.__table__.c.version,
+            # On Postgres, whether the row replaced one: an updated row version carries the
+            # writing transaction in xmax, an inserted one 0.
+            *(
+                (literal_column("xmax::text <> '0'").label("replaced"),)
+                if self.dialect.postgres
+                else ()
+            ),
+        )
 
     def create_jobs(
         self,
@@ -603,23 +615,19 @@ class JobQueue:
             # SQLAlchemy sends them as multi-row VALUES ("insertmanyvalues") with RETURNING and
             # compiles the statement once per batch, not once per row count. (The PostgreSQL
             # dialect's INSERT never enters SQLAlchemy's compiled cache.)
-            if self.dialect.postgres:
-                # A result replaced (a skipped or failed one) leaves the judge-cost hour it was
-                # stored in; the new ones enter the current hour.
-                replaced = conn.execute(
-                    select(Score.scored_at).where(
-                        tuple_(Score.trace_id, Score.metric, Score.version).in_(
-                            [(r["trace_id"], r["metric"], r["version"]) for r in rows]
-                        )
-                    )
-                ).scalars()
-                rollups.invalidate_cost(conn, self.dialect, [scored_at, *replaced])
-            written = {tuple(r) for r in conn.execute(self._score_upsert, rows)}
-            summary_cache.invalidate(
+            returned = conn.execute(self._score_upsert, rows).all()
+            written = {tuple(r)[:3] for r in returned}
+            summary_cache.invalidate_written(
                 conn,
                 self.dialect,
-                ((job.metric, traces[job.trace_id].started_at) for job, _ in kept),
+                [(job.metric, traces[job.trace_id].started_at) for job, _ in kept],
+                scored_at,
             )
+            # A result replaced (a skipped or failed one, Postgres says which) leaves the
+            # judge-cost hour it had been stored in.
+            replaced = [traces[r[0]].started_at for r in returned if len(r) > 3 and r[3]]
+            if replaced:
+                rollups.invalidate_cost_from(conn, self.dialect, min(replaced))
             now = self.dialect.now()
             by_status: dict[str, list[int]] = {}
             failed_reasons: dict[int, str] = {}

@@ -581,6 +581,15 @@ def invalidate_cost(conn: Connection, dialect: Dialect, moments: Iterable[dateti
         conn.execute(delete(CostCache).where(CostCache.hour.in_(hours[start : start + 500])))
 
 
+def invalidate_cost_from(conn: Connection, dialect: Dialect, earliest: datetime) -> None:
+    """Drop the cost rows of every hour from the one holding ``earliest`` on: results of
+    traces started then were replaced, and a result is stored after its trace started, so
+    the hours they had been stored in are among these (a rare, bounded over-drop instead of
+    reading every result's old time before each write)."""
+    if dialect.postgres:
+        conn.execute(delete(CostCache).where(CostCache.hour >= hour_of(earliest)))
+
+
 def invalidate_all_cost(conn: Connection, dialect: Dialect) -> None:
     """Drop every cost row (retention deleted scores stored at any time)."""
     if dialect.postgres:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import delete, func, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
@@ -81,6 +81,53 @@ def invalidate(conn: Connection, dialect: Dialect, touched: Iterable[tuple[str, 
                     tuple_(GroupCache.metric, GroupCache.bucket_start).in_(hours)
                 )
             )
+
+
+_INVALIDATE_WRITTEN = text(
+    """
+    WITH summaries AS (
+        DELETE FROM summary_cache
+        WHERE (bucket, bucket_start, metric) IN (
+            SELECT * FROM unnest(CAST(:buckets AS text[]), CAST(:starts AS timestamptz[]),
+                                 CAST(:metrics AS text[])))
+    ), groups AS (
+        DELETE FROM group_cache
+        WHERE (metric, bucket_start) IN (
+            SELECT * FROM unnest(CAST(:hour_metrics AS text[]), CAST(:hours AS timestamptz[])))
+    )
+    DELETE FROM cost_cache WHERE hour = CAST(:scored_hour AS timestamptz)
+    """
+)
+
+
+def invalidate_written(
+    conn: Connection,
+    dialect: Dialect,
+    touched: Iterable[tuple[str, datetime]],
+    scored_at: datetime,
+) -> None:
+    """Scores stored at ``scored_at`` for traces started at ``touched`` (metric, start): drop,
+    in one statement, the summaries of their hour and day buckets, the group sums of their
+    hour and the judge-cost hour of ``scored_at`` (``storage.rollups``), so the scoring hot
+    path pays one round trip a batch, as it did for the summaries alone. (The cost hours of
+    results they replace: :func:`storage.rollups.invalidate_cost_from`.)"""
+    if not dialect.postgres:
+        return
+    buckets = sorted(
+        {(b, start, metric) for metric, moment in touched for b, start in bucket_starts(moment)}
+    )
+    hours = [(metric, start) for b, start, metric in buckets if b == "hour"]
+    conn.execute(
+        _INVALIDATE_WRITTEN,
+        {
+            "buckets": [b for b, _s, _m in buckets],
+            "starts": [start for _b, start, _m in buckets],
+            "metrics": [metric for _b, _s, metric in buckets],
+            "hour_metrics": [metric for metric, _h in hours],
+            "hours": [hour for _m, hour in hours],
+            "scored_hour": bucket_starts(scored_at)[0][1],
+        },
+    )
 
 
 def invalidate_before(conn: Connection, dialect: Dialect, cutoff: datetime) -> None:
