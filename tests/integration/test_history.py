@@ -599,3 +599,29 @@ def test_summary_by_an_attribute_is_each_group_filtered(repo: Repository, histor
     assert rows[0].as_dict()["release"] == rows[0].group
     with pytest.raises(ValueError, match="unknown attribute"):
         history.summary(by="colour")
+
+
+def test_small_groups_carry_their_values_in_trace_order(repo: Repository, history: History) -> None:
+    """A canary's values (for its bootstrap) are found through the traces' release index; they
+    must be exactly its scored values, in trace order, the group without a release too."""
+    metric = "id_based_context_recall"
+    now = datetime.now(timezone.utc)
+    plan = []
+    for index in range(9):
+        trace = trace_at(now - timedelta(hours=2 + index))
+        trace.release = ["2.5.0-canary", None, "2.4.1"][index % 3]
+        plan.append((trace, [scored(metric, round(index / 10, 2))]))
+    old = trace_at(now - timedelta(days=9))  # before the window
+    old.release = "2.5.0-canary"
+    plan.append((old, [scored(metric, 1.0)]))
+    seed(repo, plan)
+    since = now - timedelta(days=1)
+    sums = history.group_summaries(metric=metric, by="release", since=since)
+    for release in ("2.5.0-canary", None, "2.4.1"):
+        expected = tuple(
+            result.value
+            for trace, (result,) in sorted(plan, key=lambda p: p[0].trace_id)
+            if trace.release == release and trace.started_at >= since
+        )
+        assert sums[release].values == expected, release
+        assert sums[release].count == 3
