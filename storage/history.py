@@ -292,6 +292,29 @@ def _empty_row(bucket_start: datetime, metric: str, version: str) -> SummaryRow:
     return SummaryRow(bucket_start, metric, version, 0, None, None, None, None, 0, 0)
 
 
+def _window_bounds(
+    conn: Connection,
+    column: Any,
+    since: datetime | None,
+    until: datetime | None,
+    conditions: Sequence[ColumnElement[bool]],
+) -> tuple[datetime, tuple[datetime, datetime] | None]:
+    """The database's time, and ``[since, until)`` with an open end closed at the first or
+    last ``column`` of the rows matching ``conditions`` (two index probes); ``None`` for an
+    empty window."""
+    now = _utc(conn.execute(select(func.now())).scalar_one())
+    lower, upper = since, until
+    if lower is None or upper is None:
+        first, last = conn.execute(
+            select(func.min(column), func.max(column)).where(*conditions)
+        ).one()
+        if first is None:
+            return now, None
+        lower = lower if lower is not None else _utc(first)
+        upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
+    return now, ((lower, upper) if lower < upper else None)
+
+
 def _group_order(group: str | None) -> tuple[bool, str]:
     """Groups in name order, the group without the attribute last."""
     return (group is None, group or "")
@@ -949,20 +972,14 @@ class History:
         """:meth:`group_summaries`' sums from the hourly rollups (``storage.rollups``):
         ended hours from ``group_cache``, the window's partial edges live."""
         key_version = self.metric_versions(metric, version)[metric]
-        on_scores = [_ON_SCORES[name] == value for name, value in sorted(attributes.items())]
+        # Bounds not narrowed by the attributes (see _summary_postgres): empty hours are
+        # stored as such.
+        conditions = self._score_filters(since, until, app, {metric: key_version})
         with self.engine.connect() as conn:
-            now = _utc(conn.execute(select(func.now())).scalar_one())
-            lower, upper = since, until
-            if lower is None or upper is None:
-                first, last = conn.execute(
-                    select(func.min(Score.trace_started_at), func.max(Score.trace_started_at))
-                    .where(*self._score_filters(since, until, app, {metric: key_version}))
-                    .where(*on_scores)
-                ).one()
-                if first is None:
-                    return {}
-                lower = lower if lower is not None else _utc(first)
-                upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
+            now, window = _window_bounds(conn, Score.trace_started_at, since, until, conditions)
+        if window is None:
+            return {}
+        lower, upper = window
         hours = rollups.group_hours(
             self.engine,
             metric=metric,
@@ -1222,18 +1239,10 @@ class History:
         """:meth:`cost` from the hourly rollups (``storage.rollups``): ended hours of scoring
         from ``cost_cache``, the window's partial edges live, summed into UTC days."""
         with self.engine.connect() as conn:
-            now = _utc(conn.execute(select(func.now())).scalar_one())
-            lower, upper = since, until
-            if lower is None or upper is None:
-                first, last = conn.execute(
-                    select(func.min(Score.scored_at), func.max(Score.scored_at)).where(*conditions)
-                ).one()
-                if first is None:
-                    return []
-                lower = lower if lower is not None else _utc(first)
-                upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
-        if lower >= upper:
+            now, window = _window_bounds(conn, Score.scored_at, since, until, conditions)
+        if window is None:
             return []
+        lower, upper = window
         days: dict[tuple[datetime, str, str], list[Any]] = {}
         for hour in rollups.cost_hours(
             self.engine,
