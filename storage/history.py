@@ -70,6 +70,7 @@ from recalltrace.storage.models import (
     TraceTag,
     WorkerSeen,
 )
+from recalltrace.storage.summary_cache import as_utc
 from recalltrace.storage.timespec import TimeSpecError, parse_duration, parse_time
 from recalltrace.storage.workers import SERVED_WITHIN
 
@@ -161,14 +162,8 @@ def metric_versions(
 # -- queries -----------------------------------------------------------------------------------
 
 
-def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
 def _truncate(value: datetime, bucket: Bucket) -> datetime:
-    value = _utc(value)
+    value = as_utc(value)
     if bucket == "day":
         return value.replace(hour=0, minute=0, second=0, microsecond=0)
     return value.replace(minute=0, second=0, microsecond=0)
@@ -196,8 +191,8 @@ def _worst_row(r: Any, **extra: Any) -> WorstRow:
         value=float(r.value),
         reason=r.reason,
         app_name=r.app_name,
-        trace_started_at=_utc(r.trace_started_at),
-        scored_at=_utc(r.scored_at),
+        trace_started_at=as_utc(r.trace_started_at),
+        scored_at=as_utc(r.scored_at),
         **extra,
     )
 
@@ -292,6 +287,20 @@ def _empty_row(bucket_start: datetime, metric: str, version: str) -> SummaryRow:
     return SummaryRow(bucket_start, metric, version, 0, None, None, None, None, 0, 0)
 
 
+def _distinct_values(table: str, column: str) -> str:
+    """Postgres: a recursive ``WITH`` naming ``v(val)``, the distinct values of ``column`` in
+    ``table`` in order (a last ``NULL`` ends it), for a query to follow. One probe of an index
+    led by ``column`` per value (a skip scan), where ``DISTINCT`` reads every row."""
+    return f"""
+        WITH RECURSIVE v(val) AS (
+            (SELECT {column} FROM {table} WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 1)
+            UNION ALL
+            SELECT (SELECT {column} FROM {table} WHERE {column} > v.val
+                    ORDER BY {column} LIMIT 1)
+            FROM v WHERE v.val IS NOT NULL
+        )"""
+
+
 def _window_bounds(
     conn: Connection,
     column: Any,
@@ -302,7 +311,7 @@ def _window_bounds(
     """The database's time, and ``[since, until)`` with an open end closed at the first or
     last ``column`` of the rows matching ``conditions`` (two index probes); ``None`` for an
     empty window."""
-    now = _utc(conn.execute(select(func.now())).scalar_one())
+    now = as_utc(conn.execute(select(func.now())).scalar_one())
     lower, upper = since, until
     if lower is None or upper is None:
         first, last = conn.execute(
@@ -310,8 +319,8 @@ def _window_bounds(
         ).one()
         if first is None:
             return now, None
-        lower = lower if lower is not None else _utc(first)
-        upper = upper if upper is not None else _utc(last) + timedelta(microseconds=1)
+        lower = lower if lower is not None else as_utc(first)
+        upper = upper if upper is not None else as_utc(last) + timedelta(microseconds=1)
     return now, ((lower, upper) if lower < upper else None)
 
 
@@ -525,15 +534,8 @@ class History:
         per-hour sums by tag: with one tag per customer, say, those would hold a row per tag
         per hour and outgrow the scores they sum, so such tags are summed from the scores."""
         stmt = text(
-            """
-            WITH RECURSIVE t(tag) AS (
-                (SELECT tag FROM trace_tags ORDER BY tag LIMIT 1)
-                UNION ALL
-                SELECT (SELECT tag FROM trace_tags WHERE tag > t.tag ORDER BY tag LIMIT 1)
-                FROM t WHERE t.tag IS NOT NULL
-            )
-            SELECT count(*) FROM (SELECT tag FROM t WHERE tag IS NOT NULL LIMIT :most) AS f
-            """
+            _distinct_values("trace_tags", "tag")
+            + " SELECT count(*) FROM (SELECT val FROM v WHERE val IS NOT NULL LIMIT :most) AS f"
         )
         with self.engine.connect() as conn:
             found = conn.execute(stmt, {"most": rollups.MAX_ROLLED_TAGS + 1}).scalar_one()
@@ -556,15 +558,8 @@ class History:
         if until is not None:
             window += f" AND w.{started} < :until"
         stmt = text(
-            f"""
-            WITH RECURSIVE v(val) AS (
-                (SELECT {column} FROM {table} WHERE {column} IS NOT NULL
-                 ORDER BY {column} LIMIT 1)
-                UNION ALL
-                SELECT (SELECT {column} FROM {table} WHERE {column} > v.val
-                        ORDER BY {column} LIMIT 1)
-                FROM v WHERE v.val IS NOT NULL
-            )
+            _distinct_values(table, column)
+            + f"""
             SELECT val FROM v
             WHERE val IS NOT NULL
               AND EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} = v.val {window})
@@ -611,19 +606,19 @@ class History:
             return 0
         if now is None:
             with self.engine.connect() as conn:
-                now = _utc(conn.execute(select(func.now())).scalar_one())
+                now = as_utc(conn.execute(select(func.now())).scalar_one())
         scopes: list[str | None] = [None, *self.app_names(limit=apps)]
         looked = 0
         windows: tuple[tuple[Bucket, int], ...] = (("day", days), ("hour", hours))
         for bucket, count in windows:
             step = _BUCKET_STEP[bucket]
-            until = _truncate(_utc(now), bucket)  # every bucket before it has ended
+            until = _truncate(as_utc(now), bucket)  # every bucket before it has ended
             since = until - count * step
             for app in scopes:
                 looked += len(self._summary_postgres(bucket, since, until, app, self.versions))
         # The hourly rollups of ``scores compare`` (every app, grouped by release, environment
         # and tag) and of ``scores cost``, over the same days.
-        until = _truncate(_utc(now), "hour")
+        until = _truncate(as_utc(now), "hour")
         since = until - timedelta(days=days)
         grouped = [by for by in rollups.GROUPED if by != "tag" or self._few_tags()]
         for key, key_version in self.versions.items():
@@ -670,7 +665,7 @@ class History:
                 looked += cost_of({name: value})
                 for bucket, count in windows:
                     step = _BUCKET_STEP[bucket]
-                    end = _truncate(_utc(now), bucket)
+                    end = _truncate(as_utc(now), bucket)
                     looked += len(
                         self._summary_postgres(
                             bucket, end - count * step, end, None, self.versions, {name: value}
@@ -718,10 +713,10 @@ class History:
             ).one()
             if first is None:
                 return []
-            now = _utc(conn.execute(select(func.now())).scalar_one())
+            now = as_utc(conn.execute(select(func.now())).scalar_one())
             starts: list[datetime] = []
-            cursor = _truncate(_utc(first), bucket)
-            while cursor <= _utc(last):
+            cursor = _truncate(as_utc(first), bucket)
+            while cursor <= as_utc(last):
                 starts.append(cursor)
                 cursor += step
             complete = {
@@ -790,7 +785,7 @@ class History:
         ).all()
         return [
             SummaryRow(
-                bucket_start=_utc(r.bucket_start),
+                bucket_start=as_utc(r.bucket_start),
                 metric=r.metric,
                 version=versions[r.metric],
                 count=int(r.n_scored),
@@ -950,7 +945,7 @@ class History:
         if by == "tag":
             stmt = stmt.outerjoin(TraceTag, TraceTag.trace_id == Score.trace_id)
         with self.engine.connect() as conn:
-            rows = sorted(conn.execute(stmt).all(), key=lambda r: _utc(r[5]))
+            rows = sorted(conn.execute(stmt).all(), key=lambda r: as_utc(r[5]))
             sums = {
                 r[0]: GroupSums(int(r[1]), float(r[2] or 0.0), float(r[3] or 0.0), int(r[4] or 0))
                 for r in rows
@@ -1409,25 +1404,12 @@ class History:
         """Names of apps with stored scores (at most ``limit``), for "did you mean" hints."""
         with self.engine.connect() as conn:
             if self.dialect.postgres:
-                # A skip scan of the index led by the app name: one probe per app, where
-                # DISTINCT reads every score (most of a second at ten million).
-                return list(
-                    conn.scalars(
-                        text(
-                            """
-                            WITH RECURSIVE a(name) AS (
-                                (SELECT app_name FROM scores ORDER BY app_name LIMIT 1)
-                                UNION ALL
-                                SELECT (SELECT app_name FROM scores WHERE app_name > a.name
-                                        ORDER BY app_name LIMIT 1)
-                                FROM a WHERE a.name IS NOT NULL
-                            )
-                            SELECT name FROM a WHERE name IS NOT NULL LIMIT :limit
-                            """
-                        ),
-                        {"limit": limit},
-                    )
+                # DISTINCT would read every score (most of a second at ten million).
+                stmt = text(
+                    _distinct_values("scores", "app_name")
+                    + " SELECT val FROM v WHERE val IS NOT NULL LIMIT :limit"
                 )
+                return list(conn.scalars(stmt, {"limit": limit}))
             return list(
                 conn.scalars(
                     select(Score.app_name).distinct().order_by(Score.app_name).limit(limit)
@@ -1559,7 +1541,7 @@ class History:
             trace_id=trace.trace_id,
             app_name=trace.app_name,
             service_name=trace.service_name,
-            started_at=_utc(trace.started_at),
+            started_at=as_utc(trace.started_at),
             duration_ms=float(trace.duration_ms),
             user_input=trace.user_input,
             response=trace.response,
@@ -1605,7 +1587,7 @@ class History:
                     completion_tokens=s.completion_tokens,
                     cost_usd=s.cost_usd,
                     latency_ms=s.latency_ms,
-                    scored_at=_utc(s.scored_at),
+                    scored_at=as_utc(s.scored_at),
                 )
                 for s in scores
             ),
@@ -1617,16 +1599,16 @@ class History:
         """The database clock on Postgres (it decides leases there), else the local clock."""
         if self.dialect.postgres:
             now: datetime = conn.execute(select(func.now())).scalar_one()
-            return _utc(now)
+            return as_utc(now)
         return datetime.now(timezone.utc)
 
     def _job_rows(self, conn: Connection, stmt: Any, *, stuck_after: timedelta) -> list[JobRow]:
         now = self._now(conn)
         rows = []
         for r in conn.execute(stmt):
-            run_at = _utc(r.run_at)
-            lease = None if r.lease_expires_at is None else _utc(r.lease_expires_at)
-            expires = None if r.expires_at is None else _utc(r.expires_at)
+            run_at = as_utc(r.run_at)
+            lease = None if r.lease_expires_at is None else as_utc(r.lease_expires_at)
+            expires = None if r.expires_at is None else as_utc(r.expires_at)
             problem = _job_problem(r.status, run_at, lease, expires, now, stuck_after)
             rows.append(
                 JobRow(
@@ -1641,7 +1623,7 @@ class History:
                     run_at=run_at,
                     locked_by=r.locked_by,
                     lease_expires_at=lease,
-                    updated_at=_utc(r.updated_at),
+                    updated_at=as_utc(r.updated_at),
                 )
             )
         return rows
@@ -1754,7 +1736,7 @@ class History:
             for metrics, seen, stopped in conn.execute(
                 select(WorkerSeen.metrics, WorkerSeen.last_seen_at, WorkerSeen.stopped)
             ).tuples():
-                seen = _utc(seen)
+                seen = as_utc(seen)
                 for metric in metrics or ():
                     if metric not in last or seen > last[metric]:
                         last[metric] = seen

@@ -617,11 +617,11 @@ class JobQueue:
             # dialect's INSERT never enters SQLAlchemy's compiled cache.)
             returned = conn.execute(self._score_upsert, rows).all()
             written = {tuple(r)[:3] for r in returned}
-            summary_cache.invalidate_written(
+            summary_cache.invalidate(
                 conn,
                 self.dialect,
                 [(job.metric, traces[job.trace_id].started_at) for job, _ in kept],
-                scored_at,
+                [scored_at],
             )
             # A result replaced (a skipped or failed one, Postgres says which) leaves the
             # judge-cost hour it had been stored in.
@@ -762,8 +762,12 @@ class JobQueue:
                     .tuples()
                     .all()
                 )
-                summary_cache.invalidate(conn, self.dialect, [(m, t) for m, t, _ in dropped])
-                rollups.invalidate_cost(conn, self.dialect, [s for _m, _t, s in dropped])
+                summary_cache.invalidate(
+                    conn,
+                    self.dialect,
+                    [(m, started) for m, started, _s in dropped],
+                    [stored for _m, _t, stored in dropped],
+                )
             self.dialect.notify(conn)
             return len(requeued)
 

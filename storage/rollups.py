@@ -12,9 +12,9 @@ rows and two hour-long index ranges.
   deleted in that hour, traces deleted before a cutoff), so
   :func:`storage.summary_cache.invalidate` drops both.
 - ``cost_cache`` holds, per hour of *scoring*, scope (app, and release or environment
-  filters), variant and judge model, the count, tokens and money. A score replaced or deleted
-  drops the hour it had been stored in, and the hour of its replacement (see
-  :func:`invalidate_cost`).
+  filters), variant and judge model, the count, tokens and money. A score written or deleted
+  drops the hour it is or was stored in (:func:`storage.summary_cache.invalidate`), and one
+  replaced by an upsert the hours from its trace's start on (:func:`invalidate_cost_from`).
 
 Fills take the summary cache's exclusive lock, so no score can land in an hour between its
 rollup being computed and stored.
@@ -22,9 +22,9 @@ rollup being computed and stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, text
@@ -44,17 +44,6 @@ MAX_ROLLED_TAGS = 200
 """Tags are rolled up only while traces carry at most this many distinct ones."""
 
 
-def hour_of(moment: datetime) -> datetime:
-    """The start of the UTC hour holding ``moment``."""
-    return moment.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
-
-
-def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
 def split_window(
     lower: datetime, upper: datetime, now: datetime
 ) -> tuple[list[datetime], list[datetime]]:
@@ -62,7 +51,7 @@ def split_window(
     (cacheable), and the others (partial or still filling, computed live)."""
     complete: list[datetime] = []
     partial: list[datetime] = []
-    cursor = hour_of(lower)
+    cursor = summary_cache.hour_of(lower)
     while cursor < upper:
         whole = cursor >= lower and cursor + HOUR <= upper and cursor + HOUR <= now
         (complete if whole else partial).append(cursor)
@@ -145,13 +134,13 @@ def _aggregate_groups(
     ).all()
     return [
         GroupHour(
-            _utc(r.bucket_start),
+            summary_cache.as_utc(r.bucket_start),
             r.grp,
             int(r.n),
             float(r.total or 0.0),
             float(r.total_sq or 0.0),
             int(r.fractional),
-            _utc(r.first_started),
+            summary_cache.as_utc(r.first_started),
         )
         for r in rows
     ]
@@ -204,6 +193,21 @@ def group_hours(
     return cached + fresh + live
 
 
+def _cached_rows(
+    metric: str, version: str, scope: str, by: str, starts: Sequence[datetime]
+) -> list[Any]:
+    """The conditions on ``group_cache`` of one variant, scope and attribute over the hours
+    from the first of ``starts`` to the last."""
+    return [
+        GroupCache.metric == metric,
+        GroupCache.version == version,
+        GroupCache.scope == scope,
+        GroupCache.attribute == by,
+        GroupCache.bucket_start >= min(starts),
+        GroupCache.bucket_start <= max(starts),
+    ]
+
+
 def _stored_hours(
     conn: Connection,
     metric: str,
@@ -217,16 +221,9 @@ def _stored_hours(
     stmt = (
         select(GroupCache.bucket_start)
         .distinct()
-        .where(
-            GroupCache.metric == metric,
-            GroupCache.version == version,
-            GroupCache.scope == scope,
-            GroupCache.attribute == by,
-            GroupCache.bucket_start >= min(starts),
-            GroupCache.bucket_start <= max(starts),
-        )
+        .where(*_cached_rows(metric, version, scope, by, starts))
     )
-    return {_utc(start) for start in conn.execute(stmt).scalars()} & set(starts)
+    return {summary_cache.as_utc(start) for start in conn.execute(stmt).scalars()} & set(starts)
 
 
 def _read_groups(
@@ -239,19 +236,12 @@ def _read_groups(
 ) -> tuple[list[GroupHour], set[datetime]]:
     if not starts:
         return [], set()
-    stmt = select(GroupCache.__table__).where(
-        GroupCache.metric == metric,
-        GroupCache.version == version,
-        GroupCache.scope == scope,
-        GroupCache.attribute == by,
-        GroupCache.bucket_start >= min(starts),
-        GroupCache.bucket_start <= max(starts),
-    )
+    stmt = select(GroupCache.__table__).where(*_cached_rows(metric, version, scope, by, starts))
     wanted = set(starts)
     rows: list[GroupHour] = []
     seen: set[datetime] = set()
     for r in conn.execute(stmt):
-        start = _utc(r.bucket_start)
+        start = summary_cache.as_utc(r.bucket_start)
         if start not in wanted:
             continue
         seen.add(start)
@@ -264,7 +254,7 @@ def _read_groups(
                     r.total,
                     r.total_sq,
                     r.fractional,
-                    _utc(r.first_started),
+                    summary_cache.as_utc(r.first_started),
                 )
             )
     return rows, seen
@@ -420,7 +410,7 @@ def _aggregate_cost(
     ).all()
     return [
         CostHour(
-            _utc(r.hour),
+            summary_cache.as_utc(r.hour),
             r.metric,
             r.model,
             int(r.n),
@@ -491,7 +481,7 @@ def _read_cost(
             CostCache.hour <= max(starts),
         )
     ):
-        hour = _utc(r.hour)
+        hour = summary_cache.as_utc(r.hour)
         if hour not in wanted:
             continue
         seen.add(hour)
@@ -570,24 +560,13 @@ def _store_cost(
         )
 
 
-def invalidate_cost(conn: Connection, dialect: Dialect, moments: Iterable[datetime]) -> None:
-    """Drop the cost rows of the scoring hours holding ``moments`` (scores stored, replaced
-    or deleted at those times); call under the writers' lock
-    (:func:`storage.summary_cache.lock_for_score_writes`)."""
-    if not dialect.postgres:
-        return
-    hours = sorted({hour_of(moment) for moment in moments})
-    for start in range(0, len(hours), 500):
-        conn.execute(delete(CostCache).where(CostCache.hour.in_(hours[start : start + 500])))
-
-
 def invalidate_cost_from(conn: Connection, dialect: Dialect, earliest: datetime) -> None:
     """Drop the cost rows of every hour from the one holding ``earliest`` on: results of
     traces started then were replaced, and a result is stored after its trace started, so
     the hours they had been stored in are among these (a rare, bounded over-drop instead of
     reading every result's old time before each write)."""
     if dialect.postgres:
-        conn.execute(delete(CostCache).where(CostCache.hour >= hour_of(earliest)))
+        conn.execute(delete(CostCache).where(CostCache.hour >= summary_cache.hour_of(earliest)))
 
 
 def invalidate_all_cost(conn: Connection, dialect: Dialect) -> None:

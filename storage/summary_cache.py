@@ -6,7 +6,8 @@ rows (count, mean, percentiles, skipped and failed counts) are computed once and
 what the scores say live here:
 
 - every writer of scores takes :data:`SUMMARY_LOCK_KEY` *shared* (:func:`lock_for_score_writes`)
-  and drops the cached rows of the buckets it touched (:func:`invalidate`) in its transaction;
+  and drops the cached rows of the buckets it touched (:func:`invalidate`, which also drops
+  the hourly rollups' rows, see ``storage.rollups``) in its transaction;
 - a fill takes it *exclusively* (:func:`lock_for_fill`) while it computes and stores rows, so no
   score can be committed into a bucket between the computation and the row being stored.
 """
@@ -39,10 +40,21 @@ _STORED_COLUMNS = (
 )
 
 
+def as_utc(value: datetime) -> datetime:
+    """``value`` in UTC; a naive time (as SQLite returns) is taken to be UTC already."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def hour_of(moment: datetime) -> datetime:
+    """The start of the UTC hour holding ``moment``."""
+    return as_utc(moment).replace(minute=0, second=0, microsecond=0)
+
+
 def bucket_starts(moment: datetime) -> list[tuple[Bucket, datetime]]:
     """The hour and day buckets (UTC) that contain ``moment``."""
-    utc = moment.astimezone(timezone.utc)
-    hour = utc.replace(minute=0, second=0, microsecond=0)
+    hour = hour_of(moment)
     return [("hour", hour), ("day", hour.replace(hour=0))]
 
 
@@ -53,37 +65,7 @@ def lock_for_score_writes(conn: Connection, dialect: Dialect) -> None:
         conn.execute(select(func.pg_advisory_xact_lock_shared(SUMMARY_LOCK_KEY)))
 
 
-def invalidate(conn: Connection, dialect: Dialect, touched: Iterable[tuple[str, datetime]]) -> None:
-    """Drop cached rows of the (metric, trace start) pairs just written: the summaries of
-    their hour and day buckets and the group sums of their hour (``storage.rollups``)."""
-    if not dialect.postgres:
-        return  # the cache is only used on Postgres
-    keys = sorted(
-        {
-            (bucket, start, metric)
-            for metric, moment in touched
-            for bucket, start in bucket_starts(moment)
-        }
-    )
-    for first in range(0, len(keys), 500):
-        part = keys[first : first + 500]
-        conn.execute(
-            delete(SummaryCache).where(
-                tuple_(SummaryCache.bucket, SummaryCache.bucket_start, SummaryCache.metric).in_(
-                    part
-                )
-            )
-        )
-        hours = sorted({(metric, start) for bucket, start, metric in part if bucket == "hour"})
-        if hours:
-            conn.execute(
-                delete(GroupCache).where(
-                    tuple_(GroupCache.metric, GroupCache.bucket_start).in_(hours)
-                )
-            )
-
-
-_INVALIDATE_WRITTEN = text(
+_INVALIDATE = text(
     """
     WITH summaries AS (
         DELETE FROM summary_cache
@@ -95,37 +77,38 @@ _INVALIDATE_WRITTEN = text(
         WHERE (metric, bucket_start) IN (
             SELECT * FROM unnest(CAST(:hour_metrics AS text[]), CAST(:hours AS timestamptz[])))
     )
-    DELETE FROM cost_cache WHERE hour = CAST(:scored_hour AS timestamptz)
+    DELETE FROM cost_cache WHERE hour = ANY(CAST(:scored_hours AS timestamptz[]))
     """
 )
 
 
-def invalidate_written(
+def invalidate(
     conn: Connection,
     dialect: Dialect,
     touched: Iterable[tuple[str, datetime]],
-    scored_at: datetime,
+    scored: Iterable[datetime] = (),
 ) -> None:
-    """Scores stored at ``scored_at`` for traces started at ``touched`` (metric, start): drop,
-    in one statement, the summaries of their hour and day buckets, the group sums of their
-    hour and the judge-cost hour of ``scored_at`` (``storage.rollups``), so the scoring hot
-    path pays one round trip a batch, as it did for the summaries alone. (The cost hours of
-    results they replace: :func:`storage.rollups.invalidate_cost_from`.)"""
+    """Drop the cached rows that scores just written or deleted change, in one statement (the
+    scoring hot path pays one round trip a batch): for the (metric, trace start) pairs
+    ``touched``, the summaries of their hour and day buckets and the group sums of their hour;
+    and the judge-cost hours holding ``scored``, the times those results are or were stored
+    at (``storage.rollups``; the cost hours of results an upsert replaced:
+    :func:`storage.rollups.invalidate_cost_from`)."""
     if not dialect.postgres:
-        return
+        return  # the caches are only used on Postgres
     buckets = sorted(
         {(b, start, metric) for metric, moment in touched for b, start in bucket_starts(moment)}
     )
     hours = [(metric, start) for b, start, metric in buckets if b == "hour"]
     conn.execute(
-        _INVALIDATE_WRITTEN,
+        _INVALIDATE,
         {
             "buckets": [b for b, _s, _m in buckets],
             "starts": [start for _b, start, _m in buckets],
             "metrics": [metric for _b, _s, metric in buckets],
             "hour_metrics": [metric for metric, _h in hours],
             "hours": [hour for _m, hour in hours],
-            "scored_hour": bucket_starts(scored_at)[0][1],
+            "scored_hours": sorted({hour_of(moment) for moment in scored}),
         },
     )
 
@@ -163,9 +146,7 @@ def read(
             SummaryCache.bucket_start.in_(wanted),
         )
     ):
-        start = r.bucket_start
-        start = start.replace(tzinfo=timezone.utc) if start.tzinfo is None else start
-        start = start.astimezone(timezone.utc)
+        start = as_utc(r.bucket_start)
         cached[(start, r.metric)] = SummaryRow(
             bucket_start=start,
             metric=r.metric,

@@ -104,14 +104,14 @@ def test_a_fill_waits_for_a_score_being_written_into_its_bucket(
     results: list[Any] = []
     writer_inside = threading.Event()
     release_writer = threading.Event()
-    original = summary_cache.invalidate_written
+    original = summary_cache.invalidate
 
     def slow_invalidate(conn: Any, dialect: Any, *args: Any) -> None:
         original(conn, dialect, *args)
         writer_inside.set()
         release_writer.wait(10)  # hold the transaction (and the shared lock) open
 
-    monkeypatch.setattr(summary_cache, "invalidate_written", slow_invalidate)
+    monkeypatch.setattr(summary_cache, "invalidate", slow_invalidate)
     writer = threading.Thread(target=repo.finish_jobs, args=([(job, Result(METRIC, 0.0))],))
     writer.start()
     assert writer_inside.wait(10)
