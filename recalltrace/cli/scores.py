@@ -128,7 +128,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     compare = scores_sub.add_parser(
         "compare",
-        help="mean recall per release/environment/tag/... with 95% intervals, each against a "
+        help="mean recall per release/environment/tag/... with 95%% intervals, each against a "
         "baseline with a verdict",
         description="For each group of traces (by --by), the number of scored traces and the "
         "mean of METRIC with its 95%% confidence interval; for each group against the baseline, "

@@ -152,3 +152,18 @@ def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: P
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
         assert "pip install 'recalltrace[judge]'" in lines[0]
+
+
+def test_a_script_inside_a_checkout_imports_the_whole_package(venv: Path, tmp_path: Path) -> None:
+    """The README's quick start saved in a clone: the clone's ``recalltrace/`` folder comes first
+    on ``sys.path`` there, and must find its parts (``tracer/``, ...) beside it."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    (clone / "app.py").write_text(
+        "import recalltrace, recalltrace.tracer, recalltrace.storage, recalltrace.scorers\n"
+        "import recalltrace.migrations\n"
+        "print(recalltrace.tracer.__file__)\n"
+    )
+    python = venv / "bin" / "python"
+    out = _run([str(python), "app.py"], cwd=clone)
+    assert out.strip() == str(clone / "tracer" / "__init__.py")
