@@ -20,18 +20,8 @@ Scorers on their own: :mod:`recalltrace.scorers`. Importing this package is chea
 neither OpenTelemetry's SDK, nor SQLAlchemy, nor LiteLLM.
 """
 
-import os as _os
-
-# In a checkout the parts live beside this folder (tracer/, scorers/, storage/, migrations/) and
-# are mapped into the package only when it is installed. A script run inside the checkout imports
-# this folder rather than the installed package, so its parts are looked up there too.
-_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_checkout, "tracer", "__init__.py")) and _os.path.isfile(
-    _os.path.join(_checkout, "pyproject.toml")
-):
-    __path__.append(_checkout)
-del _checkout
-
+# First: in a checkout, the parts are found beside this folder (see _checkout).
+from recalltrace import _checkout  # noqa: F401  (extends this package's __path__)
 from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository

@@ -11,7 +11,9 @@ import pytest
 from recalltrace.cli import build_parser, main
 
 
-def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _command_paths(
+    parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
+) -> list[tuple[str, ...]]:
     paths = [prefix]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
