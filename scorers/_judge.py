@@ -191,6 +191,27 @@ class JudgeCallRecord:
     error_type: str | None = None
     """``None`` on success, else the error's class name (``RateLimitError``, ``Timeout``...)."""
     status_code: int | None = None
+    possibly_billed_tokens: float = 0.0
+    """Estimated tokens of a failed call that may still be billed: the request was sent and no
+    answer came back in time (a timeout), so the provider may have run it; 0 otherwise."""
+
+
+def may_be_billed(exc: BaseException) -> bool:
+    """Whether a failed call may still be billed: it timed out (the model may have run it), as
+    opposed to an error status the provider answered (not billed) or no connection at all."""
+    if nothing_answered(exc):
+        return False
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if (
+            isinstance(current, (asyncio.TimeoutError, TimeoutError))
+            or "Timeout" in type(current).__name__
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 @dataclass(frozen=True)
@@ -496,6 +517,17 @@ class JudgeClient:
         except Exception:  # a metrics hook must never break scoring
             logger.exception("the judge's on_call hook raised")
 
+    def estimate_cost(self, prompt_tokens: float) -> float | None:
+        """US dollars of ``prompt_tokens`` sent to this model at LiteLLM's price, ``None`` when
+        the price list has no price for it."""
+        try:
+            prompt_usd, _completion_usd = _load_litellm().cost_per_token(
+                model=self.model, prompt_tokens=int(prompt_tokens), completion_tokens=0
+            )
+        except Exception:
+            return None
+        return float(prompt_usd)
+
     def _cost(self, litellm: Any, response: Any) -> float | None:
         hidden = getattr(response, "_hidden_params", None) or {}
         if "response_cost" in hidden:
@@ -556,6 +588,7 @@ class JudgeClient:
                         latency_s=latency,
                         error_type=type(exc).__name__,
                         status_code=status,
+                        possibly_billed_tokens=estimated if may_be_billed(exc) else 0.0,
                     )
                 )
                 limits.release(estimated, 0.0)

@@ -167,6 +167,15 @@ class WorkerOptions:
     """How long a job may keep failing transiently before it is failed."""
     terminal_pause_s: float = 300.0
     """How long the variants of a judge stay paused after a terminal (configuration) error."""
+    once_deadline_s: float = flag_option(
+        900.0,
+        flag="--deadline",
+        parse=positive_seconds,
+        metavar="S",
+        help="with --once: after S seconds stop claiming, let running jobs finish within the "
+        "grace period, give back the rest and exit, counting what is left unscored",
+    )
+    """A one-shot run's longest time before it stops claiming (plus ``grace_period_s``)."""
     grace_period_s: float = flag_option(
         30.0,
         flag="--grace-period",
@@ -277,11 +286,30 @@ class WorkerStats:
     """Periods in which the judge budget was reached (LLM variants paused until the next)."""
     annotations: AnnotationStats | None = None
     """What was posted to Phoenix (with ``phoenix_url``), counted when the run ends."""
+    deadline_reached: bool = False
+    """A one-shot run stopped at its deadline (``once_deadline_s``)."""
+    left_unscored: int = 0
+    """A one-shot run: jobs of the variants it scores still queued when it ended."""
+    left_reasons: dict[str, int] = field(default_factory=dict)
+    """Why this run's claimed jobs were left unscored (last cause each), e.g. ``judge failing``."""
+    possibly_billed_tokens: float = 0.0
+    """Estimated tokens of judge calls that timed out after being sent (they may be billed;
+    they count against the judge budget)."""
+
+    @property
+    def left_by_judge(self) -> bool:
+        """Whether jobs were left unscored because of the judge (failing, paused, too slow for
+        the deadline); a budget reached is the run doing what it was told, not counted here."""
+        return self.deadline_reached or any(r != LEFT_BUDGET for r in self.left_reasons)
 
     @property
     def finished(self) -> int:
         """Jobs that ended with a stored score."""
         return self.scored + self.skipped + self.failed
+
+
+LEFT_BUDGET = "the judge budget was reached"
+"""Why a claimed job was given back untouched: the budget of its period was spent."""
 
 
 @dataclass
@@ -338,6 +366,13 @@ class Worker:
         self._budget_said: datetime | None = None
         self._unpriced_said = False
         self._once = False
+        # A one-shot run claims a job that failed transiently once only (the judge client has
+        # retried it already); the next run takes it again.
+        self._once_excluded: set[int] = set()
+        self._left_cause: dict[int, str] = {}
+        # Judge calls that timed out after being sent: (when, estimated tokens, US dollars).
+        self._possibly_billed: deque[tuple[datetime, float, float]] = deque()
+        self._budget_stale = False
         self._next_status = 0.0
         self._running: dict[int, _Running] = {}
         # Claimed jobs with their traces loaded, waiting for a free slot: a slot that frees up
@@ -402,10 +437,23 @@ class Worker:
 
     def _on_judge_call(self, record: JudgeCallRecord) -> None:
         self.telemetry.record_call(record)
+        if record.possibly_billed_tokens > 0:
+            usd = 0.0
+            if self._judge is not None:
+                usd = self._judge.estimate_cost(record.possibly_billed_tokens) or 0.0
+            self.stats.possibly_billed_tokens += record.possibly_billed_tokens
+            self._possibly_billed.append(
+                (datetime.now(timezone.utc), record.possibly_billed_tokens, usd)
+            )
+            self._budget_stale = True
+
+    def _llm_held(self) -> bool:
+        """Whether the LLM variants are held back (judge paused or budget reached)."""
+        now = time.monotonic()
+        return self._paused_until > now or self._budget_until > now
 
     def _claimable_metrics(self) -> list[str]:
-        now = time.monotonic()
-        if self._paused_until > now or self._budget_until > now:
+        if self._llm_held():
             return [k for k in self._scorers if k in NON_LLM_METRICS]
         return list(self._scorers)
 
@@ -428,11 +476,17 @@ class Worker:
         except Exception as exc:
             logger.error("reading the judge's spend failed (%s); trying again", _describe(exc))
             return
-        # This worker's results not written yet count too.
+        # This worker's results not written yet count too, and so do its calls that timed out
+        # after being sent (the provider may bill them; no result of theirs is stored).
         for _job, result, _app, _duration in self._pending_finish:
             if result.model == judge.model:
                 tokens += (result.prompt_tokens or 0) + (result.completion_tokens or 0)
                 usd += result.cost_usd or 0.0
+        while self._possibly_billed and self._possibly_billed[0][0] < start:
+            self._possibly_billed.popleft()
+        for _when, billed_tokens, billed_usd in self._possibly_billed:
+            tokens += int(billed_tokens)
+            usd += billed_usd
         spent = budget.spent(tokens, usd)
         if spent < budget.amount:
             if self._budget_until:
@@ -531,6 +585,8 @@ class Worker:
                 api_key=self.options.phoenix_api_key or os.environ.get("PHOENIX_API_KEY"),
             )
         signals = self._install_signal_handlers()
+        self._once_excluded = set()
+        self._left_cause = {}
         if self._not_configured:
             logger.warning(
                 "no judge model configured: %s are not scored (set --judge-model)",
@@ -544,6 +600,8 @@ class Worker:
         ]
         if self.options.listen and self.repo.is_postgres and not once:
             helpers.append(asyncio.create_task(self._listen_loop(), name="recalltrace-listen"))
+        if once:
+            helpers.append(asyncio.create_task(self._deadline_loop(), name="recalltrace-deadline"))
         try:
             await self._maintain_once()
             await self._claim_loop(once)
@@ -553,6 +611,7 @@ class Worker:
                 # the one it found (a cron user's lag alert would fire after every good run).
                 await self._flush_finished()
                 await self._maintain_once()
+                await self._count_left_unscored()
         finally:
             # Scores already computed are written before anything else stops; the finisher
             # is never cancelled in the middle of a write.
@@ -578,6 +637,36 @@ class Worker:
                 self._db.shutdown(wait=True)
                 self._db = None
         return self.stats
+
+    async def _deadline_loop(self) -> None:
+        """A one-shot run stops claiming at its deadline; running jobs get the grace period."""
+        await asyncio.sleep(self.options.once_deadline_s)
+        if self._stop.is_set():
+            return
+        self.stats.deadline_reached = True
+        logger.warning(
+            "the run reached its deadline of %g s: no new jobs; finishing running ones within "
+            "%g s, then giving back the rest",
+            self.options.once_deadline_s,
+            self.options.grace_period_s,
+        )
+        self._stop.set()
+        self._wake.set()
+
+    async def _count_left_unscored(self) -> None:
+        """A one-shot run's account of what it leaves: the queued jobs of the variants it
+        scores, and why the ones it claimed are among them."""
+        causes: dict[str, int] = {}
+        for cause in self._left_cause.values():
+            causes[cause] = causes.get(cause, 0) + 1
+        self.stats.left_reasons = causes
+        try:
+            left = await self._db_call(self.repo.queue_stats, list(self._scorers))
+        except Exception as exc:
+            logger.error("counting the jobs left unscored failed (%s)", _describe(exc))
+            self.stats.left_unscored = sum(causes.values())
+            return
+        self.stats.left_unscored = left.due + left.running
 
     async def _claim_loop(self, once: bool) -> None:
         opts = self.options
@@ -605,6 +694,7 @@ class Worker:
                         limit=min(opts.batch_size, room),
                         lease=timedelta(seconds=opts.lease_s),
                         metrics=metrics,
+                        exclude=sorted(self._once_excluded),
                     )
                 except Exception as exc:
                     claim_failures += 1
@@ -677,8 +767,16 @@ class Worker:
         started = time.monotonic()
         app = trace.app_name if trace is not None else ""
         scorer = self._scorers.get(job.metric)
-        if scorer is not None and scorer.uses_llm and self._paused_until > time.monotonic():
-            # Claimed before the judge was paused: give it back untouched.
+        if scorer is not None and scorer.uses_llm and self._budget_stale:
+            # A judge call timed out since the spend was last read: it may be billed, so the
+            # budget is read again before another call is sent.
+            self._budget_stale = False
+            await self._check_budget()
+        if scorer is not None and scorer.uses_llm and self._llm_held():
+            # Claimed before the judge was paused or the budget was reached: give it back
+            # untouched.
+            if self._budget_until > time.monotonic():
+                self._left_cause[job.id] = LEFT_BUDGET
             await self._give_back(job)
             return
         if trace is not None and trace.otel_trace_id:
@@ -756,12 +854,16 @@ class Worker:
             )
             return
         delay = self._backoff(min(job.attempts + 1, 6), exc.retry_after_s)
+        if self._once:
+            self._once_excluded.add(job.id)
+            self._left_cause[job.id] = "the judge kept failing"
         await self._retry(job, f"transient: {exc}", consume_attempt=False, delay=delay)
 
     async def _on_terminal(self, job: Any, exc: TerminalJudgeError) -> None:
         await self._pause(job, exc, "fix the judge configuration (API key, model name, budget)")
 
     async def _pause(self, job: Any, exc: Exception, advice: str) -> None:
+        self._left_cause[job.id] = "the judge was paused"
         already_paused = self._paused_until > time.monotonic()
         self._paused_until = time.monotonic() + self.options.terminal_pause_s
         model = getattr(exc, "model", None)
@@ -801,6 +903,7 @@ class Worker:
         self._queue_finish(job, _failed_result(job, reason), app, time.monotonic() - started)
 
     def _queue_finish(self, job: Any, result: ScoreResult, app: str, duration: float) -> None:
+        self._left_cause.pop(job.id, None)
         self._pending_finish.append((job, result, app, duration))
         if len(self._pending_finish) >= self.options.batch_size:
             self._flush_now.set()
@@ -961,6 +1064,9 @@ class Worker:
         _done, pending = await asyncio.wait(tasks, timeout=grace)
         if pending:
             held = [r.job.id for r in list(self._running.values()) if r.task in pending]
+            cause = "given back at the deadline" if self.stats.deadline_reached else "stopped"
+            for job_id in held:
+                self._left_cause[job_id] = cause
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

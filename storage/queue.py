@@ -411,8 +411,10 @@ class JobQueue:
         limit: int,
         lease: timedelta,
         metrics: Sequence[str] | None = None,
+        exclude: Sequence[int] = (),
     ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` due jobs for ``worker_id`` with a lease of ``lease``.
+        """Claim up to ``limit`` due jobs for ``worker_id`` with a lease of ``lease``, none of
+        the ids in ``exclude``.
 
         On Postgres this is one statement with ``FOR UPDATE SKIP LOCKED``: any number of
         workers on any number of hosts never take the same job.
@@ -428,6 +430,8 @@ class JobQueue:
         )
         if metrics is not None:
             due = due.where(ScoringJob.metric.in_(list(metrics)))
+        if exclude:
+            due = due.where(ScoringJob.id.not_in(list(exclude)))
         if self.dialect.postgres:
             due = due.with_for_update(skip_locked=True)
         stmt = (

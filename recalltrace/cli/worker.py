@@ -84,7 +84,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 EXIT_JUDGE_PAUSED = 3
-"""``worker --once``: the judge was paused (a configuration error or an unreachable judge)."""
+"""``worker --once``: jobs were left unscored because of the judge (paused by a configuration
+error or an unreachable judge, failing on every retry, or too slow for the run's deadline)."""
 EXIT_JOBS_FAILED = 4
 """``worker --once``: some jobs failed for good (after their attempts)."""
 EXIT_PUSH_FAILED = 5
@@ -293,6 +294,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         f"retried {stats.retried}, given back {stats.released}; database time per job {per_job}",
         flush=True,
     )
+    if args.once:
+        _say_what_is_left(stats)
     if not pushed:
         return EXIT_PUSH_FAILED
     if not args.once:
@@ -307,6 +310,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             flush=True,
         )
         return EXIT_JUDGE_PAUSED
+    if stats.left_by_judge:
+        print(
+            f"exit {EXIT_JUDGE_PAUSED}: {stats.left_unscored} job(s) left unscored by the "
+            "judge; the next run takes them again",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_JUDGE_PAUSED
     if stats.failed:
         print(
             f"exit {EXIT_JOBS_FAILED}: {stats.failed} job(s) failed for good; "
@@ -316,6 +327,23 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
         return EXIT_JOBS_FAILED
     return EXIT_OK
+
+
+def _say_what_is_left(stats: Any) -> None:
+    """One line for a one-shot run that leaves work behind: how many jobs, and why."""
+    billed = ""
+    if stats.possibly_billed_tokens:
+        billed = (
+            f"; possibly billed ~{stats.possibly_billed_tokens:,.0f} tokens by judge calls that "
+            "timed out (counted against --judge-budget)"
+        )
+    if not stats.left_unscored and not billed:
+        return
+    why = [f"{reason} {count}" for reason, count in sorted(stats.left_reasons.items())]
+    if stats.deadline_reached:
+        why.append("the run reached its --deadline")
+    reasons = f" ({'; '.join(why)})" if why else ""
+    print(f"left unscored {stats.left_unscored}{reasons}{billed}", flush=True)
 
 
 def _push(setup: Any, url: str | None) -> bool:
