@@ -318,6 +318,73 @@ class WorkerTelemetry:
         self.judge_paused.add(1, {ATTR_REQUEST_MODEL: model_name(model)})
 
 
+_CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+_GATEWAY_SERIES = ("push_time_seconds", "push_failure_time_seconds")
+
+
+def pushed_totals(
+    gateway: str,
+    job: str,
+    grouping_key: dict[str, str],
+    timeout_s: float,
+    *,
+    any_sample: bool = False,
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The cumulative samples (counters and histograms) the Pushgateway holds for one group,
+    keyed by sample name and labels (without the group's own labels); with ``any_sample``,
+    every sample of the group. Empty when the group does not exist."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    group = {"job": job, **grouping_key}
+    with urllib.request.urlopen(gateway.rstrip("/") + "/metrics", timeout=timeout_s) as reply:
+        text = reply.read().decode("utf-8", "replace")
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in _GATEWAY_SERIES:
+                continue
+            if any(sample.labels.get(k) != v for k, v in group.items()):
+                continue
+            if not any_sample and (
+                family.type not in ("counter", "histogram", "summary")
+                or not sample.name.endswith(_CUMULATIVE_SUFFIXES)
+            ):
+                continue
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in group))
+            totals[(sample.name, labels)] = sample.value
+    return totals
+
+
+class _RunningTotals:
+    """A collector that reads ``registry`` and adds ``before`` to its cumulative samples."""
+
+    def __init__(
+        self, registry: Any, before: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    ) -> None:
+        self._registry = registry
+        self._before = before
+
+    def collect(self) -> Any:
+        from prometheus_client.metrics_core import Metric
+
+        for family in self._registry.collect():
+            if family.type not in ("counter", "histogram", "summary") or not self._before:
+                yield family
+                continue
+            totals = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                value = sample.value
+                if sample.name.endswith(_CUMULATIVE_SUFFIXES):
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    value += self._before.get(key, 0.0)
+                totals.add_sample(
+                    sample.name, sample.labels, value, sample.timestamp, sample.exemplar
+                )
+            yield totals
+
+
 @dataclass
 class TelemetrySetup:
     """Providers built by :func:`setup_telemetry`; call :meth:`shutdown` at exit."""
@@ -329,19 +396,43 @@ class TelemetrySetup:
     """The Prometheus Pushgateway :meth:`push` sends the metrics to."""
 
     def push(self, *, job: str, grouping_key: dict[str, str], timeout_s: float = 10.0) -> None:
-        """Send every metric, as a scrape would read it now, to the Pushgateway (replacing what
-        the gateway held for ``job`` and ``grouping_key``); raises on any failure."""
-        from prometheus_client import REGISTRY, push_to_gateway
+        """Send every metric to the Pushgateway, replacing what it held for ``job`` and
+        ``grouping_key``; raises on any failure.
+
+        A push replaces the group, so counters and histograms are pushed as running totals:
+        this run's counts added to what the group held before (read from the gateway first),
+        the way a long-running process's counters grow. Prometheus then sums runs with
+        ``increase()`` as it would for one process; a gateway restart is a counter reset, which
+        ``increase()`` handles. Gauges (the queue) are pushed as they are now. Runs of one
+        group must not overlap (give concurrent runs their own ``instance``)."""
+        from prometheus_client import REGISTRY, CollectorRegistry, push_to_gateway
 
         if self.pushgateway is None:
             raise ValueError("no Pushgateway configured")
+        before = pushed_totals(self.pushgateway, job, grouping_key, timeout_s)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_RunningTotals(REGISTRY, before))
         push_to_gateway(
             self.pushgateway,
             job=job,
             grouping_key=grouping_key,
-            registry=REGISTRY,
+            registry=registry,
             timeout=timeout_s,
         )
+
+    def push_baseline(
+        self, *, job: str, grouping_key: dict[str, str], timeout_s: float = 10.0
+    ) -> bool:
+        """Push the metrics as they are at the start of a run (every count 0) when the
+        gateway holds nothing for this group yet, so that Prometheus scrapes a zero before the
+        first run's totals and ``increase()`` counts that run too. True when it pushed; raises
+        on failure like :meth:`push`."""
+        if self.pushgateway is None:
+            raise ValueError("no Pushgateway configured")
+        if pushed_totals(self.pushgateway, job, grouping_key, timeout_s, any_sample=True):
+            return False
+        self.push(job=job, grouping_key=grouping_key, timeout_s=timeout_s)
+        return True
 
     def shutdown(self) -> None:
         """Flush and stop every exporter."""

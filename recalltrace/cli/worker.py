@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -277,6 +278,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         )
     import asyncio
 
+    if args.pushgateway is not None:
+        _push_baseline(setup, args.pushgateway)
     show_progress = args.once and sys.stdout.isatty() and not args.no_progress
     try:
         if show_progress:
@@ -344,6 +347,21 @@ def _say_what_is_left(stats: Any) -> None:
         why.append("the run reached its --deadline")
     reasons = f" ({'; '.join(why)})" if why else ""
     print(f"left unscored {stats.left_unscored}{reasons}{billed}", flush=True)
+
+
+def _push_baseline(setup: Any, url: str) -> None:
+    """A group the gateway has never held starts at zero, so the first run is counted too."""
+    import socket
+
+    try:
+        setup.push_baseline(
+            job="recalltrace_worker", grouping_key={"instance": socket.gethostname()}
+        )
+    except Exception as exc:
+        # The push at the end says it (exit 5); scoring goes on.
+        logging.getLogger("recalltrace.worker").debug(
+            "the baseline push to the Pushgateway failed: %s", exc
+        )
 
 
 def _push(setup: Any, url: str | None) -> bool:

@@ -122,17 +122,27 @@ def start_worker(url: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
 class Prometheus:
     """A real Prometheus server on a free loopback port."""
 
-    def __init__(self, tmp: Path, targets: list[int]) -> None:
+    def __init__(self, tmp: Path, targets: list[int], pushgateway: str | None = None) -> None:
         shutil.copy(RULES, tmp / RULES.name)
+        scrapes: list[dict[str, Any]] = [
+            {
+                "job_name": "recalltrace_worker",
+                "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}],
+            }
+        ]
+        if pushgateway is not None:
+            # As the Pushgateway's documentation asks: keep the job and instance pushed.
+            scrapes.append(
+                {
+                    "job_name": "pushgateway",
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [pushgateway.split("://", 1)[1]]}],
+                }
+            )
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [RULES.name],
-            "scrape_configs": [
-                {
-                    "job_name": "recalltrace_worker",
-                    "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}],
-                }
-            ],
+            "scrape_configs": scrapes,
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         self.port = free_port()
@@ -403,6 +413,37 @@ def test_a_once_run_pushes_what_it_left_behind_to_a_real_pushgateway(
         f"exit 5: could not push metrics to the Pushgateway at {closed}: "
     )
     assert "Traceback" not in failed.stderr
+
+
+def test_cron_runs_pushed_to_a_real_pushgateway_sum_in_a_real_prometheus(
+    tmp_path: Path, pushgateway: str
+) -> None:
+    """Four ``--once --pushgateway`` runs of 30 jobs each: a push replaces the gateway's group,
+    so per-run counters would read 30 after every run and ``increase()`` would see almost
+    nothing; running totals make Prometheus sum the runs as it would one process's counters."""
+    prom_dir = tmp_path / "prometheus"
+    prom_dir.mkdir()
+    prometheus = Prometheus(prom_dir, [], pushgateway=pushgateway)
+    url = new_database(tmp_path / "cron.db")
+    scored = 'rag_worker_jobs_total{job="recalltrace_worker",rag_job_outcome="scored"}'
+    try:
+        for run in range(1, 5):
+            store_traces(url, ["id_based_context_recall"], {"support-bot": ["doc_0"]}, count=30)
+            done = subprocess.run(
+                [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url,
+                 "--pushgateway", pushgateway, "--no-progress"],
+                cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            wait_for(lambda run=run: prometheus.numbers(scored) == [30.0 * run], f"run {run}")
+        window = f"{scored}[10m]"
+        assert prometheus.numbers(f"max_over_time({window}) - min_over_time({window})") == [120]
+        (increase,) = prometheus.numbers(f"increase({window})")
+        # increase() extrapolates a little past the first and last samples; it no longer
+        # misses the runs (per-run counters gave 21.6 of 120 here).
+        assert 115 <= increase <= 135, increase
+    finally:
+        prometheus.stop()
 
 
 def test_the_compose_stack_refers_to_files_that_exist_and_commands_that_parse(
