@@ -6,7 +6,7 @@ What one sender can make the receiver hold is bounded by :class:`Limits`:
   closed to make room, and when none is idle the new one is answered ``503``.
 - ``idle_timeout``: a connection with no request under way is closed after that many seconds.
 - ``read_timeout``: a request whose line, headers and body have not all arrived after that many
-  seconds is answered ``408`` (or its connection closed).
+  seconds has its connection closed.
 - ``max_concurrent`` requests read and decoded at once; a request waits up to ``busy_wait``
   seconds for its turn, then is answered ``503`` with ``Retry-After``.
 - ``max_body`` bytes per body, checked while it is read (``Content-Length``, or each chunk of a
@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 logger = logging.getLogger("recalltrace.collect")
 
@@ -88,19 +88,19 @@ class Export:
     content_type: str
 
 
-class Receiver:
-    """What the server hands bodies to (``recalltrace collect``'s state implements it)."""
+class Receiver(Protocol):
+    """What the server hands bodies to (``recalltrace collect``'s state)."""
 
-    token: str | None = None
+    token: str | None
 
     def busy(self) -> Refused | None:
         """A refusal to answer before the body is read (e.g. a full record queue), or None."""
-        return None
+        ...
 
     def take(self, export: Export) -> tuple[int, bytes, str]:
         """Decode and keep ``export``; the status, body and content type of the answer.
         Raises :class:`Refused` for a body that cannot be taken."""
-        raise NotImplementedError
+        ...
 
 
 class _Connection:

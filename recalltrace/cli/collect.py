@@ -40,7 +40,6 @@ from recalltrace._collect_server import (
     Export,
     Limits,
     MiB,
-    Receiver,
     Refused,
     start,
 )
@@ -462,8 +461,17 @@ class TraceBuffer:
                 if trace is None:
                     continue
                 self.held -= trace.weight
+            reached = 0
             for top, subtree in _subtrees(trace.spans):
+                reached += len(subtree)
                 self.requests += self.assembler.finish(top, subtree)
+            # Spans whose parents form a loop hang under no top: counted, not built.
+            self._count(
+                "capture_parent_loop",
+                len(trace.spans) - reached,
+                "recalltrace collect: %d span(s) whose parent ids form a loop were left out "
+                "(said once; the total is printed at exit)",
+            )
         self.backlog = left
         return left
 
@@ -495,7 +503,7 @@ def _subtrees(spans: list[Any]) -> Iterator[tuple[Any, list[Any]]]:
 # -- the receiver -----------------------------------------------------------------------------
 
 
-class Collector(Receiver):
+class Collector:
     """The receiver's state: the trace buffer, the writer's bound, the token."""
 
     def __init__(self, buffer: TraceBuffer, token: str | None) -> None:

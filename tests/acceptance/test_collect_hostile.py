@@ -323,6 +323,33 @@ def test_a_trace_of_half_a_million_spans_without_root_is_held_up_to_its_bound(
     assert "Traceback" not in err, err
 
 
+def test_many_open_traces_are_held_up_to_the_buffer_bound(hostile: Collect) -> None:
+    # 50 traces without root, 3000 spans of about 1 kB each: 165 MB of spans against a
+    # --max-buffer-mb of 32. The oldest traces are dropped, and counted, to stay under it.
+    connection = http.client.HTTPConnection(*address(hostile), timeout=60)
+    for number in range(50):
+        trace_id = (1000 + number).to_bytes(16, "big")
+        template = span(trace_id, 1, "step", 999_999_999, {"blob": "b" * 1000})
+        head, tail = template.split((1).to_bytes(8, "big"))
+        spans = [head + (i + 1).to_bytes(8, "big") + tail for i in range(3000)]
+        connection.request(
+            "POST", "/v1/traces", export_body(spans), {"Content-Type": "application/x-protobuf"}
+        )
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200
+    connection.close()
+    peak = peak_rss_kb(hostile.process.pid)
+    print(f"peak RSS {peak} kB")
+    _, err = stop(hostile)
+    assert peak < RSS_BOUND_KB, f"peak RSS {peak} kB"
+    summary = err.splitlines()[-1]
+    evicted = int(summary.split(" trace(s) evicted")[0].rsplit(" ", 1)[1])
+    assert 40 <= evicted <= 48, summary  # about six traces of 5 MB fit in 32 MB
+    assert f"capture_evicted {evicted}" in summary, summary
+    assert "Traceback" not in err, err
+
+
 def nested_json(depth: int) -> bytes:
     value = '{"stringValue": "deep"}'
     for _ in range(depth):
@@ -513,3 +540,22 @@ def test_bad_bounds_are_refused_in_one_line(options: list[str], message: str) ->
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and message in errors[0], done.stderr
+
+
+def test_spans_whose_parents_form_a_loop_or_repeat_are_counted(hostile: Collect) -> None:
+    trace_id = (55).to_bytes(16, "big")
+    loop = [span(trace_id, 1, "a", 2), span(trace_id, 2, "b", 1), span(trace_id, 3, "c", 3)]
+    connection = http.client.HTTPConnection(*address(hostile), timeout=30)
+    for _ in range(2):  # the second export repeats the spans of the first
+        connection.request(
+            "POST", "/v1/traces", export_body(loop), {"Content-Type": "application/x-protobuf"}
+        )
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200
+    connection.close()
+    seconds, err = stop(hostile)
+    assert seconds < 20, seconds
+    assert "3 duplicate span(s) ignored" in err, err
+    assert "capture_parent_loop 3" in err, err
+    assert "Traceback" not in err, err
