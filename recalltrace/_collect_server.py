@@ -12,6 +12,7 @@ What one sender can make the receiver hold is bounded by :class:`Limits`:
 - ``max_body`` bytes per body, checked while it is read (``Content-Length``, or each chunk of a
   chunked body) and again once decompressed: ``413``; a malformed chunked body is ``400``.
 - ``max_depth`` levels of nesting in a JSON body: ``400``.
+- 64 KiB of header lines per request: ``431``.
 
 Every refusal is a status an OTLP exporter understands, with a one-line JSON message; every
 problem, a client gone mid-body included, is logged as one line and never as a traceback.
@@ -22,6 +23,7 @@ deadline, then closes what is left.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import io
 import json
 import logging
@@ -42,6 +44,7 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 _CHUNK_LINE = 1024  # bytes of a chunk-size line, extensions included
 _TRAILERS = 64  # trailer lines after the last chunk
+_HEADER_BYTES = 64 * 1024  # all the header lines of one request
 _PIECE = 256 * 1024  # bytes read from the socket at a time
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 # A JSON string literal (escapes included): removed before brackets are counted.
@@ -275,6 +278,22 @@ def _refuse_connection(sock: socket.socket, stopping: bool) -> None:
     sock.close()
 
 
+class _HeaderBudget:
+    """A stream whose ``readline`` gives at most ``budget`` bytes in all, then refuses (the
+    standard library answers that with ``431``)."""
+
+    def __init__(self, stream: io.BufferedIOBase, budget: int) -> None:
+        self.stream = stream
+        self.budget = budget
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.budget <= 0:
+            raise http.client.LineTooLong(f"headers larger than {_HEADER_BYTES} bytes")
+        line = self.stream.readline(self.budget if size < 0 else min(size, self.budget))
+        self.budget -= len(line)
+        return line
+
+
 # -- bodies -----------------------------------------------------------------------------------
 
 
@@ -397,9 +416,15 @@ def _handler_class(limits: Limits) -> type[BaseHTTPRequestHandler]:
             super().handle_one_request()
 
         def parse_request(self) -> bool:
-            # The request line has arrived: the request is under way from here.
+            # The request line has arrived: the request is under way from here. Its headers
+            # are read through a budget (the standard library allows 100 lines of 64 KiB).
             self.server.set_state(self.conn, "reading")
-            return super().parse_request()
+            stream = self.rfile
+            self.rfile = _HeaderBudget(stream, _HEADER_BYTES)  # type: ignore[assignment]
+            try:
+                return super().parse_request()
+            finally:
+                self.rfile = stream
 
         def _reply(
             self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None

@@ -8,6 +8,7 @@ exporter understands and never printing a traceback."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import select
 import signal
 import socket
@@ -194,9 +195,9 @@ def read_status(sock: socket.socket, timeout: float = 30.0) -> tuple[int, bytes]
 
 def post_raw(hostile: Collect, head: bytes, stream: Iterator[bytes]) -> int:
     """Send ``head`` then pieces of ``stream`` until the receiver answers; the status."""
+    heads = (head[at : at + 65536] for at in range(0, len(head), 65536))
     with socket.create_connection(address(hostile), timeout=30) as sock:
-        sock.sendall(head)
-        for piece in stream:
+        for piece in itertools.chain(heads, stream):
             readable, _, _ = select.select([sock], [], [], 0)
             if readable:
                 break
@@ -234,6 +235,10 @@ def test_chunked_bodies_with_bad_sizes_are_refused_within_the_body_cap(
     # Endless well-formed chunks: refused once they pass the cap.
     chunks = (b"100000\r\n" + mebibyte + b"\r\n" for _ in range(300))
     assert post_raw(hostile, chunked_head(b""), chunks) == 413
+    # Headers: at most 64 KiB in all (431), whatever the number of lines.
+    huge_headers = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 60_000) for i in range(90))
+    head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n" + huge_headers + b"\r\n"
+    assert post_raw(hostile, head, endless(0)) == 431
     # A Content-Length above the cap is refused before the body is read.
     head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n"
     assert post_raw(hostile, head, endless(300)) == 413
