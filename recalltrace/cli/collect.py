@@ -652,16 +652,19 @@ def run_collect(args: argparse.Namespace) -> int:
         where = " (not loopback and no token: anyone on the network may send)"
     print(f"READY http://{bound_host}:{bound_port}/v1/traces{where}", flush=True)
     while not stop.wait(0.5):
-        collector.buffer.sweep(room=collector.room)
+        collector.buffer.sweep(room=lambda: not stop.is_set() and collector.room())
     # Stop: no new connections; requests under way get half of --stop-timeout to finish,
     # then what was answered 200 is built as the queue drains, and stored in the time left.
     started = time.monotonic()
     deadline = started + args.stop_timeout
     cut_off = server.stop(started + args.stop_timeout / 2)
     collector.close()
-    while collector.buffer.sweep(everything=True, room=collector.room):
-        if time.monotonic() >= deadline - args.stop_timeout / 10:
-            break
+    built_by = deadline - args.stop_timeout / 10  # the last tenth is for the last writes
+
+    def room() -> bool:
+        return time.monotonic() < built_by and collector.room()
+
+    while collector.buffer.sweep(everything=True, room=room) and time.monotonic() < built_by:
         time.sleep(0.02)
     done = recalltrace.shutdown(max(0.0, deadline - time.monotonic()))
     print(summary(collector, server, cut_off), file=sys.stderr, flush=True)
