@@ -134,6 +134,7 @@ class CollectServer(ThreadingHTTPServer):
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_concurrent)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._connections: dict[socket.socket, _Connection] = {}
         self._stopping = False
         self._stopped = threading.Event()
@@ -150,15 +151,18 @@ class CollectServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         sock: socket.socket = request
-        with self._lock:
-            stopping = self._stopping
-            room = len(self._connections) < self.limits.max_connections
-            if not room and not stopping:
+        limit = self.limits.max_connections
+        with self._changed:
+            if len(self._connections) >= limit and not self._stopping:
+                # Make room by closing an idle keep-alive connection (its client reconnects
+                # when it needs to), and wait for its thread to end.
                 idle = next((c for c in self._connections.values() if c.state == "idle"), None)
                 if idle is not None:
                     idle.state = "closing"
                     idle.close()
-                    room = True  # its thread ends at once; the new connection takes its place
+                    self._changed.wait_for(lambda: len(self._connections) < limit, timeout=1.0)
+            stopping = self._stopping
+            room = len(self._connections) < limit
             if room and not stopping:
                 self._connections[sock] = _Connection(sock)
         if stopping or not room:
@@ -187,8 +191,9 @@ class CollectServer(ThreadingHTTPServer):
             return self._stopping
 
     def shutdown_request(self, request: Any) -> None:
-        with self._lock:
+        with self._changed:
             self._connections.pop(request, None)
+            self._changed.notify_all()
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

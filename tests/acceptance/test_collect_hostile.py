@@ -291,7 +291,7 @@ def test_many_large_uploads_at_once_are_read_four_at_a_time(hostile: Collect) ->
     statuses = sorted(status for status, _ in results)
     assert len(statuses) == 60, statuses
     assert set(statuses) <= {200, 503}, statuses
-    assert 4 <= statuses.count(200) <= 8, statuses  # four at once, a few more as slots free
+    assert 4 <= statuses.count(200) <= 12, statuses  # four at once, a few more as slots free
     assert all(b"Retry-After: 1" in head for status, head in results if status == 503)
     assert peak < RSS_BOUND_KB, f"peak RSS {peak} kB"
     assert "Traceback" not in err, err
@@ -471,7 +471,8 @@ def test_idle_slow_and_vanishing_connections_are_closed_without_tracebacks(
         assert status == 200
     finally:
         _, err = stop(service)
-    assert most_threads < 32 + 12, most_threads
+    print(f"most threads {most_threads}")
+    assert most_threads <= 32 + 8, most_threads  # the connections' and a few of its own
     assert "Traceback" not in err, err
 
 
