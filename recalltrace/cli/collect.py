@@ -641,7 +641,11 @@ def run_collect(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     stop = threading.Event()
 
+    signalled: list[float] = []
+
     def on_signal(signum: int, frame: Any) -> None:
+        if not signalled:
+            signalled.append(time.monotonic())
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -655,7 +659,7 @@ def run_collect(args: argparse.Namespace) -> int:
         collector.buffer.sweep(room=lambda: not stop.is_set() and collector.room())
     # Stop: no new connections; requests under way get half of --stop-timeout to finish,
     # then what was answered 200 is built as the queue drains, and stored in the time left.
-    started = time.monotonic()
+    started = signalled[0] if signalled else time.monotonic()
     deadline = started + args.stop_timeout
     cut_off = server.stop(started + args.stop_timeout / 2)
     collector.close()
