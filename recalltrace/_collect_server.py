@@ -7,8 +7,8 @@ What one sender can make the receiver hold is bounded by :class:`Limits`:
 - ``idle_timeout``: a connection with no request under way is closed after that many seconds.
 - ``read_timeout``: a request whose line, headers and body have not all arrived after that many
   seconds has its connection closed.
-- ``max_concurrent`` requests read and decoded at once; a request waits up to ``busy_wait``
-  seconds for its turn, then is answered ``503`` with ``Retry-After``.
+- ``max_concurrent`` requests read at once (one of them decoded at a time); a request waits up
+  to ``busy_wait`` seconds for its turn, then is answered ``503`` with ``Retry-After``.
 - ``max_body`` bytes per body, checked while it is read (``Content-Length``, or each chunk of a
   chunked body) and again once decompressed: ``413``; a malformed chunked body is ``400``.
 - ``max_depth`` levels of nesting in a JSON body: ``400``.
@@ -133,6 +133,7 @@ class CollectServer(ThreadingHTTPServer):
         self.receiver = receiver
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_concurrent)
+        self.decoding = threading.Lock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._connections: dict[socket.socket, _Connection] = {}
@@ -328,9 +329,12 @@ def read_length(stream: io.BufferedIOBase, length_header: str, max_body: int) ->
     length = int(raw)
     if length > max_body:
         raise Refused(413, f"the body ({length} bytes) is larger than {max_body} bytes", close=True)
-    parts: list[bytes] = []
-    _read_exact(stream, length, parts)
-    return b"".join(parts)
+    # One read into one buffer of the announced size (no copy); a stalled sender is cut off
+    # by the idle timeout of each socket read, or by the read timeout's watchdog.
+    body = stream.read(length)
+    if len(body) < length:
+        raise Gone("the client closed the connection before the end of the body")
+    return body
 
 
 def read_chunked(stream: io.BufferedIOBase, max_body: int) -> bytes:
@@ -506,6 +510,14 @@ def _handler_class(limits: Limits) -> type[BaseHTTPRequestHandler]:
                 if not hmac.compare_digest(given.encode(), expected.encode()):
                     self._skip(length_header, chunked)
                     raise Refused(401, "missing or wrong bearer token")
+            if self._content_type() not in (PROTOBUF, JSON):
+                self._skip(length_header, chunked)
+                raise Refused(415, f"Content-Type must be {PROTOBUF} or {JSON}")
+            if self._encoding() not in ("", "identity", "gzip"):
+                self._skip(length_header, chunked)
+                raise Refused(
+                    415, f"Content-Encoding {self._encoding()!r} is not supported (use gzip)"
+                )
             busy = receiver.busy()
             if busy is not None:
                 self._skip(length_header, chunked)
@@ -526,28 +538,32 @@ def _handler_class(limits: Limits) -> type[BaseHTTPRequestHandler]:
 
         def _take(self, length_header: str | None, chunked: bool) -> None:
             receiver = self.server.receiver
+            content_type = self._content_type()
             if chunked:
                 body = read_chunked(self.rfile, limits.max_body)
             else:
                 assert length_header is not None
                 body = read_length(self.rfile, length_header, limits.max_body)
             self.server.set_state(self.conn, "working")
-            content_type = (self.headers.get("Content-Type") or PROTOBUF).split(";")[0].strip()
-            if content_type not in (PROTOBUF, JSON):
-                raise Refused(415, f"Content-Type must be {PROTOBUF} or {JSON}")
-            encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-            if encoding == "gzip":
-                body = gunzip(body, limits.max_body)
-            elif encoding not in ("", "identity"):
-                raise Refused(415, f"Content-Encoding {encoding!r} is not supported (use gzip)")
-            if content_type == JSON and json_too_deep(body, limits.max_depth):
-                raise Refused(400, f"the JSON body nests deeper than {limits.max_depth} levels")
-            try:
-                status, reply, reply_type = receiver.take(Export(body, content_type))
-            except RecursionError:
-                raise Refused(400, "the body nests too deeply to be decoded") from None
+            # Decoding holds the interpreter's lock anyway: one body at a time is decoded (and
+            # so multiplied into objects), the others wait with their bodies read.
+            with self.server.decoding:
+                if self._encoding() == "gzip":
+                    body = gunzip(body, limits.max_body)
+                if content_type == JSON and json_too_deep(body, limits.max_depth):
+                    raise Refused(400, f"the JSON body nests deeper than {limits.max_depth} levels")
+                try:
+                    status, reply, reply_type = receiver.take(Export(body, content_type))
+                except RecursionError:
+                    raise Refused(400, "the body nests too deeply to be decoded") from None
             self.server.count(f"answered {status}")
             self._reply(status, reply, reply_type)
+
+        def _content_type(self) -> str:
+            return (self.headers.get("Content-Type") or PROTOBUF).split(";")[0].strip()
+
+        def _encoding(self) -> str:
+            return (self.headers.get("Content-Encoding") or "").strip().lower()
 
         def _skip(self, length_header: str | None, chunked: bool) -> None:
             """Read past a body that is refused, when that is cheap; else close afterwards."""

@@ -110,11 +110,11 @@ def register(sub: Any) -> None:
     bounds.add_argument(
         "--max-buffer-mb",
         type=_positive,
-        default=256.0,
+        default=128.0,
         metavar="MB",
         help="spans held for all open traces, counted at their size in the body plus "
         f"{SPAN_OVERHEAD} bytes each; past it the oldest trace is dropped and counted "
-        "(default: 256)",
+        "(default: 128)",
     )
     bounds.add_argument(
         "--max-body-mb",
@@ -128,8 +128,8 @@ def register(sub: Any) -> None:
         type=_whole,
         default=4,
         metavar="N",
-        help="requests read and decoded at once; another waits up to 1 s, then is answered "
-        "503 with Retry-After (default: 4)",
+        help="requests read at once (one decoded at a time); another waits up to 1 s, then "
+        "is answered 503 with Retry-After (default: 4)",
     )
     bounds.add_argument(
         "--max-connections",
@@ -358,7 +358,7 @@ class TraceBuffer:
         idle: float,
         max_open_traces: int,
         max_spans_per_trace: int = 5_000,
-        max_bytes: int = 256 * MiB,
+        max_bytes: int = 128 * MiB,
     ) -> None:
         self.assembler = assembler
         self.idle = idle
@@ -571,7 +571,7 @@ def serve(
     trace_idle: float = 5.0,
     max_open_traces: int = 10_000,
     max_spans_per_trace: int = 5_000,
-    max_buffer: int = 256 * MiB,
+    max_buffer: int = 128 * MiB,
     limits: Limits | None = None,
 ) -> tuple[CollectServer, Collector]:
     """Start the receiver on daemon threads (the tracer must be configured); returns the
