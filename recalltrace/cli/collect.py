@@ -14,13 +14,16 @@ the tracer's sampling, scrubbing, bounded queue and writer.
   in the response's ``partial_success``, with a message.
 - Bound to 127.0.0.1 unless ``--listen`` says otherwise; ``--token`` (or
   ``$RECALLTRACE_COLLECT_TOKEN``) requires ``Authorization: Bearer <token>`` (else ``401``).
+- Bounded: bodies, connections, requests read at once and JSON nesting (see
+  :mod:`recalltrace._collect_server`), spans per trace and spans held (:class:`TraceBuffer`);
+  SIGTERM or SIGINT exits within ``--stop-timeout`` seconds, after storing what was answered
+  200 or counting what could not be.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import hmac
 import json
 import logging
 import os
@@ -28,22 +31,28 @@ import signal
 import sys
 import threading
 import time
-import zlib
-from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from recalltrace._collect_server import (
+    JSON,
+    CollectServer,
+    Export,
+    Limits,
+    MiB,
+    Refused,
+    start,
+)
 from recalltrace.cli._args import EXIT_OK, CommandError
 
 logger = logging.getLogger("recalltrace.collect")
 
 TOKEN_ENV = "RECALLTRACE_COLLECT_TOKEN"
-MAX_BODY = 32 * 1024 * 1024
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
 # Seconds a trace whose root span arrived waits for late spans (exporters send spans
 # separately, and a child may arrive after its parent).
 ROOT_SETTLE = 0.5
+# resourceSpans[ { scopeSpans[ { spans[ { attributes[ { value{ : the nesting of an attribute.
+MIN_DEPTH = 10
 
 
 def register(sub: Any) -> None:
@@ -84,13 +93,93 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--max-open-traces",
-        type=int,
+        type=_whole,
         default=10_000,
         metavar="N",
         help="traces held while waiting for their root span; past it the oldest is dropped "
         "and counted (default: 10000)",
     )
+    bounds = parser.add_argument_group("bounds (see docs/ingest.md)")
+    bounds.add_argument(
+        "--max-spans-per-trace",
+        type=_whole,
+        default=5_000,
+        metavar="N",
+        help="spans held per trace; later ones are left out and counted (default: 5000)",
+    )
+    bounds.add_argument(
+        "--max-buffer-mb",
+        type=_positive,
+        default=128.0,
+        metavar="MB",
+        help="spans held for all open traces, counted at their size in the body plus "
+        f"{SPAN_OVERHEAD} bytes each; past it the oldest trace is dropped and counted "
+        "(default: 128)",
+    )
+    bounds.add_argument(
+        "--max-body-mb",
+        type=_positive,
+        default=32.0,
+        metavar="MB",
+        help="largest body, chunked or not, also once decompressed; larger is 413 (default: 32)",
+    )
+    bounds.add_argument(
+        "--max-concurrent",
+        type=_whole,
+        default=4,
+        metavar="N",
+        help="requests read at once (one decoded at a time); another waits up to 1 s, then "
+        "is answered 503 with Retry-After (default: 4)",
+    )
+    bounds.add_argument(
+        "--max-connections",
+        type=_whole,
+        default=256,
+        metavar="N",
+        help="open connections; past it an idle one is closed, or the new one answered 503 "
+        "(default: 256)",
+    )
+    bounds.add_argument(
+        "--idle-timeout",
+        type=_positive,
+        default=30.0,
+        metavar="S",
+        help="close a connection with no request under way after S seconds (default: 30)",
+    )
+    bounds.add_argument(
+        "--read-timeout",
+        type=_positive,
+        default=30.0,
+        metavar="S",
+        help="a request's line, headers and body must arrive within S seconds, else its "
+        "connection is closed (default: 30)",
+    )
+    bounds.add_argument(
+        "--max-depth",
+        type=_whole,
+        default=64,
+        metavar="N",
+        help="deepest nesting of arrays and objects in a JSON body; deeper is 400 (default: 64)",
+    )
+    bounds.add_argument(
+        "--stop-timeout",
+        type=_positive,
+        default=10.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT, exit within S seconds: requests under way get half of it, "
+        "storing what was answered 200 the rest (default: 10)",
+    )
     parser.set_defaults(handler=run_collect)
+
+
+def _whole(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {raw!r}")
+    return value
 
 
 def _positive(raw: str) -> float:
@@ -243,73 +332,175 @@ def encode_response(rejected: int, message: str, content_type: str) -> bytes:
 
 # -- grouping ---------------------------------------------------------------------------------
 
+# What a held span is counted as besides its share of the body it came in: the Python objects
+# of a span with a handful of attributes.
+SPAN_OVERHEAD = 600
+
+
+class _OpenTrace:
+    __slots__ = ("ids", "rooted", "spans", "touched", "weight")
+
+    def __init__(self, now: float) -> None:
+        self.touched = now
+        self.spans: list[Any] = []
+        self.ids: set[int] = set()
+        self.rooted = False
+        self.weight = 0
+
 
 class TraceBuffer:
-    """Spans waiting for their trace's root span, bounded in traces and in time."""
+    """Spans waiting for their trace's root span, bounded in traces, in spans per trace, in
+    bytes held and in time."""
 
-    def __init__(self, assembler: Any, idle: float, max_open_traces: int) -> None:
+    def __init__(
+        self,
+        assembler: Any,
+        idle: float,
+        max_open_traces: int,
+        max_spans_per_trace: int = 5_000,
+        max_bytes: int = 128 * MiB,
+    ) -> None:
         self.assembler = assembler
         self.idle = idle
         self.max_open_traces = max_open_traces
-        self._traces: dict[int, tuple[float, list[Any]]] = {}
+        self.max_spans_per_trace = max_spans_per_trace
+        self.max_bytes = max_bytes
+        self._traces: dict[int, _OpenTrace] = {}
         self._lock = threading.Lock()
-        self._rooted: set[int] = set()
+        self.held = 0
         self.evicted = 0
+        self.left_out = 0
+        self.duplicates = 0
         self.requests = 0
+        self.backlog = 0
+        self._said: set[str] = set()
 
-    def add(self, views: list[Any]) -> None:
-        """Buffer ``views`` (:meth:`sweep` builds the traces that are complete)."""
-        evicted = 0
+    def add(self, views: list[Any], size: int = 0) -> None:
+        """Buffer ``views`` (from a body of ``size`` bytes; :meth:`sweep` builds the traces
+        that are complete). A span past ``max_spans_per_trace``, or whose id its trace holds
+        already (an export sent twice), is left out and does not keep its trace open."""
+        if not views:
+            return
+        weight = size // len(views) + SPAN_OVERHEAD
+        evicted = left_out = duplicates = 0
         now = time.monotonic()
         with self._lock:
             for view in views:
-                entry = self._traces.get(view.trace_id)
-                if entry is None:
-                    if len(self._traces) >= self.max_open_traces:
-                        del self._traces[next(iter(self._traces))]
+                trace = self._traces.get(view.trace_id)
+                if trace is None:
+                    while len(self._traces) >= self.max_open_traces:
+                        self._drop_oldest()
                         evicted += 1
-                    entry = (now, [])
-                spans = entry[1]
-                spans.append(view)
-                self._traces[view.trace_id] = (now, spans)
-            for view in views:
-                if view.parent_id is None:
-                    self._rooted.add(view.trace_id)
-        self._evict(evicted)
+                    trace = self._traces[view.trace_id] = _OpenTrace(now)
+                if view.span_id in trace.ids:
+                    duplicates += 1
+                    continue
+                if len(trace.spans) >= self.max_spans_per_trace:
+                    left_out += 1
+                    continue
+                trace.spans.append(view)
+                trace.ids.add(view.span_id)
+                trace.touched = now
+                trace.weight += weight
+                trace.rooted = trace.rooted or view.parent_id is None
+                self.held += weight
+            while self.held > self.max_bytes and self._traces:
+                self._drop_oldest()
+                evicted += 1
+            self.evicted += evicted
+            self.left_out += left_out
+            self.duplicates += duplicates
+        self._count(
+            "capture_evicted",
+            evicted,
+            "recalltrace collect: %d trace(s) pushed out by --max-open-traces or --max-buffer-mb "
+            "before their root span arrived: not stored (said once; the total is printed at exit)",
+        )
+        self._count(
+            "capture_spans",
+            left_out,
+            "recalltrace collect: %d span(s) past --max-spans-per-trace left out of their trace "
+            "(said once; the total is printed at exit)",
+        )
 
-    def _evict(self, count: int) -> None:
-        if count:
-            from recalltrace.tracer import _runtime
+    def _drop_oldest(self) -> None:
+        trace = self._traces.pop(next(iter(self._traces)))
+        self.held -= trace.weight
 
-            self.evicted += count
-            _runtime.stats().drop("capture_evicted", "", count)
-            logger.warning(
-                "recalltrace collect: %d trace(s) pushed out by --max-open-traces before their "
-                "root span arrived: not stored",
-                count,
-            )
+    def _count(self, reason: str, count: int, message: str) -> None:
+        if not count:
+            return
+        from recalltrace.tracer import _runtime
 
-    def sweep(self, everything: bool = False) -> None:
+        _runtime.stats().drop(reason, "", count, report=False)
+        if reason not in self._said:
+            self._said.add(reason)
+            logger.warning(message, count)
+
+    def sweep(self, everything: bool = False, room: Callable[[], bool] | None = None) -> int:
         """Build the traces idle for ``idle`` seconds (all of them with ``everything``) from
-        the spans that arrived: each span whose parent never came is a top."""
+        the spans that arrived: each span whose parent never came is a top. Traces are built
+        oldest first while ``room()`` says the record queue can take one; the others stay
+        held for the next sweep (and :attr:`backlog` says how many). Returns the backlog."""
         now = time.monotonic()
         limit = now - self.idle
         settled = now - min(ROOT_SETTLE, self.idle)
         with self._lock:
             due = [
                 trace_id
-                for trace_id, (touched, _) in self._traces.items()
-                if everything or touched < limit or (trace_id in self._rooted and touched < settled)
+                for trace_id, trace in self._traces.items()
+                if everything or trace.touched < limit or (trace.rooted and trace.touched < settled)
             ]
-            taken = [self._traces.pop(trace_id)[1] for trace_id in due]
-            self._rooted.difference_update(due)
-        for spans in taken:
-            ids = {view.span_id for view in spans}
-            for top in (view for view in spans if view.parent_id not in ids):
-                self.requests += self.assembler.finish(top, spans)
+        left = len(due)
+        for trace_id in due:
+            if room is not None and not room():
+                break
+            left -= 1
+            with self._lock:
+                trace = self._traces.pop(trace_id, None)
+                if trace is None:
+                    continue
+                self.held -= trace.weight
+            reached = 0
+            for top, subtree in _subtrees(trace.spans):
+                reached += len(subtree)
+                self.requests += self.assembler.finish(top, subtree)
+            # Spans whose parents form a loop hang under no top: counted, not built.
+            self._count(
+                "capture_parent_loop",
+                len(trace.spans) - reached,
+                "recalltrace collect: %d span(s) whose parent ids form a loop were left out "
+                "(said once; the total is printed at exit)",
+            )
+        self.backlog = left
+        return left
+
+    def open_traces(self) -> int:
+        with self._lock:
+            return len(self._traces)
 
 
-# -- server -----------------------------------------------------------------------------------
+def _subtrees(spans: list[Any]) -> Iterator[tuple[Any, list[Any]]]:
+    """Each top span (its parent is not among ``spans``) with the spans under it; each span is
+    in one subtree at most, so the whole costs one pass however the spans are shaped."""
+    ids = {view.span_id for view in spans}
+    children: dict[int, list[Any]] = {}
+    for view in spans:
+        if view.parent_id is not None and view.parent_id in ids:
+            children.setdefault(view.parent_id, []).append(view)
+    for top in spans:
+        if top.parent_id is not None and top.parent_id in ids:
+            continue
+        subtree = [top]
+        stack = [top]
+        while stack:
+            for child in children.pop(stack.pop().span_id, ()):
+                subtree.append(child)
+                stack.append(child)
+        yield top, subtree
+
+
+# -- the receiver -----------------------------------------------------------------------------
 
 
 class Collector:
@@ -324,134 +515,51 @@ class Collector:
         self.received = 0
         self.rejected = 0
         self.refused = 0
+        self.accepted = 0
+        self.refused_at_stop = 0
+        self._gate = threading.Lock()
+        self._closed = False
 
     def queue_full(self) -> bool:
         runtime = self.runtime
         return bool(runtime.writer.queue_size() >= runtime.config.max_queue_size)
 
+    def room(self) -> bool:
+        """Whether the record queue can take another trace's records now."""
+        return not self.queue_full()
 
-def _handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "recalltrace-collect"
+    def busy(self) -> Refused | None:
+        # Full queue, or complete traces waiting for room in it: what is answered 200 must
+        # fit, so new exports wait (an exporter retries a 503 after Retry-After).
+        if self.queue_full() or self.buffer.backlog:
+            with self._gate:
+                self.refused += 1
+            return Refused(503, "the record queue is full; retry later", retry_after=2)
+        return None
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug(format, *args)
-
-        def _reply(
-            self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-            body = json.dumps({"code": status, "message": message}).encode()
-            self._reply(status, body, JSON, headers)
-
-        def do_POST(self) -> None:
-            length_header = self.headers.get("Content-Length")
-            if self.path.split("?")[0] != "/v1/traces":
-                self._drain(length_header)
-                self._error(404, "only POST /v1/traces is served")
-                return
-            if collector.token is not None:
-                given = self.headers.get("Authorization", "")
-                expected = f"Bearer {collector.token}"
-                if not hmac.compare_digest(given.encode(), expected.encode()):
-                    self._drain(length_header)
-                    self._error(401, "missing or wrong bearer token")
-                    return
-            if collector.queue_full():
-                collector.refused += 1
-                self._drain(length_header)
-                self._error(503, "the record queue is full; retry later", {"Retry-After": "2"})
-                return
-            chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
-            if chunked:
-                try:
-                    body = _read_chunked(self.rfile)
-                except ValueError as exc:
-                    self._error(413 if "larger" in str(exc) else 400, str(exc))
-                    self.close_connection = True
-                    return
-            else:
-                if length_header is None or not length_header.isdigit():
-                    self._error(411, "a Content-Length or a chunked body is required")
-                    self.close_connection = True
-                    return
-                length = int(length_header)
-                if length > MAX_BODY:
-                    self._error(413, f"the body is larger than {MAX_BODY} bytes")
-                    self.close_connection = True
-                    return
-                body = self.rfile.read(length)
-            content_type = (self.headers.get("Content-Type") or PROTOBUF).split(";")[0].strip()
-            if content_type not in (PROTOBUF, JSON):
-                self._error(415, f"Content-Type must be {PROTOBUF} or {JSON}")
-                return
-            encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-            try:
-                if encoding == "gzip":
-                    body = _gunzip(body)
-                elif encoding not in ("", "identity"):
-                    self._error(415, f"Content-Encoding {encoding!r} is not supported (use gzip)")
-                    return
-                request = decode_request(body, content_type)
-            except ValueError as exc:
-                self._error(400, str(exc))
-                return
-            views, rejected, reason = span_views(request)
-            collector.received += len(views)
-            collector.rejected += rejected
-            collector.buffer.add(views)
-            self._reply(200, encode_response(rejected, reason, content_type), content_type)
-
-        def _drain(self, length_header: str | None) -> None:
-            if length_header is not None and length_header.isdigit():
-                length = int(length_header)
-                if length <= MAX_BODY:
-                    self.rfile.read(length)
-                    return
-            self.close_connection = True
-
-    return Handler
-
-
-def _read_chunked(stream: Any) -> bytes:
-    """A ``Transfer-Encoding: chunked`` body, at most ``MAX_BODY`` bytes."""
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        line = stream.readline(1026)
+    def take(self, export: Export) -> tuple[int, bytes, str]:
+        content_type = export.content_type
         try:
-            length = int(line.split(b";")[0].strip(), 16)
-        except ValueError:
-            raise ValueError("the chunked body is malformed") from None
-        if length == 0:
-            while stream.readline(1026) not in (b"\r\n", b"\n", b""):
-                pass  # trailers
-            return b"".join(parts)
-        size += length
-        if size > MAX_BODY:
-            raise ValueError(f"the body is larger than {MAX_BODY} bytes")
-        parts.append(stream.read(length))
-        stream.readline(3)
+            request = decode_request(export.body, content_type)
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        views, rejected, reason = span_views(request)
+        del request
+        with self._gate:
+            # Taken and answered 200 only while the final build has not started.
+            if self._closed:
+                self.refused_at_stop += 1
+                raise Refused(503, "the receiver is stopping; retry later", retry_after=1)
+            self.received += len(views)
+            self.rejected += rejected
+            self.buffer.add(views, len(export.body))
+            self.accepted += 1
+        return 200, encode_response(rejected, reason, content_type), content_type
 
-
-def _gunzip(body: bytes) -> bytes:
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = decompressor.decompress(body, MAX_BODY)
-    except zlib.error as exc:
-        raise ValueError(f"the gzip body cannot be read: {exc}") from None
-    if decompressor.unconsumed_tail:
-        raise ValueError(f"the body is larger than {MAX_BODY} bytes once decompressed")
-    return data
+    def close(self) -> None:
+        """Take nothing more (exports still under way are answered 503)."""
+        with self._gate:
+            self._closed = True
 
 
 def serve(
@@ -462,17 +570,36 @@ def serve(
     app_name: str | None = None,
     trace_idle: float = 5.0,
     max_open_traces: int = 10_000,
-) -> tuple[ThreadingHTTPServer, Collector]:
-    """Start the receiver on a daemon thread (the tracer must be configured); returns the
+    max_spans_per_trace: int = 5_000,
+    max_buffer: int = 128 * MiB,
+    limits: Limits | None = None,
+) -> tuple[CollectServer, Collector]:
+    """Start the receiver on daemon threads (the tracer must be configured); returns the
     server (``server_address`` holds the port) and its state."""
     from recalltrace.tracer._capture import RequestAssembler
 
-    buffer = TraceBuffer(RequestAssembler(app_name), trace_idle, max_open_traces)
+    buffer = TraceBuffer(
+        RequestAssembler(app_name), trace_idle, max_open_traces, max_spans_per_trace, max_buffer
+    )
     collector = Collector(buffer, token)
-    server = ThreadingHTTPServer((host, port), _handler(collector))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="recalltrace-collect", daemon=True).start()
+    server, _ = start(host, port, collector, limits or Limits())
     return server, collector
+
+
+def _check(args: argparse.Namespace) -> None:
+    """One line naming the first option out of its range."""
+    if args.max_depth < MIN_DEPTH:
+        raise CommandError(
+            f"--max-depth must be at least {MIN_DEPTH} (an OTLP/JSON body nests that deep "
+            f"before any attribute), not {args.max_depth}"
+        )
+    if args.max_body_mb * MiB < 1024:
+        raise CommandError(f"--max-body-mb must allow at least 1 KiB, not {args.max_body_mb}")
+    if args.max_connections < args.max_concurrent:
+        raise CommandError(
+            f"--max-connections ({args.max_connections}) must be at least --max-concurrent "
+            f"({args.max_concurrent})"
+        )
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -480,8 +607,7 @@ def run_collect(args: argparse.Namespace) -> int:
     import recalltrace
 
     host, port = parse_listen(args.listen)
-    if args.max_open_traces < 1:
-        raise CommandError("--max-open-traces must be at least 1")
+    _check(args)
     token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -491,6 +617,14 @@ def run_collect(args: argparse.Namespace) -> int:
         handle_signals=False,
         auto_migrate=False,
     )
+    limits = Limits(
+        max_body=int(args.max_body_mb * MiB),
+        max_concurrent=args.max_concurrent,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        read_timeout=args.read_timeout,
+        max_depth=args.max_depth,
+    )
     try:
         server, collector = serve(
             host,
@@ -499,12 +633,19 @@ def run_collect(args: argparse.Namespace) -> int:
             app_name=args.app_name,
             trace_idle=args.trace_idle,
             max_open_traces=args.max_open_traces,
+            max_spans_per_trace=args.max_spans_per_trace,
+            max_buffer=int(args.max_buffer_mb * MiB),
+            limits=limits,
         )
     except OSError as exc:
         raise CommandError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     stop = threading.Event()
 
+    signalled: list[float] = []
+
     def on_signal(signum: int, frame: Any) -> None:
+        if not signalled:
+            signalled.append(time.monotonic())
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -515,15 +656,48 @@ def run_collect(args: argparse.Namespace) -> int:
         where = " (not loopback and no token: anyone on the network may send)"
     print(f"READY http://{bound_host}:{bound_port}/v1/traces{where}", flush=True)
     while not stop.wait(0.5):
-        collector.buffer.sweep()
-    server.shutdown()
-    collector.buffer.sweep(everything=True)
-    done = recalltrace.shutdown()
-    print(
-        f"collect: {collector.received} span(s) received, {collector.rejected} rejected, "
-        f"{collector.buffer.requests} request(s) found, {collector.refused} export(s) refused "
-        f"while the queue was full, {collector.buffer.evicted} trace(s) evicted",
-        file=sys.stderr,
-        flush=True,
+        collector.buffer.sweep(room=lambda: not stop.is_set() and collector.room())
+    # Stop: no new connections; requests under way get half of --stop-timeout to finish,
+    # then what was answered 200 is built as the queue drains, and stored in the time left.
+    started = signalled[0] if signalled else time.monotonic()
+    deadline = started + args.stop_timeout
+    cut_off = server.stop(started + args.stop_timeout / 2)
+    collector.close()
+    built_by = deadline - args.stop_timeout / 10  # the last tenth is for the last writes
+
+    def room() -> bool:
+        return time.monotonic() < built_by and collector.room()
+
+    while collector.buffer.sweep(everything=True, room=room) and time.monotonic() < built_by:
+        time.sleep(0.02)
+    done = recalltrace.shutdown(max(0.0, deadline - time.monotonic()))
+    print(summary(collector, server, cut_off), file=sys.stderr, flush=True)
+    return EXIT_OK if done and not collector.buffer.open_traces() else 1
+
+
+def summary(collector: Collector, server: CollectServer, cut_off: int) -> str:
+    """The one line said at exit: what was received, taken, refused and not stored."""
+    from recalltrace.tracer import _runtime
+
+    buffer = collector.buffer
+    dropped = _runtime.stats().snapshot()["dropped"]
+    reasons: dict[str, int] = {}
+    for (reason, _), count in dropped.items():
+        reasons[reason] = reasons.get(reason, 0) + count
+    # capture_* reasons count spans and traces that made no record (said above or at once);
+    # the others count records built and then not stored.
+    lost = {r: n for r, n in reasons.items() if not r.startswith("capture_")}
+    not_stored = ", ".join(f"{reason} {count}" for reason, count in sorted(lost.items()))
+    skipped = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items()) if r not in lost)
+    refusals = ", ".join(f"{what} {count}" for what, count in sorted(server.counts.items()))
+    return (
+        f"collect: {collector.accepted} export(s) answered 200, {collector.received} span(s) "
+        f"received, {collector.rejected} rejected, {buffer.requests} request(s) found, "
+        f"{collector.refused} export(s) refused while the queue was full, {buffer.evicted} "
+        f"trace(s) evicted, {buffer.left_out} span(s) past --max-spans-per-trace left out, "
+        f"{buffer.duplicates} duplicate span(s) ignored, {cut_off} request(s) cut off at stop, "
+        f"{collector.refused_at_stop} refused at stop, {buffer.open_traces()} trace(s) "
+        f"answered 200 not built before --stop-timeout; records not stored: "
+        f"{sum(lost.values())} ({not_stored or 'none'}); not built: {skipped or 'none'}; "
+        f"answers: {refusals or 'none'}"
     )
-    return EXIT_OK if done else 1
