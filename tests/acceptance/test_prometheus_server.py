@@ -352,7 +352,13 @@ def test_a_real_prometheus_evaluates_every_shipped_rule_on_real_workers(
 def pushgateway(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
-        [tool("prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{port}"],
+        # Debian's build persists every group to one file under /var/lib by default: each
+        # test's gateway starts empty instead.
+        [
+            tool("prometheus-pushgateway"),
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--persistence.file={tmp_path / 'pushgateway.data'}",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -425,8 +431,20 @@ def test_cron_runs_pushed_to_a_real_pushgateway_sum_in_a_real_prometheus(
     prom_dir.mkdir()
     prometheus = Prometheus(prom_dir, [], pushgateway=pushgateway)
     url = new_database(tmp_path / "cron.db")
-    scored = 'rag_worker_jobs_total{job="recalltrace_worker",rag_job_outcome="scored"}'
+    scored = (
+        'rag_worker_jobs_total{job="recalltrace_worker",rag_job_outcome="scored",'
+        'rag_metric="id_based_context_recall"}'
+    )
     try:
+        # The group's first push: a series is born with it, and increase() counts from there
+        # (the run pushes zeros first, seen only when a scrape falls inside the run).
+        born = subprocess.run(
+            [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url,
+             "--pushgateway", pushgateway, "--no-progress"],
+            cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert born.returncode == 0, born.stderr
+        wait_for(lambda: prometheus.numbers(scored) == [0.0], "the group born")
         for run in range(1, 5):
             store_traces(url, ["id_based_context_recall"], {"support-bot": ["doc_0"]}, count=30)
             done = subprocess.run(
@@ -435,7 +453,10 @@ def test_cron_runs_pushed_to_a_real_pushgateway_sum_in_a_real_prometheus(
                 cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=180,
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
-            wait_for(lambda run=run: prometheus.numbers(scored) == [30.0 * run], f"run {run}")
+            wait_for(
+                lambda run=run: prometheus.numbers(scored) == [30.0 * run],
+                f"run {run} ({prometheus.query(scored)})",
+            )
         window = f"{scored}[10m]"
         assert prometheus.numbers(f"max_over_time({window}) - min_over_time({window})") == [120]
         (increase,) = prometheus.numbers(f"increase({window})")
