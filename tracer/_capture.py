@@ -651,7 +651,7 @@ def _has_instrumented(top: SpanView, spans: list[SpanView]) -> bool:
 # -- configure(capture_spans=True) ---------------------------------------------------------------
 
 _auto: SpanCapture | None = None
-_attached: list[Any] = []  # providers the automatic processor was added to
+_attached: list[list[Any]] = []  # [provider, its inner SDK provider] span capture was added to
 _hooked = False
 
 
@@ -672,10 +672,86 @@ def configure_capture(runtime: Any) -> None:
 def _attach(provider: Any) -> None:
     if _auto is None or not hasattr(provider, "add_span_processor"):
         return
-    if any(known is provider for known in _attached):
+    if any(known[0] is provider for known in _attached):
         return
-    provider.add_span_processor(_auto)
-    _attached.append(provider)
+    add_keeping_others(provider, _auto)
+    _attached.append([provider, _inner_of(provider)])
+    add_cycle_hook(_follow_proxies)
+
+
+def _inner_of(provider: Any) -> Any:
+    """The SDK provider a proxy provider forwards to (Logfire's keeps it in ``provider`` and
+    swaps it when configured again), or ``None``."""
+    inner = getattr(provider, "provider", None)
+    return inner if hasattr(inner, "_active_span_processor") else None
+
+
+def _follow_proxies() -> None:
+    """A proxy provider that swapped its SDK provider since span capture was added to it gets
+    span capture again (through the proxy, at the writer's next cycle)."""
+    if _auto is None or not _auto.active:
+        return
+    for known in _attached:
+        provider, inner = known
+        now = _inner_of(provider)
+        if now is None or now is inner:
+            continue
+        known[1] = now
+        held = _processors_of(now)
+        if held is None or not any(processor is _auto for processor in held):
+            add_keeping_others(provider, _auto)
+
+
+# Keywords of ``add_span_processor`` that some providers take to keep what they hold
+# (Arize Phoenix's TracerProvider replaces its default exporting processor unless told not to).
+_KEEP_KEYWORDS = {"replace_default_processor": False}
+
+
+def add_keeping_others(provider: Any, processor: Any) -> None:
+    """Add ``processor`` to ``provider`` through its own ``add_span_processor``, asking it to
+    keep the processors it holds when its signature offers a way to (the provider's internals
+    are only read, to check that nothing it held went away)."""
+    add = provider.add_span_processor
+    keywords = {name: value for name, value in _KEEP_KEYWORDS.items() if _takes_keyword(add, name)}
+    before = _processors_of(provider)
+    add(processor, **keywords)
+    after = _processors_of(provider)
+    if before is None or after is None:
+        return
+    lost = sum(1 for held in before if not any(held is kept for kept in after))
+    if lost:
+        logger.warning(
+            "recalltrace: adding span capture made %s drop %d span processor(s) it held "
+            "(its own exporters): add recalltrace.SpanCapture() to it the way it keeps its "
+            "processors, and leave capture_spans off",
+            type(provider).__name__,
+            lost,
+        )
+
+
+def _takes_keyword(function: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    parameter = parameters.get(name)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+
+
+def _processors_of(provider: Any) -> tuple[Any, ...] | None:
+    """The span processors an SDK provider (or a proxy's inner SDK provider) holds, read only;
+    ``None`` when they cannot be read."""
+    for candidate in (provider, getattr(provider, "provider", None)):
+        active = getattr(candidate, "_active_span_processor", None)
+        held = getattr(active, "_span_processors", None)
+        if isinstance(held, tuple):
+            return held
+    return None
 
 
 def _hook_set_tracer_provider() -> None:
