@@ -17,12 +17,13 @@ cap, is dropped and counted (``capture_timeout``, ``capture_evicted``, ``capture
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -85,11 +86,12 @@ class CapturedState(TraceState):
 class _Trace:
     """The spans of one OpenTelemetry trace seen so far in this process."""
 
-    __slots__ = ("dropped", "ended", "mapped", "open", "touched")
+    __slots__ = ("dropped", "ended", "mapped", "open", "seen", "touched")
 
     def __init__(self, now: float) -> None:
         self.open: dict[int, int | None] = {}  # open span id -> its local parent's id
         self.ended: list[SpanView] = []
+        self.seen: set[int] = set()  # ids of the spans that ended (a repeat is left out)
         self.mapped: dict[int, int] = {}  # span id -> root span id of its decorated request
         self.touched = now
         self.dropped = 0
@@ -133,6 +135,12 @@ class RequestAssembler:
 
     def __init__(self, app_name: str | None = None) -> None:
         self.app_name = app_name
+        self.duplicates = _Counter(
+            "capture_duplicate",
+            "recalltrace: %d span(s) or request(s) arrived again (same trace id, span id and "
+            "start time, as an export retried after a lost response sends them): each is "
+            "stored once (said once)",
+        )
         self.outside = _Counter(
             "capture_outside_request",
             "recalltrace: %d retrieval or model span(s) ran outside any request (no chain, "
@@ -143,6 +151,16 @@ class RequestAssembler:
             "recalltrace: %d chain, agent or workflow span(s) held no retrieval: not a RAG "
             "request, not stored (said once)",
         )
+
+    def finish_trace(self, spans: Iterable[SpanView]) -> int:
+        """The requests in the spans of one trace (each span whose parent is not among them
+        is the top of a subtree), offered to the writer; returns how many were found. A span
+        that arrived more than once counts once."""
+        unique, repeated = unique_spans(spans)
+        if repeated:
+            self.duplicates.add(repeated)
+        ids = {view.span_id for view in unique}
+        return sum(self.finish(top, unique) for top in unique if top.parent_id not in ids)
 
     def finish(self, top: SpanView, spans: Iterable[SpanView]) -> int:
         """The requests in the subtree of ``top`` (``spans`` holds it), offered to the writer;
@@ -168,7 +186,10 @@ class RequestAssembler:
         runtime = _runtime_now()
         if not runtime.enabled:
             return False
-        record_id = _new_record_id()
+        if not _first_offer(root):
+            self.duplicates.add()
+            return False
+        record_id = request_record_id(root)
         app = self.app_name or app_name_of(root)
         sampled = runtime.sampler.should_sample(record_id, app)
         if not sampled:
@@ -194,6 +215,58 @@ class RequestAssembler:
         return bool(runtime.writer.offer(state))
 
 
+# The request roots offered lately in this process, by their identity (span_key): one that
+# arrives again (an export retried after a lost response, a second SpanCapture on the same
+# provider) is not offered twice. Past the bound, storage's idempotent writes on the record id
+# (request_record_id) absorb the repeat.
+_REMEMBER = 20_000
+_offered: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+_offered_lock = threading.Lock()
+
+
+def _first_offer(root: SpanView) -> bool:
+    """Whether the request rooted at ``root`` is offered for the first time (noting it)."""
+    key = span_key(root)
+    with _offered_lock:
+        if key in _offered:
+            return False
+        _offered[key] = None
+        if len(_offered) > _REMEMBER:
+            _offered.popitem(last=False)
+    return True
+
+
+def span_key(view: SpanView) -> tuple[int, int, int]:
+    """What makes a span the same span when it arrives again: its trace id, its span id and
+    its start time (a process that seeded ``random`` draws the same ids again for another
+    span, which starts at another time)."""
+    return view.trace_id, view.span_id, view.start
+
+
+def unique_spans(spans: Iterable[SpanView]) -> tuple[list[SpanView], int]:
+    """``spans`` with each span once (the first copy), and how many repeats were left out."""
+    seen: set[tuple[int, int, int]] = set()
+    kept: list[SpanView] = []
+    repeated = 0
+    for view in spans:
+        key = span_key(view)
+        if key in seen:
+            repeated += 1
+        else:
+            seen.add(key)
+            kept.append(view)
+    return kept, repeated
+
+
+def request_record_id(root: SpanView) -> int:
+    """The record id of the request rooted at ``root``: the same for every copy of the root
+    span (storage writes are idempotent on it), another for any other span."""
+    digest = hashlib.blake2b(
+        b"%d:%d:%d" % span_key(root), digest_size=16, person=b"recalltrace-req"
+    ).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
 _modules: dict[str, Any] = {}
 
 
@@ -204,15 +277,6 @@ def _runtime_now() -> Any:
 
         runtime_module = _modules["runtime"] = _runtime
     return runtime_module.current or runtime_module.get()
-
-
-def _new_record_id() -> int:
-    ids = _modules.get("ids")
-    if ids is None:
-        from recalltrace.tracer._decorators import _record_ids
-
-        ids = _modules["ids"] = _record_ids
-    return int(ids.getrandbits(128)) or 1
 
 
 def merge_into_state(state: Any, parts: RequestParts) -> None:
@@ -488,7 +552,7 @@ class SpanCapture:
 
     def _on_end(self, span: Any) -> None:
         view = _view(span)
-        too_many = 0
+        too_many = repeated = 0
         tops: list[tuple[SpanView, list[SpanView]]] = []
         with self._lock:
             trace = self._traces.get(view.trace_id)
@@ -496,7 +560,11 @@ class SpanCapture:
             if trace is None:
                 if group is None:
                     return  # evicted or timed out: already counted
+            elif view.span_id in trace.seen:
+                repeated = 1  # ended again (a processor added twice, a span ended twice)
             else:
+                if len(trace.seen) < self.max_spans_per_trace:
+                    trace.seen.add(view.span_id)
                 trace.touched = time.monotonic()
                 parent = trace.open.pop(view.span_id, None)
                 root_id = trace.mapped.pop(view.span_id, None)
@@ -522,6 +590,8 @@ class SpanCapture:
                     tops = [(view, _take_subtree(trace, view))]
         if too_many:
             self._too_many.add(too_many)
+        if repeated:
+            self.assembler.duplicates.add(repeated)
         if group is not None:
             self._merge(view, group)
         if tops:

@@ -304,9 +304,7 @@ class TraceBuffer:
             taken = [self._traces.pop(trace_id)[1] for trace_id in due]
             self._rooted.difference_update(due)
         for spans in taken:
-            ids = {view.span_id for view in spans}
-            for top in (view for view in spans if view.parent_id not in ids):
-                self.requests += self.assembler.finish(top, spans)
+            self.requests += self.assembler.finish_trace(spans)
 
 
 # -- server -----------------------------------------------------------------------------------
