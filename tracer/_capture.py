@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from recalltrace.tracer._capture_build import (
+    CONVENTIONS,
     LLM,
     OI_KIND,
     RERANKER,
@@ -37,10 +38,12 @@ from recalltrace.tracer._capture_build import (
     app_name_of,
     build_parts,
     children_index,
+    convention_of,
     find_requests,
     request_attributes,
     resource_labels,
     role_of,
+    root_question,
 )
 from recalltrace.tracer._state import TraceState
 from recalltrace.tracer._writer import add_cycle_hook
@@ -77,6 +80,7 @@ class CapturedState(TraceState):
         self.notes.extend(parts.notes)
         self.metadata.update(parts.metadata)
         self.metadata["captured_from"] = "spans"
+        self.metadata["span_convention"] = convention_of(root)
         self.user_id, self.session_id, self.tags = request_attributes(root, children)
         # The process that served the request says which release it ran (its resource); the
         # receiving process's own release is the fallback at assembly.
@@ -151,25 +155,52 @@ class RequestAssembler:
             "recalltrace: %d chain, agent or workflow span(s) held no retrieval: not a RAG "
             "request, not stored (said once)",
         )
+        self.same_request = _Counter(
+            "capture_same_request",
+            "recalltrace: %d request(s) were traced by two instrumentors of different "
+            "conventions (roots overlapping in time, same service, same question): each is "
+            "stored once, from the spans of the first of " + ", ".join(CONVENTIONS) + " (said "
+            "once)",
+        )
+        # Requests offered lately, per (service, question): [convention, start, end, paired].
+        self._recent: OrderedDict[tuple[str | None, str], list[list[Any]]] = OrderedDict()
+        self._recent_count = 0
+        self._lock = threading.Lock()
+        self.conventions: set[str] = set()
+        """The conventions of the request roots seen (two or more: two instrumentors)."""
+
+    def finish_traces(self, traces: Iterable[Iterable[SpanView]]) -> int:
+        """The requests in the spans of each trace (each span whose parent is not among them
+        is the top of a subtree), offered to the writer; returns how many were offered. A span
+        that arrived more than once counts once."""
+        candidates: list[_Candidate] = []
+        for spans in traces:
+            unique, repeated = unique_spans(spans)
+            if repeated:
+                self.duplicates.add(repeated)
+            ids = {view.span_id for view in unique}
+            for top in unique:
+                if top.parent_id not in ids:
+                    candidates.extend(self.requests_in(top, unique))
+        return self.offer_all(candidates)
 
     def finish_trace(self, spans: Iterable[SpanView]) -> int:
-        """The requests in the spans of one trace (each span whose parent is not among them
-        is the top of a subtree), offered to the writer; returns how many were found. A span
-        that arrived more than once counts once."""
-        unique, repeated = unique_spans(spans)
-        if repeated:
-            self.duplicates.add(repeated)
-        ids = {view.span_id for view in unique}
-        return sum(self.finish(top, unique) for top in unique if top.parent_id not in ids)
+        """:meth:`finish_traces` of one trace."""
+        return self.finish_traces([spans])
 
     def finish(self, top: SpanView, spans: Iterable[SpanView]) -> int:
         """The requests in the subtree of ``top`` (``spans`` holds it), offered to the writer;
-        returns how many were found."""
+        returns how many were offered."""
+        return self.offer_all(self.requests_in(top, spans))
+
+    def requests_in(self, top: SpanView, spans: Iterable[SpanView]) -> list[_Candidate]:
+        """The RAG requests in the subtree of ``top``, each with the children index of its
+        spans (what is not a request is counted with its reason)."""
         children = children_index(spans)
         roots, stray = find_requests(top, children)
         if stray:
             self.outside.add(len(stray))
-        found = 0
+        found: list[_Candidate] = []
         for root in roots:
             retrieves, decorated = _scan(root, children)
             if decorated:
@@ -177,9 +208,79 @@ class RequestAssembler:
             if not retrieves:
                 self.no_retrieval.add()
                 continue
-            self.offer(root, children)
-            found += 1
+            found.append((root, children))
         return found
+
+    def offer_all(self, candidates: list[_Candidate]) -> int:
+        """Offer each request once: of the requests that are one request seen by two
+        instrumentors of different conventions, the preferred convention's; returns how many
+        were offered."""
+        kept = self.one_per_request(candidates)
+        for root, children in kept:
+            self.offer(root, children)
+        return len(kept)
+
+    def one_per_request(self, candidates: list[_Candidate]) -> list[_Candidate]:
+        """``candidates`` without those that another convention's request (among them, or
+        offered lately) already stands for. Two requests are one when their conventions
+        differ, they come from the same service, their roots overlap in time and carry the same
+        question; each request stands for at most one of each other convention, the pairs
+        closest in start and end time first, so that requests running at the same time stay
+        distinct. The preferred convention's requests are taken first (see CONVENTIONS)."""
+        if not candidates:
+            return candidates
+        kept: list[_Candidate] = []
+        groups: dict[str, list[tuple[tuple[str | None, str], SpanView, Any]]] = {}
+        for root, children in candidates:
+            convention = convention_of(root)
+            question = root_question(root) if convention in CONVENTIONS else None
+            if not question or not question.strip():
+                kept.append((root, children))
+                continue
+            key = (root.service, " ".join(question.split()).casefold())
+            groups.setdefault(convention, []).append((key, root, children))
+        same = 0
+        with self._lock:
+            for convention in CONVENTIONS:
+                group = groups.get(convention)
+                if not group:
+                    continue
+                self.conventions.add(convention)
+                pairs = []
+                for index, (key, root, _) in enumerate(group):
+                    for entry in self._recent.get(key, ()):
+                        other, start, end, paired = entry
+                        if paired or other == convention:
+                            continue
+                        if min(end, root.end) < max(start, root.start):
+                            continue  # no overlap in time
+                        distance = abs(start - root.start) + abs(end - root.end)
+                        pairs.append((distance, index, entry))
+                pairs.sort(key=lambda pair: (pair[0], pair[1]))
+                matched: set[int] = set()
+                for _, index, entry in pairs:
+                    if index in matched or entry[3]:
+                        continue
+                    entry[3] = True
+                    matched.add(index)
+                same += len(matched)
+                for index, (key, root, children) in enumerate(group):
+                    if index in matched:
+                        continue
+                    self._remember_request(key, [convention, root.start, root.end, False])
+                    kept.append((root, children))
+        if same:
+            self.same_request.add(same)
+        return kept
+
+    def _remember_request(self, key: tuple[str | None, str], entry: list[Any]) -> None:
+        entries = self._recent.setdefault(key, [])
+        self._recent.move_to_end(key)
+        entries.append(entry)
+        self._recent_count += 1
+        while self._recent_count > _REMEMBER_REQUESTS:
+            _, forgotten = self._recent.popitem(last=False)
+            self._recent_count -= len(forgotten)
 
     def offer(self, root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
         """Hand the request rooted at ``root`` to the writer (sampled like a decorated one)."""
@@ -213,6 +314,11 @@ class RequestAssembler:
         state.service_name = root.service or runtime.service_name
         runtime.stats.trace_finished(app, True)
         return bool(runtime.writer.offer(state))
+
+
+_Candidate = tuple[SpanView, Mapping[int | None, list[SpanView]]]
+# Requests an assembler remembers to recognise the same request from another convention.
+_REMEMBER_REQUESTS = 4096
 
 
 # The request roots offered lately in this process, by their identity (span_key): one that
@@ -419,31 +525,44 @@ class SpanCapture:
         )
         # Subtrees whose spans have all ended: the requests in them are found, sampled and
         # queued on the writer thread (see finish_pending), not on the application's.
-        self._finished: deque[list[tuple[SpanView, list[SpanView]]]] = deque()
+        self._finished: deque[tuple[float, list[tuple[SpanView, list[SpanView]]]]] = deque()
         self._state_key: Any = None
         self._get_current: Any = None
         self.active = True
         _instances.add(self)
         add_cycle_hook(_finish_all_pending)
 
-    def finish_pending(self) -> None:
+    def finish_pending(self, settle: float = 0.0) -> None:
         """Find the requests in the subtrees that ended and hand them to the writer (called
-        by the writer thread at each cycle and by every flush)."""
+        by the writer thread at each cycle and by every flush). With ``settle``, while two
+        instrumentors of different conventions are at work, subtrees that ended less than
+        ``settle`` seconds ago wait for the next cycle: the other instrumentor's trace of the
+        same request ends moments later, and the two are matched together."""
         pending = self._finished
-        while pending:
-            try:
-                tops = pending.popleft()
-            except IndexError:
-                return
-            for top, spans in tops:
+        candidates: list[_Candidate] = []
+        newest = (
+            time.monotonic() - settle if settle and len(self.assembler.conventions) > 1 else None
+        )
+        try:
+            while pending:
+                if newest is not None and pending[0][0] > newest:
+                    break  # the rest ended later still
                 try:
-                    if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
-                        continue  # the decorators made the record, or said why not
-                    self.assembler.finish(top, spans)
-                except Exception:
-                    from recalltrace.tracer._internal import internal_error
+                    _, tops = pending.popleft()
+                except IndexError:
+                    break
+                for top, spans in tops:
+                    try:
+                        if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
+                            continue  # the decorators made the record, or said why not
+                        candidates.extend(self.assembler.requests_in(top, spans))
+                    except Exception:
+                        from recalltrace.tracer._internal import internal_error
 
-                    internal_error("finding the requests in finished spans")
+                        internal_error("finding the requests in finished spans")
+        finally:
+            if candidates:
+                self.assembler.offer_all(candidates)
 
     def _hand_over(self, tops: list[tuple[SpanView, list[SpanView]]]) -> None:
         runtime = _runtime_now()
@@ -453,7 +572,12 @@ class SpanCapture:
         if len(pending) >= self.max_open_traces:
             self._backlog.add(len(tops))
             return
-        pending.append(tops)
+        conventions = self.assembler.conventions
+        for top, _ in tops:
+            convention = convention_of(top)
+            if convention not in conventions and convention in CONVENTIONS:
+                conventions.add(convention)
+        pending.append((time.monotonic(), tops))
         runtime.writer.wake(now=len(pending) >= _WAKE_AT)
 
     def cover(self, trace_id: int, span_id: int) -> None:
@@ -625,9 +749,24 @@ class SpanCapture:
         return True
 
 
+# Seconds a finished subtree waits on the writer thread, while two instrumentors of
+# different conventions are at work, for the other's trace of the same request (a flush hands
+# everything over at once).
+_PAIR_SETTLE = 0.5
+
+
 def _finish_all_pending() -> None:
+    settle = _PAIR_SETTLE if _on_writer_thread() else 0.0
     for capture in list(_instances):
-        capture.finish_pending()
+        capture.finish_pending(settle)
+
+
+def _on_writer_thread() -> bool:
+    """Whether this is the writer thread's own cycle (not a flush from another thread)."""
+    runtime_module = _modules.get("runtime")
+    runtime = runtime_module.current if runtime_module is not None else None
+    writer = getattr(runtime, "writer", None)
+    return writer is not None and getattr(writer, "_thread", None) is threading.current_thread()
 
 
 def _forget_pending_in_child() -> None:

@@ -303,8 +303,7 @@ class TraceBuffer:
             ]
             taken = [self._traces.pop(trace_id)[1] for trace_id in due]
             self._rooted.difference_update(due)
-        for spans in taken:
-            self.requests += self.assembler.finish_trace(spans)
+        self.requests += self.assembler.finish_traces(taken)
 
 
 # -- server -----------------------------------------------------------------------------------
