@@ -13,6 +13,13 @@ decorator's record instead of making one of their own; a call the decorators rec
 Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` spans each
 are held; a trace left open longer than ``open_trace_timeout`` seconds, or pushed out by the
 cap, is dropped and counted (``capture_timeout``, ``capture_evicted``, ``capture_spans``).
+
+Each request is stored once: a span that arrives again (same trace id, span id and start time)
+is left out, a request root offered lately is not offered again, and a captured record's id is
+derived from its root span, so storage's idempotent writes absorb a later repeat
+(``capture_duplicate``). A request traced by two instrumentors of different conventions is
+stored from the preferred convention's spans (``capture_same_request``). Span capture is added
+to a provider in the way that keeps the processors it holds (:func:`add_keeping_others`).
 """
 
 from __future__ import annotations
@@ -276,6 +283,13 @@ class RequestAssembler:
     def _remember_request(self, key: tuple[str | None, str], entry: list[Any]) -> None:
         entries = self._recent.setdefault(key, [])
         self._recent.move_to_end(key)
+        # A request that ended long before this one started overlaps none still to come
+        # (a question asked over and over keeps a short list).
+        horizon = entry[1] - _PAIR_HORIZON_NS
+        if entries and entries[0][2] < horizon:
+            kept = [other for other in entries if other[2] >= horizon]
+            self._recent_count -= len(entries) - len(kept)
+            entries[:] = kept
         entries.append(entry)
         self._recent_count += 1
         while self._recent_count > _REMEMBER_REQUESTS:
@@ -317,8 +331,10 @@ class RequestAssembler:
 
 
 _Candidate = tuple[SpanView, Mapping[int | None, list[SpanView]]]
-# Requests an assembler remembers to recognise the same request from another convention.
+# Requests an assembler remembers to recognise the same request from another convention, and
+# how long after its end (nanoseconds) a request is kept for that.
 _REMEMBER_REQUESTS = 4096
+_PAIR_HORIZON_NS = 300 * 10**9
 
 
 # The request roots offered lately in this process, by their identity (span_key): one that

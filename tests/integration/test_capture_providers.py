@@ -1,18 +1,24 @@
 """Span capture keeps the application's tracer provider whole: with Arize Phoenix's
 ``phoenix.otel.register()`` and with Pydantic Logfire (both real packages, both exporting to a
 local OTLP receiver), ``configure(capture_spans=True)`` in either order stores every request AND
-every span still reaches the provider's own exporter."""
+every span still reaches the provider's own exporter; a provider that drops its processors
+anyway is said, with the number."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy import Engine
 
+from recalltrace.tracer._capture import SpanCapture, add_keeping_others
 from tests.support import ROOT
 from tests.support.capture import QUESTIONS, check_requests, stored
 from tests.support.otlp_receiver import OTLPReceiver
@@ -135,3 +141,21 @@ def test_the_viewers_exporter_keeps_every_span_and_every_request_is_stored(
         assert {"KnowledgeBase", "FakeListLLM", "PromptTemplate", "StrOutputParser"} <= names
     records = stored(pg_engine)
     check_requests(records, app_name="RunnableSequence")
+
+
+class ReplacingProvider(TracerProvider):
+    """A provider whose add_span_processor replaces what it holds and offers no way not to."""
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        self._active_span_processor = SynchronousMultiSpanProcessor()
+        super().add_span_processor(span_processor)
+
+
+def test_a_provider_that_drops_its_processors_anyway_is_said_with_the_number(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    provider = ReplacingProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    with caplog.at_level(logging.WARNING, logger="recalltrace.tracer"):
+        add_keeping_others(provider, SpanCapture())
+    assert "made ReplacingProvider drop 1 span processor(s)" in caplog.text
