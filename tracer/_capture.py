@@ -13,20 +13,29 @@ decorator's record instead of making one of their own; a call the decorators rec
 Memory is bounded: at most ``max_open_traces`` traces and ``max_spans_per_trace`` spans each
 are held; a trace left open longer than ``open_trace_timeout`` seconds, or pushed out by the
 cap, is dropped and counted (``capture_timeout``, ``capture_evicted``, ``capture_spans``).
+
+Each request is stored once: a span that arrives again (same trace id, span id and start time)
+is left out, a request root offered lately is not offered again, and a captured record's id is
+derived from its root span, so storage's idempotent writes absorb a later repeat
+(``capture_duplicate``). A request traced by two instrumentors of different conventions is
+stored from the preferred convention's spans (``capture_same_request``). Span capture is added
+to a provider in the way that keeps the processors it holds (:func:`add_keeping_others`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from recalltrace.tracer._capture_build import (
+    CONVENTIONS,
     LLM,
     OI_KIND,
     RERANKER,
@@ -36,10 +45,12 @@ from recalltrace.tracer._capture_build import (
     app_name_of,
     build_parts,
     children_index,
+    convention_of,
     find_requests,
     request_attributes,
     resource_labels,
     role_of,
+    root_question,
 )
 from recalltrace.tracer._state import TraceState
 from recalltrace.tracer._writer import add_cycle_hook
@@ -76,6 +87,7 @@ class CapturedState(TraceState):
         self.notes.extend(parts.notes)
         self.metadata.update(parts.metadata)
         self.metadata["captured_from"] = "spans"
+        self.metadata["span_convention"] = convention_of(root)
         self.user_id, self.session_id, self.tags = request_attributes(root, children)
         # The process that served the request says which release it ran (its resource); the
         # receiving process's own release is the fallback at assembly.
@@ -85,11 +97,12 @@ class CapturedState(TraceState):
 class _Trace:
     """The spans of one OpenTelemetry trace seen so far in this process."""
 
-    __slots__ = ("dropped", "ended", "mapped", "open", "touched")
+    __slots__ = ("dropped", "ended", "mapped", "open", "seen", "touched")
 
     def __init__(self, now: float) -> None:
         self.open: dict[int, int | None] = {}  # open span id -> its local parent's id
         self.ended: list[SpanView] = []
+        self.seen: set[int] = set()  # ids of the spans that ended (a repeat is left out)
         self.mapped: dict[int, int] = {}  # span id -> root span id of its decorated request
         self.touched = now
         self.dropped = 0
@@ -133,6 +146,12 @@ class RequestAssembler:
 
     def __init__(self, app_name: str | None = None) -> None:
         self.app_name = app_name
+        self.duplicates = _Counter(
+            "capture_duplicate",
+            "recalltrace: %d span(s) or request(s) arrived again (same trace id, span id and "
+            "start time, as an export retried after a lost response sends them): each is "
+            "stored once (said once)",
+        )
         self.outside = _Counter(
             "capture_outside_request",
             "recalltrace: %d retrieval or model span(s) ran outside any request (no chain, "
@@ -143,15 +162,52 @@ class RequestAssembler:
             "recalltrace: %d chain, agent or workflow span(s) held no retrieval: not a RAG "
             "request, not stored (said once)",
         )
+        self.same_request = _Counter(
+            "capture_same_request",
+            "recalltrace: %d request(s) were traced by two instrumentors of different "
+            "conventions (roots overlapping in time, same service, same question): each is "
+            "stored once, from the spans of the first of " + ", ".join(CONVENTIONS) + " (said "
+            "once)",
+        )
+        # Requests offered lately, per (service, question): [convention, start, end, paired].
+        self._recent: OrderedDict[tuple[str | None, str], list[list[Any]]] = OrderedDict()
+        self._recent_count = 0
+        self._lock = threading.Lock()
+        self.conventions: set[str] = set()
+        """The conventions of the request roots seen (two or more: two instrumentors)."""
+
+    def finish_traces(self, traces: Iterable[Iterable[SpanView]]) -> int:
+        """The requests in the spans of each trace (each span whose parent is not among them
+        is the top of a subtree), offered to the writer; returns how many were offered. A span
+        that arrived more than once counts once."""
+        candidates: list[_Candidate] = []
+        for spans in traces:
+            unique, repeated = unique_spans(spans)
+            if repeated:
+                self.duplicates.add(repeated)
+            ids = {view.span_id for view in unique}
+            for top in unique:
+                if top.parent_id not in ids:
+                    candidates.extend(self.requests_in(top, unique))
+        return self.offer_all(candidates)
+
+    def finish_trace(self, spans: Iterable[SpanView]) -> int:
+        """:meth:`finish_traces` of one trace."""
+        return self.finish_traces([spans])
 
     def finish(self, top: SpanView, spans: Iterable[SpanView]) -> int:
         """The requests in the subtree of ``top`` (``spans`` holds it), offered to the writer;
-        returns how many were found."""
+        returns how many were offered."""
+        return self.offer_all(self.requests_in(top, spans))
+
+    def requests_in(self, top: SpanView, spans: Iterable[SpanView]) -> list[_Candidate]:
+        """The RAG requests in the subtree of ``top``, each with the children index of its
+        spans (what is not a request is counted with its reason)."""
         children = children_index(spans)
         roots, stray = find_requests(top, children)
         if stray:
             self.outside.add(len(stray))
-        found = 0
+        found: list[_Candidate] = []
         for root in roots:
             retrieves, decorated = _scan(root, children)
             if decorated:
@@ -159,16 +215,96 @@ class RequestAssembler:
             if not retrieves:
                 self.no_retrieval.add()
                 continue
-            self.offer(root, children)
-            found += 1
+            found.append((root, children))
         return found
+
+    def offer_all(self, candidates: list[_Candidate]) -> int:
+        """Offer each request once: of the requests that are one request seen by two
+        instrumentors of different conventions, the preferred convention's; returns how many
+        were offered."""
+        kept = self.one_per_request(candidates)
+        for root, children in kept:
+            self.offer(root, children)
+        return len(kept)
+
+    def one_per_request(self, candidates: list[_Candidate]) -> list[_Candidate]:
+        """``candidates`` without those that another convention's request (among them, or
+        offered lately) already stands for. Two requests are one when their conventions
+        differ, they come from the same service, their roots overlap in time and carry the same
+        question; each request stands for at most one of each other convention, the pairs
+        closest in start and end time first, so that requests running at the same time stay
+        distinct. The preferred convention's requests are taken first (see CONVENTIONS)."""
+        if not candidates:
+            return candidates
+        kept: list[_Candidate] = []
+        groups: dict[str, list[tuple[tuple[str | None, str], SpanView, Any]]] = {}
+        for root, children in candidates:
+            convention = convention_of(root)
+            question = root_question(root) if convention in CONVENTIONS else None
+            if not question or not question.strip():
+                kept.append((root, children))
+                continue
+            key = (root.service, " ".join(question.split()).casefold())
+            groups.setdefault(convention, []).append((key, root, children))
+        same = 0
+        with self._lock:
+            for convention in CONVENTIONS:
+                group = groups.get(convention)
+                if not group:
+                    continue
+                self.conventions.add(convention)
+                pairs = []
+                for index, (key, root, _) in enumerate(group):
+                    for entry in self._recent.get(key, ()):
+                        other, start, end, paired = entry
+                        if paired or other == convention:
+                            continue
+                        if min(end, root.end) < max(start, root.start):
+                            continue  # no overlap in time
+                        distance = abs(start - root.start) + abs(end - root.end)
+                        pairs.append((distance, index, entry))
+                pairs.sort(key=lambda pair: (pair[0], pair[1]))
+                matched: set[int] = set()
+                for _, index, entry in pairs:
+                    if index in matched or entry[3]:
+                        continue
+                    entry[3] = True
+                    matched.add(index)
+                same += len(matched)
+                for index, (key, root, children) in enumerate(group):
+                    if index in matched:
+                        continue
+                    self._remember_request(key, [convention, root.start, root.end, False])
+                    kept.append((root, children))
+        if same:
+            self.same_request.add(same)
+        return kept
+
+    def _remember_request(self, key: tuple[str | None, str], entry: list[Any]) -> None:
+        entries = self._recent.setdefault(key, [])
+        self._recent.move_to_end(key)
+        # A request that ended long before this one started overlaps none still to come
+        # (a question asked over and over keeps a short list).
+        horizon = entry[1] - _PAIR_HORIZON_NS
+        if entries and entries[0][2] < horizon:
+            kept = [other for other in entries if other[2] >= horizon]
+            self._recent_count -= len(entries) - len(kept)
+            entries[:] = kept
+        entries.append(entry)
+        self._recent_count += 1
+        while self._recent_count > _REMEMBER_REQUESTS:
+            _, forgotten = self._recent.popitem(last=False)
+            self._recent_count -= len(forgotten)
 
     def offer(self, root: SpanView, children: Mapping[int | None, list[SpanView]]) -> bool:
         """Hand the request rooted at ``root`` to the writer (sampled like a decorated one)."""
         runtime = _runtime_now()
         if not runtime.enabled:
             return False
-        record_id = _new_record_id()
+        if not _first_offer(root):
+            self.duplicates.add()
+            return False
+        record_id = request_record_id(root)
         app = self.app_name or app_name_of(root)
         sampled = runtime.sampler.should_sample(record_id, app)
         if not sampled:
@@ -194,6 +330,65 @@ class RequestAssembler:
         return bool(runtime.writer.offer(state))
 
 
+_Candidate = tuple[SpanView, Mapping[int | None, list[SpanView]]]
+# Requests an assembler remembers to recognise the same request from another convention, and
+# how long after its end (nanoseconds) a request is kept for that.
+_REMEMBER_REQUESTS = 4096
+_PAIR_HORIZON_NS = 300 * 10**9
+
+
+# The request roots offered lately in this process, by their identity (span_key): one that
+# arrives again (an export retried after a lost response, a second SpanCapture on the same
+# provider) is not offered twice. Past the bound, storage's idempotent writes on the record id
+# (request_record_id) absorb the repeat.
+_REMEMBER = 20_000
+_offered: OrderedDict[tuple[int, int, int], None] = OrderedDict()
+_offered_lock = threading.Lock()
+
+
+def _first_offer(root: SpanView) -> bool:
+    """Whether the request rooted at ``root`` is offered for the first time (noting it)."""
+    key = span_key(root)
+    with _offered_lock:
+        if key in _offered:
+            return False
+        _offered[key] = None
+        if len(_offered) > _REMEMBER:
+            _offered.popitem(last=False)
+    return True
+
+
+def span_key(view: SpanView) -> tuple[int, int, int]:
+    """What makes a span the same span when it arrives again: its trace id, its span id and
+    its start time (a process that seeded ``random`` draws the same ids again for another
+    span, which starts at another time)."""
+    return view.trace_id, view.span_id, view.start
+
+
+def unique_spans(spans: Iterable[SpanView]) -> tuple[list[SpanView], int]:
+    """``spans`` with each span once (the first copy), and how many repeats were left out."""
+    seen: set[tuple[int, int, int]] = set()
+    kept: list[SpanView] = []
+    repeated = 0
+    for view in spans:
+        key = span_key(view)
+        if key in seen:
+            repeated += 1
+        else:
+            seen.add(key)
+            kept.append(view)
+    return kept, repeated
+
+
+def request_record_id(root: SpanView) -> int:
+    """The record id of the request rooted at ``root``: the same for every copy of the root
+    span (storage writes are idempotent on it), another for any other span."""
+    digest = hashlib.blake2b(
+        b"%d:%d:%d" % span_key(root), digest_size=16, person=b"recalltrace-req"
+    ).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
 _modules: dict[str, Any] = {}
 
 
@@ -204,15 +399,6 @@ def _runtime_now() -> Any:
 
         runtime_module = _modules["runtime"] = _runtime
     return runtime_module.current or runtime_module.get()
-
-
-def _new_record_id() -> int:
-    ids = _modules.get("ids")
-    if ids is None:
-        from recalltrace.tracer._decorators import _record_ids
-
-        ids = _modules["ids"] = _record_ids
-    return int(ids.getrandbits(128)) or 1
 
 
 def merge_into_state(state: Any, parts: RequestParts) -> None:
@@ -355,31 +541,44 @@ class SpanCapture:
         )
         # Subtrees whose spans have all ended: the requests in them are found, sampled and
         # queued on the writer thread (see finish_pending), not on the application's.
-        self._finished: deque[list[tuple[SpanView, list[SpanView]]]] = deque()
+        self._finished: deque[tuple[float, list[tuple[SpanView, list[SpanView]]]]] = deque()
         self._state_key: Any = None
         self._get_current: Any = None
         self.active = True
         _instances.add(self)
         add_cycle_hook(_finish_all_pending)
 
-    def finish_pending(self) -> None:
+    def finish_pending(self, settle: float = 0.0) -> None:
         """Find the requests in the subtrees that ended and hand them to the writer (called
-        by the writer thread at each cycle and by every flush)."""
+        by the writer thread at each cycle and by every flush). With ``settle``, while two
+        instrumentors of different conventions are at work, subtrees that ended less than
+        ``settle`` seconds ago wait for the next cycle: the other instrumentor's trace of the
+        same request ends moments later, and the two are matched together."""
         pending = self._finished
-        while pending:
-            try:
-                tops = pending.popleft()
-            except IndexError:
-                return
-            for top, spans in tops:
+        candidates: list[_Candidate] = []
+        newest = (
+            time.monotonic() - settle if settle and len(self.assembler.conventions) > 1 else None
+        )
+        try:
+            while pending:
+                if newest is not None and pending[0][0] > newest:
+                    break  # the rest ended later still
                 try:
-                    if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
-                        continue  # the decorators made the record, or said why not
-                    self.assembler.finish(top, spans)
-                except Exception:
-                    from recalltrace.tracer._internal import internal_error
+                    _, tops = pending.popleft()
+                except IndexError:
+                    break
+                for top, spans in tops:
+                    try:
+                        if top.scope == RECALLTRACE_SCOPE and not _has_instrumented(top, spans):
+                            continue  # the decorators made the record, or said why not
+                        candidates.extend(self.assembler.requests_in(top, spans))
+                    except Exception:
+                        from recalltrace.tracer._internal import internal_error
 
-                    internal_error("finding the requests in finished spans")
+                        internal_error("finding the requests in finished spans")
+        finally:
+            if candidates:
+                self.assembler.offer_all(candidates)
 
     def _hand_over(self, tops: list[tuple[SpanView, list[SpanView]]]) -> None:
         runtime = _runtime_now()
@@ -389,7 +588,12 @@ class SpanCapture:
         if len(pending) >= self.max_open_traces:
             self._backlog.add(len(tops))
             return
-        pending.append(tops)
+        conventions = self.assembler.conventions
+        for top, _ in tops:
+            convention = convention_of(top)
+            if convention not in conventions and convention in CONVENTIONS:
+                conventions.add(convention)
+        pending.append((time.monotonic(), tops))
         runtime.writer.wake(now=len(pending) >= _WAKE_AT)
 
     def cover(self, trace_id: int, span_id: int) -> None:
@@ -488,7 +692,7 @@ class SpanCapture:
 
     def _on_end(self, span: Any) -> None:
         view = _view(span)
-        too_many = 0
+        too_many = repeated = 0
         tops: list[tuple[SpanView, list[SpanView]]] = []
         with self._lock:
             trace = self._traces.get(view.trace_id)
@@ -496,7 +700,11 @@ class SpanCapture:
             if trace is None:
                 if group is None:
                     return  # evicted or timed out: already counted
+            elif view.span_id in trace.seen:
+                repeated = 1  # ended again (a processor added twice, a span ended twice)
             else:
+                if len(trace.seen) < self.max_spans_per_trace:
+                    trace.seen.add(view.span_id)
                 trace.touched = time.monotonic()
                 parent = trace.open.pop(view.span_id, None)
                 root_id = trace.mapped.pop(view.span_id, None)
@@ -522,6 +730,8 @@ class SpanCapture:
                     tops = [(view, _take_subtree(trace, view))]
         if too_many:
             self._too_many.add(too_many)
+        if repeated:
+            self.assembler.duplicates.add(repeated)
         if group is not None:
             self._merge(view, group)
         if tops:
@@ -555,9 +765,24 @@ class SpanCapture:
         return True
 
 
+# Seconds a finished subtree waits on the writer thread, while two instrumentors of
+# different conventions are at work, for the other's trace of the same request (a flush hands
+# everything over at once).
+_PAIR_SETTLE = 0.5
+
+
 def _finish_all_pending() -> None:
+    settle = _PAIR_SETTLE if _on_writer_thread() else 0.0
     for capture in list(_instances):
-        capture.finish_pending()
+        capture.finish_pending(settle)
+
+
+def _on_writer_thread() -> bool:
+    """Whether this is the writer thread's own cycle (not a flush from another thread)."""
+    runtime_module = _modules.get("runtime")
+    runtime = runtime_module.current if runtime_module is not None else None
+    writer = getattr(runtime, "writer", None)
+    return writer is not None and getattr(writer, "_thread", None) is threading.current_thread()
 
 
 def _forget_pending_in_child() -> None:
@@ -651,7 +876,7 @@ def _has_instrumented(top: SpanView, spans: list[SpanView]) -> bool:
 # -- configure(capture_spans=True) ---------------------------------------------------------------
 
 _auto: SpanCapture | None = None
-_attached: list[Any] = []  # providers the automatic processor was added to
+_attached: list[list[Any]] = []  # [provider, its inner SDK provider] span capture was added to
 _hooked = False
 
 
@@ -672,10 +897,86 @@ def configure_capture(runtime: Any) -> None:
 def _attach(provider: Any) -> None:
     if _auto is None or not hasattr(provider, "add_span_processor"):
         return
-    if any(known is provider for known in _attached):
+    if any(known[0] is provider for known in _attached):
         return
-    provider.add_span_processor(_auto)
-    _attached.append(provider)
+    add_keeping_others(provider, _auto)
+    _attached.append([provider, _inner_of(provider)])
+    add_cycle_hook(_follow_proxies)
+
+
+def _inner_of(provider: Any) -> Any:
+    """The SDK provider a proxy provider forwards to (Logfire's keeps it in ``provider`` and
+    swaps it when configured again), or ``None``."""
+    inner = getattr(provider, "provider", None)
+    return inner if hasattr(inner, "_active_span_processor") else None
+
+
+def _follow_proxies() -> None:
+    """A proxy provider that swapped its SDK provider since span capture was added to it gets
+    span capture again (through the proxy, at the writer's next cycle)."""
+    if _auto is None or not _auto.active:
+        return
+    for known in _attached:
+        provider, inner = known
+        now = _inner_of(provider)
+        if now is None or now is inner:
+            continue
+        known[1] = now
+        held = _processors_of(now)
+        if held is None or not any(processor is _auto for processor in held):
+            add_keeping_others(provider, _auto)
+
+
+# Keywords of ``add_span_processor`` that some providers take to keep what they hold
+# (Arize Phoenix's TracerProvider replaces its default exporting processor unless told not to).
+_KEEP_KEYWORDS = {"replace_default_processor": False}
+
+
+def add_keeping_others(provider: Any, processor: Any) -> None:
+    """Add ``processor`` to ``provider`` through its own ``add_span_processor``, asking it to
+    keep the processors it holds when its signature offers a way to (the provider's internals
+    are only read, to check that nothing it held went away)."""
+    add = provider.add_span_processor
+    keywords = {name: value for name, value in _KEEP_KEYWORDS.items() if _takes_keyword(add, name)}
+    before = _processors_of(provider)
+    add(processor, **keywords)
+    after = _processors_of(provider)
+    if before is None or after is None:
+        return
+    lost = sum(1 for held in before if not any(held is kept for kept in after))
+    if lost:
+        logger.warning(
+            "recalltrace: adding span capture made %s drop %d span processor(s) it held "
+            "(its own exporters): add recalltrace.SpanCapture() to it the way it keeps its "
+            "processors, and leave capture_spans off",
+            type(provider).__name__,
+            lost,
+        )
+
+
+def _takes_keyword(function: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    parameter = parameters.get(name)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+
+
+def _processors_of(provider: Any) -> tuple[Any, ...] | None:
+    """The span processors an SDK provider (or a proxy's inner SDK provider) holds, read only;
+    ``None`` when they cannot be read."""
+    for candidate in (provider, getattr(provider, "provider", None)):
+        active = getattr(candidate, "_active_span_processor", None)
+        held = getattr(active, "_span_processors", None)
+        if isinstance(held, tuple):
+            return held
+    return None
 
 
 def _hook_set_tracer_provider() -> None:

@@ -161,6 +161,32 @@ def span_role(attributes: Mapping[str, Any], events: Sequence[tuple[str, Any]] =
     return OTHER
 
 
+# The conventions a request's root span may follow, the preferred first: when two
+# instrumentors of different conventions traced one request, the record is made from the
+# spans of the preferred one (OpenInference's carry document ids, scores and token counts as
+# attributes of their own; OpenLLMetry's LangChain spans give documents only as serialised
+# output).
+CONVENTIONS = ("openinference", "genai", "openllmetry")
+
+
+def convention_of(view: SpanView) -> str:
+    """The convention of a span's attributes: ``openinference``, ``genai``, ``openllmetry``
+    (read in the order :func:`span_role` reads them), or ``other``."""
+    attributes = view.attributes
+    if isinstance(attributes.get(OI_KIND), str):
+        return "openinference"
+    if attributes.get(GEN_AI_OPERATION) in _GEN_AI_ROLES:
+        return "genai"
+    if attributes.get(TRACELOOP_KIND) in _TRACELOOP_ROLES:
+        return "openllmetry"
+    return "other"
+
+
+def root_question(root: SpanView) -> str | None:
+    """The question a request's root span carries as its input (none when it has none)."""
+    return _text_input(root.attributes)
+
+
 def app_name_of(root: SpanView) -> str:
     """The record's app name: the workflow or agent name the spans give, else the root's name."""
     attributes = root.attributes
