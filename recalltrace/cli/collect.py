@@ -437,10 +437,11 @@ class TraceBuffer:
             self._said.add(reason)
             logger.warning(message, count)
 
-    def sweep(self, everything: bool = False, room: Callable[[], bool] | None = None) -> int:
+    def sweep(self, everything: bool = False, room: Callable[[int], bool] | None = None) -> int:
         """Build the traces idle for ``idle`` seconds (all of them with ``everything``) from
         the spans that arrived: each span whose parent never came is a top. Traces are built
-        oldest first while ``room()`` says the record queue can take one; the others stay
+        oldest first while ``room(pending)`` says the record queue can take one more besides
+        the ``pending`` requests built and not yet offered; the others stay
         held for the next sweep (and :attr:`backlog` says how many). Returns the backlog."""
         now = time.monotonic()
         limit = now - self.idle
@@ -452,8 +453,15 @@ class TraceBuffer:
                 if everything or trace.touched < limit or (trace.rooted and trace.touched < settled)
             ]
         left = len(due)
+        # The requests of the traces built in this sweep are offered together (a few dozen at a
+        # time), so that one request that two instrumentors sent as two traces is paired (see
+        # offer_all).
+        candidates: list[Any] = []
         for trace_id in due:
-            if room is not None and not room():
+            if len(candidates) >= OFFER_BATCH:
+                self.requests += self.assembler.offer_all(candidates)
+                candidates = []
+            if room is not None and not room(len(candidates)):
                 break
             left -= 1
             with self._lock:
@@ -465,11 +473,9 @@ class TraceBuffer:
             # one request is paired in offer_all.
             spans = trace.spans
             reached = 0
-            candidates = []
             for top, subtree in _subtrees(spans):
                 reached += len(subtree)
                 candidates.extend(self.assembler.requests_in(top, subtree))
-            self.requests += self.assembler.offer_all(candidates)
             # Spans whose parents form a loop hang under no top: counted, not built.
             self._count(
                 "capture_parent_loop",
@@ -477,12 +483,17 @@ class TraceBuffer:
                 "recalltrace collect: %d span(s) whose parent ids form a loop were left out "
                 "(said once; the total is printed at exit)",
             )
+        self.requests += self.assembler.offer_all(candidates)
         self.backlog = left
         return left
 
     def open_traces(self) -> int:
         with self._lock:
             return len(self._traces)
+
+
+OFFER_BATCH = 32
+"""Requests offered to the writer together by a sweep (see TraceBuffer.sweep)."""
 
 
 def _subtrees(spans: list[Any]) -> Iterator[tuple[Any, list[Any]]]:
@@ -525,13 +536,14 @@ class Collector:
         self._gate = threading.Lock()
         self._closed = False
 
-    def queue_full(self) -> bool:
+    def queue_full(self, pending: int = 0) -> bool:
         runtime = self.runtime
-        return bool(runtime.writer.queue_size() >= runtime.config.max_queue_size)
+        return bool(runtime.writer.queue_size() + pending >= runtime.config.max_queue_size)
 
-    def room(self) -> bool:
-        """Whether the record queue can take another trace's records now."""
-        return not self.queue_full()
+    def room(self, pending: int = 0) -> bool:
+        """Whether the record queue can take another trace's records now, besides ``pending``
+        requests built and about to be offered."""
+        return not self.queue_full(pending)
 
     def busy(self) -> Refused | None:
         # Full queue, or complete traces waiting for room in it: what is answered 200 must
@@ -661,7 +673,7 @@ def run_collect(args: argparse.Namespace) -> int:
         where = " (not loopback and no token: anyone on the network may send)"
     print(f"READY http://{bound_host}:{bound_port}/v1/traces{where}", flush=True)
     while not stop.wait(0.5):
-        collector.buffer.sweep(room=lambda: not stop.is_set() and collector.room())
+        collector.buffer.sweep(room=lambda pending: not stop.is_set() and collector.room(pending))
     # Stop: no new connections; requests under way get half of --stop-timeout to finish,
     # then what was answered 200 is built as the queue drains, and stored in the time left.
     started = signalled[0] if signalled else time.monotonic()
@@ -670,8 +682,8 @@ def run_collect(args: argparse.Namespace) -> int:
     collector.close()
     built_by = deadline - args.stop_timeout / 10  # the last tenth is for the last writes
 
-    def room() -> bool:
-        return time.monotonic() < built_by and collector.room()
+    def room(pending: int) -> bool:
+        return time.monotonic() < built_by and collector.room(pending)
 
     while collector.buffer.sweep(everything=True, room=room) and time.monotonic() < built_by:
         time.sleep(0.02)
