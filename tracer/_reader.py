@@ -20,8 +20,9 @@ still read in full.
 
 from __future__ import annotations
 
-import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,8 +33,6 @@ from recalltrace.tracer._extract import (
     unreadable,
 )
 from recalltrace.tracer._state import LEFT_OUT_ID, json_safe
-
-logger = logging.getLogger("recalltrace.tracer")
 
 MAX_ABANDONED = 8
 """Most reader threads left stuck in an application object at once."""
@@ -46,6 +45,8 @@ application value would be)."""
 # Why an application value was not read.
 TIMED_OUT = "read_timeout"
 READERS_STUCK = "readers_stuck"
+NO_THREAD = "reader_unavailable"
+_NO_THREAD: Any = object()
 
 
 def is_plain(value: Any) -> bool:
@@ -57,6 +58,13 @@ def is_plain(value: Any) -> bool:
         return True
     if kind is not dict and kind is not list and kind is not tuple:
         return False
+    try:
+        return _walk_plain(value)
+    except RuntimeError:  # changed by the application while walked: read it as its object
+        return False
+
+
+def _walk_plain(value: Any) -> bool:
     seen: set[int] = set()
     stack = [value]
     walked = 0
@@ -107,6 +115,21 @@ class BoundedReader:
         self.stuck = 0  # reader threads abandoned and still inside an application object
         self._lock = threading.Lock()
         self._idle: list[_Reader] = []
+        if hasattr(os, "register_at_fork"):
+            self_ref = weakref.ref(self)
+
+            def after_fork() -> None:
+                reader = self_ref()
+                if reader is not None:
+                    reader._after_fork_in_child()
+
+            os.register_at_fork(after_in_child=after_fork)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's reader threads do not exist in the child (nor do its stuck ones).
+        self._lock = threading.Lock()
+        self._idle = []
+        self.stuck = 0
 
     def read(self, tasks: Sequence[Callable[[], Any]]) -> tuple[list[tuple[bool, Any]], str]:
         """Run ``tasks`` in order within one budget: ``(results, why)``, one result per task
@@ -117,6 +140,8 @@ class BoundedReader:
         reader = self._reader()
         if reader is None:
             return [], READERS_STUCK
+        if reader is _NO_THREAD:
+            return [], NO_THREAD
         job = _Job(tasks)
         reader.give(job)
         finished = job.done.wait(self.budget)
@@ -130,13 +155,16 @@ class BoundedReader:
             self._idle.append(reader)
         return list(job.results), ""
 
-    def _reader(self) -> _Reader | None:
+    def _reader(self) -> Any:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
             if self.stuck >= self.max_abandoned:
                 return None
-        return _Reader(self)
+        try:
+            return _Reader(self)
+        except RuntimeError:  # the interpreter is shutting down and refuses new threads
+            return _NO_THREAD
 
     def _released(self) -> None:
         """A stuck reader's object finally returned: that reader ends."""
@@ -167,7 +195,7 @@ class _Reader:
             for task in job.tasks:
                 try:
                     job.results.append((True, task()))
-                except Exception as exc:
+                except BaseException as exc:  # the application's; handed to the writer
                     job.results.append((False, exc))
                 if job.abandoned:
                     break
@@ -185,7 +213,6 @@ class ReadValues:
     def __init__(self) -> None:
         self.left_out: list[str] = []  # positions of application values not read
         self.why = ""
-        self.raised: list[tuple[str, str]] = []  # (position, exception type)
         self.hanging: str | None = None  # the position being read when the budget ran out
 
     def notes(self, budget: float) -> list[str]:
@@ -198,10 +225,15 @@ class ReadValues:
                     f"within the {budget:g} s budget ({self.hanging} hangs or is very slow); "
                     f"left out: {shown}"
                 )
-            else:
+            elif self.why == READERS_STUCK:
                 notes.append(
                     f"{len(self.left_out)} application object(s) not read, too many readers "
                     f"are stuck in earlier objects; left out: {shown}"
+                )
+            else:
+                notes.append(
+                    f"{len(self.left_out)} application object(s) not read, no reader thread "
+                    f"could be started (the interpreter is exiting); left out: {shown}"
                 )
         return notes
 
@@ -438,7 +470,7 @@ def _read_contexts(state: Any, pending: _Pending) -> None:
             except Exception as exc:
                 read[index] = unreadable(exc)
         else:
-            read[index] = _UNREAD_DOC
+            read[index] = None  # placed once read
             pending.add(
                 f"retrieved_contexts[{index}]",
                 _bind(read_document, item),
@@ -447,14 +479,11 @@ def _read_contexts(state: Any, pending: _Pending) -> None:
     state.contexts = read
 
 
-_UNREAD_DOC: Any = unreadable(TimeoutError())
-
-
 def _doc_placer(read: list[Any], index: int) -> Callable[[bool, Any], None]:
     def place(ok: bool, result: Any) -> None:
         if result is _LEFT_OUT:
             doc = unreadable(TimeoutError())
-            doc.error = "not read in time"
+            doc.error = ""  # not read at all: the reader's note says so, not "raised"
             read[index] = doc
         elif ok:
             read[index] = result

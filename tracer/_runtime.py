@@ -23,6 +23,7 @@ from recalltrace.tracer._config import TracerConfig
 from recalltrace.tracer._extract import snapshot, to_id_list, to_text, to_text_list
 from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
 from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
+from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
 from recalltrace.tracer._sinks import check_default_sink, open_default_sink
@@ -133,7 +134,7 @@ class Runtime:
                         self.reader.stuck,
                         "rag.tracer.values.not_read",
                     )
-                else:
+                elif summary.why == READ_TIMED_OUT:
                     logger.warning(
                         "recalltrace writer: reading %s did not finish within %g s (its "
                         "__str__, a property or an iterator hangs or is very slow); the record "

@@ -6,6 +6,7 @@ is keeps its record, with a note."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -160,6 +161,52 @@ def _plain_documents(count: int) -> list[dict[str, Any]]:
         {"id": f"d{i}", "content": f"Document {i}.", "metadata": {"rank": i, "tags": ["a"]}}
         for i in range(count)
     ]
+
+
+class HangingDocument:
+    """A document whose text property never returns."""
+
+    @property
+    def page_content(self) -> str:
+        Blocking.release.wait(120)
+        return "released"
+
+
+def test_a_hanging_document_is_left_out_in_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_runtime, "READ_TIMEOUT_S", 0.5)
+    Blocking.release.clear()
+    traced = make_traced()
+    check = LedgerCheck()
+
+    @recalltrace.retrieval
+    def lookup(query: str) -> list[Any]:
+        documents: list[Any] = _plain_documents(300)
+        if query == "q":
+            documents[200] = HangingDocument()
+        return documents
+
+    @recalltrace.rag("hanging-document")
+    def ask(question: str) -> str:
+        lookup(question)
+        return "ok"
+
+    try:
+        ask("q")
+        ask("the next request")
+        assert recalltrace.flush(30.0)
+        hung, after = traced.sink.records
+        assert [c.content for c in hung.retrieved_contexts] == [
+            "" if i == 200 else f"Document {i}." for i in range(300)
+        ]
+        (note,) = [note for note in hung.notes if "did not finish" in note]
+        assert "(retrieved_contexts[200] hangs or is very slow); left out: " in note
+        assert not [note for note in hung.notes if "raising when read" in note]
+        assert len(after.retrieved_contexts) == 300 and after.notes == []
+        counts = check.assert_balanced()
+        assert counts.stored == 2 and counts.values_not_read == {"read_timeout": 1}
+    finally:
+        Blocking.release.set()
+        recalltrace.shutdown(5.0)
 
 
 def test_stuck_readers_never_cut_plain_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,3 +371,26 @@ def test_nan_and_infinity_are_stored_alike_with_a_note(database_url: str) -> Non
     finally:
         recalltrace.shutdown(5.0)
         engine.dispose()
+
+
+def test_a_forked_child_reads_application_objects(traced: Traced) -> None:
+    @recalltrace.rag("forked", input_param="question")
+    def ask(question: Any) -> str:
+        return "ok"
+
+    ask(Readable())  # the parent's reader thread now exists, idle
+    assert recalltrace.flush(10.0)
+    assert "readable again" in (traced.sink.records[-1].user_input or "")
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's reader thread is not here
+        code = 1
+        try:
+            ask(Readable())
+            if recalltrace.flush(10.0):
+                record = traced.sink.records[-1]
+                read = "readable again" in (record.user_input or "")
+                code = 0 if read and not record.notes else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
