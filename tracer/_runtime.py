@@ -20,14 +20,14 @@ from opentelemetry import trace as otel_trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
-from recalltrace.tracer._extract import snapshot, to_id_list, to_text, to_text_list
+from recalltrace.tracer._extract import snapshot, to_text, to_text_list
 from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
 from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
 from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
 from recalltrace.tracer._sinks import check_default_sink, open_default_sink
-from recalltrace.tracer._state import TraceState, assemble_record
+from recalltrace.tracer._state import TraceState, assemble_record, read_ids
 from recalltrace.tracer._writer import BatchWriter
 
 if TYPE_CHECKING:
@@ -443,6 +443,14 @@ def set_attributes(
     return True
 
 
+def _read_now(read: Any, value: Any, name: str, problems: list[str]) -> Any:
+    try:
+        return read(value)
+    except Exception as exc:
+        problems.append(f"{name} not captured: its value raised {type(exc).__name__} when read")
+        return None
+
+
 def current_trace_id() -> str | None:
     """The id of the request being traced (32 hex digits), or None outside any request."""
     state = current_state()
@@ -465,12 +473,18 @@ def set_reference(
         if trace_id is None:
             raise ValueError("set_reference(None, ...) needs an open trace in the current context")
     hex_id = normalize_trace_id(trace_id)
+    problems: list[str] = []
     update = ReferenceUpdate(
         trace_id=hex_id,
-        reference=to_text(reference),
-        reference_contexts=to_text_list(reference_contexts),
-        reference_context_ids=to_id_list(reference_context_ids),
+        reference=_read_now(to_text, reference, "reference", problems),
+        reference_contexts=_read_now(
+            to_text_list, reference_contexts, "reference_contexts", problems
+        ),
+        reference_context_ids=read_ids(reference_context_ids, problems),
     )
+    if problems:
+        # The application's own objects could not be printed: what could be is kept.
+        logger.warning("recalltrace: set_reference(%s): %s", hex_id, "; ".join(problems))
     if (
         update.reference is None
         and not update.reference_contexts

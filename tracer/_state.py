@@ -301,7 +301,7 @@ def assemble_record(
             _text(state.reference, "reference", notes), max_text_length, "reference", notes
         ),
         reference_contexts=reference_contexts,
-        reference_context_ids=_ids(state.reference_context_ids, notes),
+        reference_context_ids=read_ids(state.reference_context_ids, notes),
         metadata=metadata,
         error=state.error,
         notes=notes,
@@ -320,7 +320,7 @@ LEFT_OUT_ID: Any = object()
 """Marks a reference id that was left out while reading (its note is made there)."""
 
 
-def _ids(value: Any, notes: list[str]) -> list[str] | None:
+def read_ids(value: Any, notes: list[str]) -> list[str] | None:
     """Reference ids as text; one that cannot be printed is left out with a note."""
     if value is None:
         return None

@@ -394,3 +394,21 @@ def test_a_forked_child_reads_application_objects(traced: Traced) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_set_reference_with_an_unprintable_id_keeps_the_others(
+    traced: Traced, caplog: pytest.LogCaptureFixture
+) -> None:
+    @recalltrace.rag("late-ids")
+    def ask(question: str) -> str:
+        trace_id = recalltrace.current_trace_id()
+        recalltrace.set_reference(trace_id, reference_context_ids=["doc-1", UnprintableId()])
+        return "ok"
+
+    assert ask("q") == "ok"
+    (record,) = traced.records()
+    assert record.reference_context_ids == ["doc-1"]
+    assert any(
+        "reference_context_ids[1] left out: its value raised RuntimeError" in r.getMessage()
+        for r in caplog.records
+    )
