@@ -424,23 +424,42 @@ def set_attributes(
         return False
     if not state.sampled:
         return True
-    # Read now, in the caller's own call: a value is text from here on.
-    if user_id is not None:
-        state.user_id = str(user_id)
-    if session_id is not None:
-        state.session_id = str(session_id)
-    if release is not None:
-        state.release = str(release)
-    if environment is not None:
-        state.environment = str(environment)
+    # Read now, in the caller's own call: a value is text from here on. A value whose printing
+    # raises is left out with a note (the application's call goes on).
+    for name, value in (
+        ("user_id", user_id),
+        ("session_id", session_id),
+        ("release", release),
+        ("environment", environment),
+    ):
+        if value is not None:
+            text = _printed_now(value, name, state.notes)
+            if text is not None:
+                setattr(state, name, text)
     if tags is not None:
-        for tag in [tags] if isinstance(tags, str) else list(tags):
-            text = str(tag)
+        try:
+            items = [tags] if isinstance(tags, str) else list(tags)
+        except Exception as exc:
+            items = []
+            state.notes.append(f"tags not captured: reading them raised {type(exc).__name__}")
+        for index, tag in enumerate(items):
+            text = _printed_now(tag, f"tags[{index}]", state.notes)
             if text and text not in state.tags:
                 state.tags.append(text)
     if metadata:
-        state.metadata.update(snapshot(dict(metadata)))
+        try:
+            state.metadata.update(snapshot(dict(metadata)))
+        except Exception as exc:
+            state.notes.append(f"metadata not captured: reading it raised {type(exc).__name__}")
     return True
+
+
+def _printed_now(value: Any, name: str, notes: list[str]) -> str | None:
+    try:
+        return str(value)
+    except Exception as exc:
+        notes.append(f"{name} not captured: its value raised {type(exc).__name__} when printed")
+        return None
 
 
 def _read_now(read: Any, value: Any, name: str, problems: list[str]) -> Any:

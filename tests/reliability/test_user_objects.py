@@ -412,3 +412,21 @@ def test_set_reference_with_an_unprintable_id_keeps_the_others(
         "reference_context_ids[1] left out: its value raised RuntimeError" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_set_attributes_with_unprintable_values_keeps_the_request(traced: Traced) -> None:
+    check = LedgerCheck()
+
+    @recalltrace.rag("bad-attributes")
+    def ask(question: str) -> str:
+        recalltrace.set_attributes(
+            user_id=UnprintableId(), session_id="s-1", tags=["a", UnprintableId()]
+        )
+        return "ok"
+
+    assert ask("q") == "ok"
+    (record,) = traced.records()
+    assert record.user_id is None and record.session_id == "s-1" and record.tags == ["a"]
+    assert "user_id not captured: its value raised RuntimeError when printed" in record.notes
+    assert "tags[1] not captured: its value raised RuntimeError when printed" in record.notes
+    assert check.assert_balanced().stored == 1
