@@ -38,6 +38,8 @@ MAX_ABANDONED = 8
 """Most reader threads left stuck in an application object at once."""
 
 _PLAIN_LEAVES = frozenset({str, int, float, bool, type(None)})
+_IDLE_S = 60.0
+"""An idle reader thread ends after this long (a new one starts with the next object)."""
 _PLAIN_LIMIT = 1_000_000
 """Most containers walked to decide whether a value is plain (past it, it is read as an
 application value would be)."""
@@ -186,12 +188,27 @@ class _Reader:
             self._job = job
             self._ready.notify()
 
-    def _serve(self) -> None:
+    def _next_job(self) -> _Job | None:
+        """The next job; None when this reader sat idle for ``_IDLE_S`` (it then ends, and a
+        new one is started when needed)."""
         while True:
             with self._ready:
-                while self._job is None:
-                    self._ready.wait()
-                job, self._job = self._job, None
+                if self._job is None:
+                    self._ready.wait(_IDLE_S)
+                if self._job is not None:
+                    job, self._job = self._job, None
+                    return job
+            with self._owner._lock:
+                if self in self._owner._idle:
+                    self._owner._idle.remove(self)
+                    return None
+            # Not idle: the writer took this reader just now and its job is on the way.
+
+    def _serve(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
             for task in job.tasks:
                 try:
                     job.results.append((True, task()))

@@ -430,3 +430,25 @@ def test_set_attributes_with_unprintable_values_keeps_the_request(traced: Traced
     assert "user_id not captured: its value raised RuntimeError when printed" in record.notes
     assert "tags[1] not captured: its value raised RuntimeError when printed" in record.notes
     assert check.assert_balanced().stored == 1
+
+
+def test_an_idle_reader_thread_ends(traced: Traced, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_reader, "_IDLE_S", 0.2)
+
+    @recalltrace.rag("idle-reader", input_param="question")
+    def ask(question: Any) -> str:
+        return "ok"
+
+    def readers() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "recalltrace-reader")
+
+    before = readers()
+    ask(Readable())
+    assert recalltrace.flush(10.0)
+    deadline = time.monotonic() + 20
+    while readers() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert readers() <= before
+    ask(Readable())  # a new reader starts for the next object
+    assert recalltrace.flush(10.0)
+    assert all("readable again" in (r.user_input or "") for r in traced.sink.records)
