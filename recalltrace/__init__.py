@@ -26,6 +26,7 @@ from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository
 from recalltrace.tracer import (
+    Ledger,
     ScrubbingOptions,
     ScrubMatch,
     SpanCapture,
@@ -35,6 +36,7 @@ from recalltrace.tracer import (
     current_trace_id,
     flush,
     generation,
+    ledger,
     rag,
     retrieval,
     set_attributes,
@@ -46,6 +48,7 @@ from recalltrace.tracer._sinks import set_default_sink_factory as _set_default_s
 _set_default_sink_factory(_default_sink, _check_default_sink)
 
 __all__ = [
+    "Ledger",
     "ScrubMatch",
     "ScrubbingOptions",
     "SpanCapture",
@@ -55,6 +58,7 @@ __all__ = [
     "current_trace_id",
     "flush",
     "generation",
+    "ledger",
     "open_history",
     "open_repository",
     "rag",

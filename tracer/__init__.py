@@ -11,6 +11,7 @@ from recalltrace.tracer._api import (
     current_trace_id,
     flush,
     generation,
+    ledger,
     rag,
     retrieval,
     set_attributes,
@@ -19,8 +20,10 @@ from recalltrace.tracer._api import (
 )
 from recalltrace.tracer._capture import SpanCapture
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch, TracerConfig, TraceSink
+from recalltrace.tracer._metrics import Ledger
 
 __all__ = [
+    "Ledger",
     "ScrubMatch",
     "ScrubbingOptions",
     "SpanCapture",
@@ -30,6 +33,7 @@ __all__ = [
     "current_trace_id",
     "flush",
     "generation",
+    "ledger",
     "rag",
     "retrieval",
     "set_attributes",

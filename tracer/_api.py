@@ -25,6 +25,7 @@ from recalltrace.tracer._decorators import (
     function_name,
     locate,
 )
+from recalltrace.tracer._metrics import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -345,3 +346,14 @@ def shutdown(timeout: float | None = None) -> bool:
     from recalltrace.tracer import _runtime
 
     return _runtime.shutdown(timeout)
+
+
+def ledger() -> Ledger:
+    """Every request this process's tracer saw and where it ended: ``seen``, ``stored`` (the
+    storage confirmed the write), ``sampled_out``, ``dropped`` by reason, and ``pending``
+    (queued or held by the writer). When the writer is idle (after ``flush()``),
+    ``seen == stored + sampled_out + dropped_total + pending``; ``unaccounted`` is the
+    difference. ``values_not_read`` counts application objects left out of stored records."""
+    from recalltrace.tracer import _runtime
+
+    return _runtime.ledger()

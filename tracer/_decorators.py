@@ -718,7 +718,10 @@ def _generation_of(result: Any) -> tuple[str | None, str | None, Usage | None]:
 
 
 def _end(call: _Call) -> None:
-    call.span.end()
+    try:
+        call.span.end()
+    except Exception:
+        internal_error("ending a span")
     if call.outermost:
         state = call.state
         state.closed = True
@@ -783,9 +786,10 @@ def _succeeded(call: _Call, result: Any) -> None:
                 _finish_generation(call, text, model, usage)
             else:
                 _finish_rag(call, _answer_of(call.spec, result))
-        _end(call)
     except Exception:
         internal_error("ending a span")
+    # Whatever failed above, the span ends and the request reaches the writer (or its count).
+    _end_safely(call)
 
 
 def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> None:
@@ -795,43 +799,84 @@ def _failed(call: _Call, exc: BaseException, stream: _Stream | None = None) -> N
         if stream is not None:
             _stream_record(call, stream)
         if isinstance(exc, Exception):
+            message, problem = _exception_message(exc)
             if call.recording:
                 # An exception passing up through nested decorated calls is recorded, with
                 # its stack trace, on the span it left first; the outer ones get the status
                 # (formatting the trace at every level costs depth squared).
                 scrub = call.runtime.span_scrub
                 if call.state.last_error is not exc:
-                    if scrub is None:
+                    if scrub is None and problem is None:
                         call.span.record_exception(exc)
                     else:
-                        # The message and the stack trace are user text like any other.
-                        call.span.record_exception(exc, attributes=_scrubbed_exception(exc, scrub))
+                        # The message and the stack trace are user text like any other; a
+                        # message that cannot be printed is replaced by a placeholder.
+                        call.span.add_event("exception", _exception_attributes(exc, message, scrub))
                     call.state.last_error = exc
-                call.span.set_status(call_status(exc, scrub))
+                call.span.set_status(_status(exc, message, scrub))
             if call.outermost:
                 call.state.error = True
+                if call.sampled and problem is not None:
+                    call.state.notes.append(
+                        f"the request raised {type(exc).__name__}, whose message could not be "
+                        f"printed (its __str__ raised {problem}): stored with the type only"
+                    )
         elif call.outermost and not isinstance(exc, GeneratorExit):
             call.state.error = True
             if call.sampled:
                 call.state.notes.append(f"root interrupted by {type(exc).__name__}")
-        _end(call)
     except Exception:
         internal_error("ending a failed span")
+    _end_safely(call)
+
+
+def _end_safely(call: _Call) -> None:
+    try:
+        _end(call)
+    except Exception:
+        internal_error("ending a span")
+
+
+def _exception_message(exc: BaseException) -> tuple[str, str | None]:
+    """``str(exc)``, or a placeholder and the name of what printing it raised."""
+    try:
+        return str(exc), None
+    except Exception as problem:
+        name = type(problem).__name__
+        return f"<{type(exc).__name__} message not printable: {name}>", name
+
+
+def _exception_attributes(exc: BaseException, message: str, scrub: Any) -> dict[str, str]:
+    """The attributes of an exception event (as the SDK's ``record_exception`` sets them)."""
+    import traceback
+
+    try:
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        stack = ""
+    if scrub is not None:
+        message, stack = scrub(message), scrub(stack)
+    kind = type(exc)
+    module = kind.__module__
+    return {
+        "exception.type": f"{module}.{kind.__qualname__}"
+        if module and module != "builtins"
+        else kind.__qualname__,
+        "exception.message": message,
+        "exception.stacktrace": stack,
+        "exception.escaped": "False",
+    }
+
+
+def _status(exc: BaseException, message: str, scrub: Any) -> Any:
+    description = f"{type(exc).__name__}: {message}"
+    return _otel.Status(_otel.ERROR, description if scrub is None else scrub(description))
 
 
 def call_status(exc: BaseException, scrub: Any = None) -> Any:
     """The ERROR status OpenTelemetry's own context managers set for ``exc`` (its description
     scrubbed when span scrubbing is on)."""
-    description = f"{type(exc).__name__}: {exc}"
-    return _otel.Status(_otel.ERROR, description if scrub is None else scrub(description))
-
-
-def _scrubbed_exception(exc: BaseException, scrub: Any) -> dict[str, str]:
-    """The exception event's message and stack trace, scrubbed."""
-    import traceback
-
-    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"exception.message": scrub(str(exc)), "exception.stacktrace": scrub(stack)}
+    return _status(exc, _exception_message(exc)[0], scrub)
 
 
 def _detach(token: Any) -> None:

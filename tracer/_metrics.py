@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger("recalltrace.tracer")
@@ -18,7 +19,71 @@ logger = logging.getLogger("recalltrace.tracer")
 CAPTURED = "rag.traces.captured"
 SAMPLED = "rag.traces.sampled"
 DROPPED = "rag.traces.dropped"
+STORED = "rag.traces.stored"
+VALUES_NOT_READ = "rag.tracer.values.not_read"
 QUEUE_SIZE = "rag.tracer.queue.size"
+
+EXIT_WITHOUT_FLUSH = "exit_without_flush"
+"""The drop reason of records still queued when a process ended without any exit path
+running (counted by whoever can see it afterwards)."""
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where every request the tracer saw ended, since the process started.
+
+    ``seen`` counts requests whose outermost decorated call ended or that span capture found;
+    each is ``stored`` (the sink confirmed the write), ``sampled_out``, ``dropped`` (by
+    reason) or still ``pending`` (queued, or held by the writer): once the writer is idle,
+    ``seen == stored + sampled_out + dropped_total + pending``. ``other_dropped`` counts what
+    was not a request record (late references, spans span capture could not use), and
+    ``values_not_read`` the application objects left out of stored records (by reason).
+    """
+
+    seen: int = 0
+    stored: int = 0
+    sampled_out: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    pending: int = 0
+    other_dropped: Mapping[str, int] = field(default_factory=dict)
+    values_not_read: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    @property
+    def unaccounted(self) -> int:
+        """``seen`` minus every outcome: 0 when the ledger balances."""
+        return self.seen - self.stored - self.sampled_out - self.dropped_total - self.pending
+
+    def __sub__(self, other: Ledger) -> Ledger:
+        def minus(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+            keys = sorted(set(a) | set(b))
+            return {k: a.get(k, 0) - b.get(k, 0) for k in keys if a.get(k, 0) - b.get(k, 0)}
+
+        return Ledger(
+            seen=self.seen - other.seen,
+            stored=self.stored - other.stored,
+            sampled_out=self.sampled_out - other.sampled_out,
+            dropped=minus(self.dropped, other.dropped),
+            pending=self.pending - other.pending,
+            other_dropped=minus(self.other_dropped, other.other_dropped),
+            values_not_read=minus(self.values_not_read, other.values_not_read),
+        )
+
+    def line(self) -> str:
+        """The ledger in one line."""
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(self.dropped.items()))
+        text = (
+            f"{self.seen} request(s) seen: {self.stored} stored, {self.sampled_out} sampled "
+            f"out, {self.dropped_total} dropped{f' ({reasons})' if reasons else ''}, "
+            f"{self.pending} pending"
+        )
+        if self.values_not_read:
+            values = ", ".join(f"{r} {n}" for r, n in sorted(self.values_not_read.items()))
+            text += f"; application values left out of stored records: {values}"
+        return text
 
 
 class TracerStats:
@@ -31,6 +96,8 @@ class TracerStats:
         self.dropped: dict[tuple[str, str], int] = {}
         self._last_drop_log = 0.0
         self._unreported: dict[str, int] = {}
+        self.stored: dict[str, int] = {}
+        self.not_read: dict[str, int] = {}
         self.queue_size: Callable[[], int] = lambda: 0
 
     def reset(self) -> None:
@@ -40,6 +107,43 @@ class TracerStats:
         self.sampled = {}
         self.dropped = {}
         self._unreported = {}
+        self.stored = {}
+        self.not_read = {}
+
+    def records_stored(self, apps: Iterable[str]) -> None:
+        """Count records the sink confirmed as written (one app name per record)."""
+        with self._lock:
+            for app in apps:
+                self.stored[app] = self.stored.get(app, 0) + 1
+
+    def values_not_read(self, reason: str, count: int) -> None:
+        """Count application values left out of a stored record (``read_timeout``,
+        ``readers_stuck``)."""
+        with self._lock:
+            self.not_read[reason] = self.not_read.get(reason, 0) + count
+
+    def ledger(self) -> Ledger:
+        """Every request seen and where it ended (see :class:`Ledger`)."""
+        pending = self.queue_size()
+        with self._lock:
+            dropped: dict[str, int] = {}
+            other: dict[str, int] = {}
+            for (reason, app), n in self.dropped.items():
+                # Drops without an app name are not request records: late references, and
+                # spans span capture could not turn into a request.
+                target = dropped if app else other
+                target[reason] = target.get(reason, 0) + n
+            seen = sum(self.captured.values())
+            sampled = sum(self.sampled.values())
+            return Ledger(
+                seen=seen,
+                stored=sum(self.stored.values()),
+                sampled_out=seen - sampled,
+                dropped=dropped,
+                pending=pending,
+                other_dropped=other,
+                values_not_read=dict(self.not_read),
+            )
 
     def trace_finished(self, app: str, sampled: bool) -> None:
         """Count one finished trace."""
@@ -59,6 +163,16 @@ class TracerStats:
             due = report and time.monotonic() - self._last_drop_log >= 10.0
         if due:
             self.report_drops()
+
+    def drop_withdrawn(self, reason: str, app: str) -> None:
+        """Take back one drop of a record that was stored after all."""
+        with self._lock:
+            key = (reason, app)
+            left = self.dropped.get(key, 0) - 1
+            if left > 0:
+                self.dropped[key] = left
+            else:
+                self.dropped.pop(key, None)
 
     def report_drops_when_due(self) -> None:
         """:meth:`report_drops` if ten seconds passed since the last line (writer cycles)."""
@@ -93,6 +207,8 @@ class TracerStats:
                 "captured": dict(self.captured),
                 "sampled": dict(self.sampled),
                 "dropped": dict(self.dropped),
+                "stored": dict(self.stored),
+                "values_not_read": dict(self.not_read),
             }
 
 
@@ -136,6 +252,12 @@ def register_instruments(
             for (reason, app), n in items
         ]
 
+    def not_read(options: CallbackOptions) -> Iterable[Observation]:
+        stats = stats_source()
+        with stats._lock:
+            items = list(stats.not_read.items())
+        return [Observation(n, {"reason": reason}) for reason, n in items]
+
     def queue_size(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(stats_source().queue_size())]
 
@@ -156,6 +278,19 @@ def register_instruments(
         callbacks=[dropped],
         unit="{trace}",
         description="Sampled trace records (or late references) that were never stored.",
+    )
+    meter.create_observable_counter(
+        STORED,
+        callbacks=[per_app(lambda s: s.stored)],
+        unit="{trace}",
+        description="Sampled trace records the storage confirmed as written.",
+    )
+    meter.create_observable_counter(
+        VALUES_NOT_READ,
+        callbacks=[not_read],
+        unit="{value}",
+        description="Application objects left out of stored records, their reading not "
+        "finished within the budget (read_timeout) or not started (readers_stuck).",
     )
     meter.create_observable_gauge(
         QUEUE_SIZE,

@@ -20,13 +20,14 @@ from opentelemetry import trace as otel_trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
-from recalltrace.tracer._extract import snapshot, to_id_list, to_text, to_text_list
-from recalltrace.tracer._metrics import TracerStats, register_instruments
-from recalltrace.tracer._reader import BoundedReader, needs_reading, without_application_objects
+from recalltrace.tracer._extract import snapshot, to_text, to_text_list
+from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
+from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
+from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
 from recalltrace.tracer._sinks import check_default_sink, open_default_sink
-from recalltrace.tracer._state import TraceState, assemble_record
+from recalltrace.tracer._state import TraceState, assemble_record, read_ids
 from recalltrace.tracer._writer import BatchWriter
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("recalltrace.tracer")
 
 READ_TIMEOUT_S = 2.0
-"""Longest the writer waits for one record's application objects to be read."""
+"""Longest the writer waits for one record's application objects to be read (plain values are
+read in full, without a time bound)."""
 
 INSTRUMENTATION_NAME = "recalltrace"
 STATE_KEY = otel_context.create_key("recalltrace-trace")
@@ -67,6 +69,11 @@ def stats() -> TracerStats:
     return _stats
 
 
+def ledger() -> Ledger:
+    """Every request seen by this process and where it ended (see ``recalltrace.ledger``)."""
+    return _stats.ledger()
+
+
 class Runtime:
     """Everything the decorators need per call, resolved once by ``configure``."""
 
@@ -87,6 +94,7 @@ class Runtime:
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
         self.stats = _stats
         self.reader = BoundedReader(READ_TIMEOUT_S)
+        self._said: set[str] = set()
         self.writer = BatchWriter(
             sink_factory=self._open_sink,
             assemble=self._assemble,
@@ -109,25 +117,34 @@ class Runtime:
         )
 
     def _assemble(self, state: TraceState) -> TraceRecord:
-        if not needs_reading(state):
-            return self._assemble_now(state)
-        done, record = self.reader.run(self._assemble_now, state)
-        if done:
-            return record
-        clone = without_application_objects(state)
-        clone.notes.append(
-            f"reading this request's values did not finish within {READ_TIMEOUT_S:g} s (an "
-            "object's __str__ or __repr__, or an extractor, hangs or is very slow): stored "
-            "without them"
-        )
-        if self.reader.timed_out == 1:
-            logger.warning(
-                "recalltrace writer: reading a request's values did not finish within %g s; "
-                "the record is stored without them (and so is every such record; each says so "
-                "in its notes)",
-                READ_TIMEOUT_S,
-            )
-        return self._assemble_now(clone)
+        prepare = getattr(state, "prepare", None)
+        if prepare is not None:
+            prepare()  # a trace captured from spans reads them here, off the request path
+        summary = read_values(state, self.reader)
+        if summary.left_out:
+            self.stats.values_not_read(summary.why, len(summary.left_out))
+            if summary.why not in self._said:
+                self._said.add(summary.why)
+                if summary.why == READERS_STUCK:
+                    logger.warning(
+                        "recalltrace writer: %d reader(s) are stuck in application objects "
+                        "that never returned; such objects are left out of records until one "
+                        "returns (plain values are still stored in full; each record says so "
+                        "in its notes, counted in the %s metric)",
+                        self.reader.stuck,
+                        "rag.tracer.values.not_read",
+                    )
+                elif summary.why == READ_TIMED_OUT:
+                    logger.warning(
+                        "recalltrace writer: reading %s did not finish within %g s (its "
+                        "__str__, a property or an iterator hangs or is very slow); the record "
+                        "is stored without it (said once; each record says so in its notes, "
+                        "counted in the %s metric)",
+                        summary.hanging,
+                        self.reader.budget,
+                        "rag.tracer.values.not_read",
+                    )
+        return self._assemble_now(state)
 
     def _assemble_now(self, state: TraceState) -> TraceRecord:
         return assemble_record(
@@ -292,6 +309,9 @@ def _at_exit() -> None:
         runtime.writer.shutdown(runtime.config.shutdown_timeout)
     except Exception:
         logger.exception("recalltrace: draining the queue at exit failed")
+    counts = _stats.ledger()
+    if counts.dropped_total or counts.pending or counts.unaccounted:
+        logger.warning("recalltrace at exit: %s", counts.line())
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -404,23 +424,50 @@ def set_attributes(
         return False
     if not state.sampled:
         return True
-    # Read now, in the caller's own call: a value is text from here on.
-    if user_id is not None:
-        state.user_id = str(user_id)
-    if session_id is not None:
-        state.session_id = str(session_id)
-    if release is not None:
-        state.release = str(release)
-    if environment is not None:
-        state.environment = str(environment)
+    # Read now, in the caller's own call: a value is text from here on. A value whose printing
+    # raises is left out with a note (the application's call goes on).
+    for name, value in (
+        ("user_id", user_id),
+        ("session_id", session_id),
+        ("release", release),
+        ("environment", environment),
+    ):
+        if value is not None:
+            text = _printed_now(value, name, state.notes)
+            if text is not None:
+                setattr(state, name, text)
     if tags is not None:
-        for tag in [tags] if isinstance(tags, str) else list(tags):
-            text = str(tag)
+        try:
+            items = [tags] if isinstance(tags, str) else list(tags)
+        except Exception as exc:
+            items = []
+            state.notes.append(f"tags not captured: reading them raised {type(exc).__name__}")
+        for index, tag in enumerate(items):
+            text = _printed_now(tag, f"tags[{index}]", state.notes)
             if text and text not in state.tags:
                 state.tags.append(text)
     if metadata:
-        state.metadata.update(snapshot(dict(metadata)))
+        try:
+            state.metadata.update(snapshot(dict(metadata)))
+        except Exception as exc:
+            state.notes.append(f"metadata not captured: reading it raised {type(exc).__name__}")
     return True
+
+
+def _printed_now(value: Any, name: str, notes: list[str]) -> str | None:
+    try:
+        return str(value)
+    except Exception as exc:
+        notes.append(f"{name} not captured: its value raised {type(exc).__name__} when printed")
+        return None
+
+
+def _read_now(read: Any, value: Any, name: str, problems: list[str]) -> Any:
+    try:
+        return read(value)
+    except Exception as exc:
+        problems.append(f"{name} not captured: its value raised {type(exc).__name__} when read")
+        return None
 
 
 def current_trace_id() -> str | None:
@@ -445,12 +492,18 @@ def set_reference(
         if trace_id is None:
             raise ValueError("set_reference(None, ...) needs an open trace in the current context")
     hex_id = normalize_trace_id(trace_id)
+    problems: list[str] = []
     update = ReferenceUpdate(
         trace_id=hex_id,
-        reference=to_text(reference),
-        reference_contexts=to_text_list(reference_contexts),
-        reference_context_ids=to_id_list(reference_context_ids),
+        reference=_read_now(to_text, reference, "reference", problems),
+        reference_contexts=_read_now(
+            to_text_list, reference_contexts, "reference_contexts", problems
+        ),
+        reference_context_ids=read_ids(reference_context_ids, problems),
     )
+    if problems:
+        # The application's own objects could not be printed: what could be is kept.
+        logger.warning("recalltrace: set_reference(%s): %s", hex_id, "; ".join(problems))
     if (
         update.reference is None
         and not update.reference_contexts

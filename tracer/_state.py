@@ -7,6 +7,7 @@ writer thread calls.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -139,23 +140,38 @@ def _cut(text: str | None, limit: int | None, where: str, notes: list[str]) -> s
 
 
 _SCALARS = (str, int, float, bool, type(None))
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0, found: list[str] | None = None, where: str = "") -> Any:
+    """``value`` as JSON values (dicts with string keys, lists, strings, numbers, booleans,
+    ``None``); another object becomes its printed text. With ``found``, a NaN or an infinity
+    (which JSON cannot hold, and which Postgres and SQLite would store differently) becomes
+    the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` and its position is added to it."""
+    if isinstance(value, float) and found is not None and not math.isfinite(value):
+        found.append(where)
+        return _NON_FINITE[repr(float(value))]
     if value is None or isinstance(value, _SCALARS):
         return value
     if type(value) is dict:
         for key, item in value.items():
-            if type(key) is not str or not isinstance(item, _SCALARS):
+            if (
+                type(key) is not str
+                or not isinstance(item, _SCALARS)
+                or (found is not None and isinstance(item, float) and not math.isfinite(item))
+            ):
                 break
         else:
             return dict(value)
     if depth > 20:
         return _printed(value)
     if isinstance(value, dict):
-        return {_printed(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return {
+            (name := _printed(k)): json_safe(v, depth + 1, found, f"{where}.{name}")
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [_json_safe(v, depth + 1) for v in value]
+        return [json_safe(v, depth + 1, found, f"{where}[{i}]") for i, v in enumerate(value)]
     return _printed(value)
 
 
@@ -219,7 +235,11 @@ def assemble_record(
             read.append(item)
         else:
             read.extend(item.read())
-    failed = [(i, doc.error) for i, doc in enumerate(read) if type(doc) is UnreadableDoc]
+    # A document left out unread (its reading did not finish) has no error: the note of
+    # that is the reader's.
+    failed = [
+        (i, doc.error) for i, doc in enumerate(read) if type(doc) is UnreadableDoc and doc.error
+    ]
     if failed:
         shown = ", ".join(f"{i} ({error})" for i, error in failed[:10])
         more = " ..." if len(failed) > 10 else ""
@@ -239,11 +259,24 @@ def assemble_record(
             f"{len(blank)} retrieved document(s) had neither text nor an id (positions {shown}): "
             "their shape was not recognised; pass extractor= to @retrieval"
         )
+    non_finite: list[str] = []
     for index, (content, doc_id, score, doc_metadata) in enumerate(read):
         if limit >= 0 and len(content) > limit:
             content = _cut(content, limit, f"retrieved_contexts[{index}]", notes) or ""
-        contexts.append(
-            ContextRecord(content, doc_id, score, _json_safe(doc_metadata) if doc_metadata else {})
+        if score is not None and not math.isfinite(score):
+            non_finite.append(f"retrieved_contexts[{index}].score")
+            score = None
+        if doc_metadata:
+            doc_metadata = json_safe(
+                doc_metadata, found=non_finite, where=f"retrieved_contexts[{index}].metadata"
+            )
+        contexts.append(ContextRecord(content, doc_id, score, doc_metadata or {}))
+    metadata = json_safe(metadata, found=non_finite, where="metadata")
+    if non_finite:
+        shown = ", ".join(non_finite[:10]) + (" ..." if len(non_finite) > 10 else "")
+        notes.append(
+            f"{len(non_finite)} value(s) were NaN or infinite, which JSON cannot hold: stored "
+            f'as the strings "NaN", "Infinity" or "-Infinity" (a score as null) at {shown}'
         )
     reference_contexts = to_text_list(state.reference_contexts)
     if reference_contexts is not None and max_text_length is not None:
@@ -268,8 +301,8 @@ def assemble_record(
             _text(state.reference, "reference", notes), max_text_length, "reference", notes
         ),
         reference_contexts=reference_contexts,
-        reference_context_ids=to_id_list(state.reference_context_ids),
-        metadata=_json_safe(metadata),
+        reference_context_ids=read_ids(state.reference_context_ids, notes),
+        metadata=metadata,
         error=state.error,
         notes=notes,
         release=_label(state.release) or release,
@@ -281,6 +314,40 @@ def assemble_record(
     if scrubber is not None:
         scrubber.scrub_record(record)
     return record
+
+
+LEFT_OUT_ID: Any = object()
+"""Marks a reference id that was left out while reading (its note is made there)."""
+
+
+def read_ids(value: Any, notes: list[str]) -> list[str] | None:
+    """Reference ids as text; one that cannot be printed is left out with a note."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif isinstance(value, (str, int)):
+        items = [value]
+    else:
+        try:
+            return to_id_list(value)
+        except Exception as exc:
+            notes.append(
+                f"reference_context_ids not captured: reading them raised {type(exc).__name__}"
+            )
+            return None
+    ids: list[str] = []
+    for index, item in enumerate(items):
+        if item is LEFT_OUT_ID:
+            continue
+        try:
+            ids.append(item if type(item) is str else str(item))
+        except Exception as exc:
+            notes.append(
+                f"reference_context_ids[{index}] left out: its value raised "
+                f"{type(exc).__name__} when printed"
+            )
+    return ids
 
 
 def _label(value: Any) -> str | None:

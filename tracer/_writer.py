@@ -49,6 +49,8 @@ def is_trace_not_found(exc: BaseException) -> bool:
 class _Pending:
     record: TraceRecord
     attempts: int = 0
+    dropped_as: str | None = None
+    """The reason it was counted as dropped while a stuck writer thread still held it."""
 
 
 @dataclass(slots=True)
@@ -288,7 +290,9 @@ class BatchWriter:
         # holds is counted now rather than never.
         ready, orphans = list(self._ready), list(self._orphans)
         for pending in ready:
-            self._stats.drop(reason, pending.record.app_name, report=False)
+            if pending.dropped_as is None:  # counted once, however often this runs
+                pending.dropped_as = reason
+                self._stats.drop(reason, pending.record.app_name, report=False)
         if orphans:
             self._stats.drop(reason, "", len(orphans), report=False)
         if not thread_alive:
@@ -467,6 +471,11 @@ class BatchWriter:
                 self._write_failed(chunk, exc)
                 return
             del self._ready[: len(chunk)]
+            self._stats.records_stored(pending.record.app_name for pending in chunk)
+            for pending in chunk:
+                if pending.dropped_as is not None:
+                    # Counted as dropped when shutdown gave up on it, then stored after all.
+                    self._stats.drop_withdrawn(pending.dropped_as, pending.record.app_name)
             self._backoff = 0.0
             self._last_error = None
             self._complete(len(chunk), held=len(chunk))
