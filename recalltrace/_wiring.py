@@ -81,8 +81,31 @@ def open_history(url: str | None = None) -> History:
 
 
 def default_sink(database_url: str | None, *, create_schema: bool | None = None) -> Any:
-    """The tracer's default sink: the repository on ``database_url``."""
-    return open_repository(database_url, create_schema=create_schema)
+    """The tracer's default sink: the repository on ``database_url``.
+
+    ``create_schema`` is the tracer's ``auto_migrate``: ``True`` creates or upgrades the
+    schema; ``None`` creates it in a Postgres database that has none of it (no recalltrace table,
+    no revision), so a script pointed at a fresh database stores its traces, and never upgrades
+    an older schema; ``False`` leaves a Postgres schema alone. SQLite creates and upgrades in
+    every case. Creating and upgrading hold the migration lock (``storage.migrate``), so
+    processes starting together on a fresh database create it once.
+    """
+    repository = open_repository(database_url, create_schema=True if create_schema else None)
+    if create_schema is None and repository.is_postgres:
+        from recalltrace.storage.migrate import create_schema_if_missing
+
+        try:
+            if create_schema_if_missing(repository.engine):
+                import logging
+
+                logging.getLogger("recalltrace").info(
+                    "recalltrace: created the recalltrace tables in the empty database %s",
+                    repository.engine.url.render_as_string(hide_password=True),
+                )
+        except BaseException:
+            repository.dispose()
+            raise
+    return repository
 
 
 def check_default_sink() -> None:
