@@ -147,7 +147,9 @@ def test_a_script_that_may_not_create_the_schema_names_the_command_at_exit(
     env.update(
         RECALLTRACE_DATABASE_URL=empty_database,
         RECALLTRACE_AUTO_MIGRATE="false",
-        RECALLTRACE_FLUSH_TIMEOUT="1",
+        # Long enough for the first write to fail on a loaded machine (the exit line can only
+        # name the missing tables once a write found them missing).
+        RECALLTRACE_FLUSH_TIMEOUT="15",
         RECALLTRACE_SHUTDOWN_TIMEOUT="1",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
     )
