@@ -184,3 +184,34 @@ def stored_or_none(url: str) -> int | None:
     finally:
         engine.dispose()
     return stored(url)
+
+
+def test_processes_starting_together_on_a_fresh_database_create_it_once(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """Four traced processes start at once on a database nobody migrated: the schema is
+    created once, under the migration lock, and every process stores its two requests."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env.update(
+        RECALLTRACE_DATABASE_URL=empty_database,
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for run in runs:
+        _out, err = run.communicate(timeout=180)
+        assert run.returncode == 0, err
+        assert err == "", err
+    assert stored(empty_database) == 8
+    assert current_revision(empty_database) == head_revision()
