@@ -215,3 +215,50 @@ def test_processes_starting_together_on_a_fresh_database_create_it_once(
         assert err == "", err
     assert stored(empty_database) == 8
     assert current_revision(empty_database) == head_revision()
+
+
+def test_a_role_that_may_not_create_tables_keeps_the_records(
+    empty_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tracer's role may write but not create tables (Postgres 15's default for a role that
+    does not own the database): creating the schema is refused, the records are kept with one
+    line saying what to run, and stored once an owner ran the upgrade."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from tests.support.postgres import admin_engine
+
+    role = "rt_clock_writer"
+    admin = admin_engine()
+    with admin.connect() as conn:
+        if not conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}):
+            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+    admin.dispose()
+    as_role = make_url(empty_database).set(username=role).render_as_string(hide_password=False)
+    before = dropped()
+    recalltrace.configure(
+        database_url=as_role,
+        tracer_provider=TracerProvider(),
+        flush_interval=0.05,
+        retry_backoff=0.05,
+        max_write_attempts=2,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="recalltrace"):
+            for index in range(3):
+                answer(f"q{index}")
+            assert recalltrace.flush(2) is False
+        refused = [r.getMessage() for r in caplog.records if "could not create" in r.getMessage()]
+        assert len(refused) == 1 and "recalltrace db upgrade" in refused[0], refused
+        assert dropped() == before
+        upgrade(empty_database)
+        owner = create_engine_from_url(empty_database)
+        with owner.begin() as conn:
+            conn.execute(text(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"))
+            conn.execute(text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        owner.dispose()
+        assert recalltrace.flush(30)
+        assert stored(empty_database) == 3
+        assert dropped() == before
+    finally:
+        recalltrace.shutdown(5)
