@@ -6,6 +6,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import hold_migration_lock
 from recalltrace.storage.models import Base
 
 config = context.config
@@ -13,6 +14,9 @@ target_metadata = Base.metadata
 
 
 def _run(connection: Connection) -> None:
+    # Runs started together (replicas of one deployment) migrate one after the other; the
+    # lock is re-entrant, so a caller that already holds it (storage.migrate) holds it still.
+    hold_migration_lock(connection)
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -30,7 +34,8 @@ def run_migrations_online() -> None:
         _run(connection)
         return
     engine = create_engine_from_url(config.get_main_option("sqlalchemy.url") or None)
-    with engine.connect() as conn:
+    # One transaction, committed at the end: the migration lock is held until then.
+    with engine.begin() as conn:
         _run(conn)
     engine.dispose()
 

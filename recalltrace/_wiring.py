@@ -81,8 +81,46 @@ def open_history(url: str | None = None) -> History:
 
 
 def default_sink(database_url: str | None, *, create_schema: bool | None = None) -> Any:
-    """The tracer's default sink: the repository on ``database_url``."""
-    return open_repository(database_url, create_schema=create_schema)
+    """The tracer's default sink: the repository on ``database_url``.
+
+    ``create_schema`` is the tracer's ``auto_migrate``: ``True`` creates or upgrades the
+    schema; ``None`` creates it in a Postgres database that has none of it (no recalltrace table,
+    no revision), so a script pointed at a fresh database stores its traces, and never upgrades
+    an older schema; ``False`` leaves a Postgres schema alone. SQLite creates and upgrades in
+    every case. Creating and upgrading hold the migration lock (``storage.migrate``), so
+    processes starting together on a fresh database create it once.
+    """
+    repository = open_repository(database_url, create_schema=True if create_schema else None)
+    if create_schema is None and repository.is_postgres:
+        import logging
+
+        from recalltrace.storage.errors import is_database_unavailable
+        from recalltrace.storage.migrate import create_schema_if_missing
+
+        logger = logging.getLogger("recalltrace")
+        shown = repository.engine.url.render_as_string(hide_password=True)
+        try:
+            if create_schema_if_missing(repository.engine):
+                logger.info(
+                    "recalltrace: created the recalltrace tables in the empty database %s", shown
+                )
+        except Exception as exc:
+            if is_database_unavailable(exc):
+                # Not reachable (or another process is migrating it): the writer keeps the
+                # records and opens the sink again later.
+                repository.dispose()
+                raise
+            # Refused (a role that may not create tables): the records are kept, and the writer
+            # says to run `recalltrace db upgrade` when a write finds no tables.
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            logger.warning(
+                "recalltrace: could not create the recalltrace tables in the empty database %s "
+                "(%s: %s); run `recalltrace db upgrade` as a role that may create tables",
+                shown,
+                type(exc).__name__,
+                first,
+            )
+    return repository
 
 
 def check_default_sink() -> None:

@@ -38,6 +38,15 @@ class Dialect:
         """The database's clock on Postgres; the local UTC clock on SQLite."""
         return func.now() if self.postgres else utcnow()
 
+    def clock(self, conn: Connection) -> datetime:
+        """The time that decides when work happens, as a value: the database's ``now()`` (the
+        start of ``conn``'s transaction) on Postgres, whatever the writing process's clock says;
+        the writing process's clock on SQLite (the processes sharing a file share a host)."""
+        if self.postgres:
+            value: datetime = conn.execute(select(func.now())).scalar_one()
+            return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        return utcnow()
+
     def now_sql(self, offset: timedelta = timedelta(0)) -> Any:
         """Like :meth:`now` plus ``offset``, always as a SQL expression (for SELECTs)."""
         if self.postgres:

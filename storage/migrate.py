@@ -1,26 +1,69 @@
-"""Run the shipped Alembic migrations programmatically (no alembic.ini needed)."""
+"""Run the shipped Alembic migrations programmatically (no alembic.ini needed).
+
+On Postgres every migration run holds one advisory lock (:data:`MIGRATION_LOCK_KEY`) for its
+whole transaction: ``recalltrace db upgrade``, the tracer's and the worker's own migrations, and
+``alembic upgrade`` through the shipped environment all take it, so runners started together
+migrate one after the other (the later ones find the schema at head and do nothing). A runner
+waits for it at most :data:`MIGRATION_LOCK_WAIT` seconds, then raises :class:`MigrationLocked`.
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, func, inspect, select
 
 from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url
 
 __all__ = [
+    "MIGRATION_LOCK_KEY",
+    "MIGRATION_LOCK_WAIT",
     "VERSION_TABLE",
+    "MigrationLocked",
     "alembic_config",
+    "create_schema_if_missing",
     "current_revision",
     "current_revision_of",
     "head_revision",
+    "hold_migration_lock",
     "upgrade",
     "upgrade_engine",
 ]
+
+MIGRATION_LOCK_KEY = 0x72745F6D6967  # "rt_mig"
+"""The Postgres advisory lock (``pg_advisory_xact_lock``) every migration run holds."""
+
+MIGRATION_LOCK_WAIT = 300.0
+"""Seconds a migration run waits for another one to finish before giving up."""
+
+
+class MigrationLocked(TimeoutError):
+    """Another process held the migration lock for longer than the wait allowed."""
+
+
+def hold_migration_lock(conn: Connection, wait: float = MIGRATION_LOCK_WAIT) -> None:
+    """Take the migration lock for the rest of ``conn``'s transaction (Postgres; nothing to do
+    on SQLite, whose writers are serialised by the file lock). Waits at most ``wait`` seconds,
+    then raises :class:`MigrationLocked`. Taken again on the same connection, it is already
+    held (advisory locks are re-entrant)."""
+    if conn.dialect.name != "postgresql":
+        return
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while not conn.scalar(select(func.pg_try_advisory_xact_lock(MIGRATION_LOCK_KEY))):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MigrationLocked(
+                "the database is already being upgraded by another process (waited "
+                f"{wait:g} s for it); run `recalltrace db current` to see when it is done"
+            )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 1.0)
 
 
 def alembic_config(engine: Engine | None = None) -> Config:
@@ -44,21 +87,52 @@ def head_revision() -> str:
     return head
 
 
-def upgrade_engine(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the database behind ``engine`` to ``revision``."""
+def upgrade_engine(
+    engine: Engine, revision: str = "head", *, wait: float = MIGRATION_LOCK_WAIT
+) -> None:
+    """Upgrade the database behind ``engine`` to ``revision``, holding the migration lock (at
+    most ``wait`` seconds spent waiting for it; see :func:`hold_migration_lock`)."""
     cfg = alembic_config(engine)
     with engine.begin() as conn:
+        hold_migration_lock(conn, wait)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
+def upgrade(
+    url: str | None = None, revision: str = "head", *, wait: float = MIGRATION_LOCK_WAIT
+) -> None:
     """Upgrade the database at ``url`` to ``revision`` (default: the newest)."""
     engine = create_engine_from_url(url)
     try:
-        upgrade_engine(engine, revision)
+        upgrade_engine(engine, revision, wait=wait)
     finally:
         engine.dispose()
+
+
+def _schema_absent(conn: Connection) -> bool:
+    """No recalltrace table and no migration revision: a database nobody migrated."""
+    from recalltrace.storage.models import Base
+
+    names = set(inspect(conn).get_table_names())
+    return VERSION_TABLE not in names and not names & set(Base.metadata.tables)
+
+
+def create_schema_if_missing(engine: Engine, *, wait: float = MIGRATION_LOCK_WAIT) -> bool:
+    """Create the schema at head when the database has none of it (no recalltrace table, no
+    revision), under the migration lock; returns whether it did. A database at any revision,
+    older ones included, or holding some recalltrace tables, is left as it is."""
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        if not _schema_absent(conn):
+            return False
+        hold_migration_lock(conn, wait)
+        # Looked at again under the lock: another process may have just created it.
+        if not _schema_absent(conn):
+            return False
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return True
 
 
 def current_revision_of(engine: Engine) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -53,12 +54,18 @@ from recalltrace.storage.records import ContextRecord, ReferenceUpdate, TraceRec
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_REFERENCE_TTL",
+    "JOBS_DUE_AFTER",
     "NOTIFY_CHANNEL",
+    "TRACES_AHEAD_AFTER",
+    "AheadCount",
     "ClaimedJob",
+    "ClockReport",
     "JobQueue",
     "QueueStats",
     "TraceInputs",
+    "clock_report",
     "job_rows",
+    "release_parked_jobs",
 ]
 
 DEFAULT_REFERENCE_TTL = timedelta(hours=24)
@@ -892,14 +899,15 @@ class JobQueue:
                 .group_by(ScoringJob.metric, ScoringJob.status)
             ).tuples():
                 counts.setdefault(metric, {})[status] = int(number)
-            now = self.dialect.now()
+            # Ages are measured on the clock that set the due times (the database's, on
+            # Postgres), so a worker whose own clock is off reports the real lag.
+            current = self.dialect.clock(conn)
             for metric, first in conn.execute(
                 select(ScoringJob.metric, func.min(ScoringJob.run_at))
-                .where(ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now)
+                .where(ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= current)
                 .group_by(ScoringJob.metric)
             ).tuples():
                 oldest[metric] = first
-        current = utcnow()
         result = {}
         for metric, by_state in counts.items():
             due_since: datetime | None = oldest.get(metric)
@@ -962,17 +970,17 @@ class JobQueue:
                 .group_by(ScoringJob.status)
             ).tuples():
                 counts[status] = int(number)
-            now = self.dialect.now()
+            current = self.dialect.clock(conn)
             oldest = conn.scalar(
                 select(func.min(ScoringJob.run_at)).where(
-                    ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= now, *only
+                    ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at <= current, *only
                 )
             )
         age = None
         if oldest is not None:
             if oldest.tzinfo is None:
                 oldest = oldest.replace(tzinfo=timezone.utc)
-            age = max(0.0, (utcnow() - oldest).total_seconds())
+            age = max(0.0, (current - oldest).total_seconds())
         return QueueStats(
             due=int(counts.get(JobStatus.QUEUED, 0)),
             running=int(counts.get(JobStatus.RUNNING, 0)),
@@ -980,3 +988,88 @@ class JobQueue:
             failed=int(counts.get(JobStatus.FAILED, 0)),
             oldest_due_age_s=age,
         )
+
+
+# -- clocks -------------------------------------------------------------------------------------
+
+TRACES_AHEAD_AFTER = timedelta(minutes=5)
+"""A trace that started more than this after the database's now was stamped by a clock that
+runs ahead (a host or container with a bad clock)."""
+
+JOBS_DUE_AFTER = timedelta(hours=1)
+"""A queued job due more than this after the database's now is parked: no retry waits that long,
+so its due time came from a clock that runs ahead (an older recalltrace took due times from the
+application's clock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AheadCount:
+    """How many rows lie ahead of the database's clock, and the farthest one (seconds)."""
+
+    count: int
+    most_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReport:
+    """Times ahead of the database's clock: traces per app, and parked queued jobs."""
+
+    traces_ahead: dict[str, AheadCount]
+    jobs_parked: AheadCount
+
+
+def _seconds_ahead(latest: datetime | None, now: datetime) -> float:
+    if latest is None:
+        return 0.0
+    if latest.tzinfo is None:
+        latest = latest.replace(tzinfo=timezone.utc)
+    return max(0.0, (latest - now).total_seconds())
+
+
+def clock_report(
+    engine: Engine,
+    *,
+    traces_ahead_after: timedelta = TRACES_AHEAD_AFTER,
+    jobs_due_after: timedelta = JOBS_DUE_AFTER,
+) -> ClockReport:
+    """Traces stamped ahead of the database's clock (per app) and queued jobs due unusually far
+    ahead, measured on the database's clock (the local one on SQLite). Two index range scans."""
+    dialect = Dialect(engine)
+    with engine.connect() as conn:
+        now = dialect.clock(conn)
+        traces = {
+            app: AheadCount(int(number), _seconds_ahead(latest, now))
+            for app, number, latest in conn.execute(
+                select(Trace.app_name, func.count(), func.max(Trace.started_at))
+                .where(Trace.started_at > now + traces_ahead_after)
+                .group_by(Trace.app_name)
+            ).tuples()
+        }
+        number, latest = conn.execute(
+            select(func.count(), func.max(ScoringJob.run_at)).where(
+                ScoringJob.status == JobStatus.QUEUED, ScoringJob.run_at > now + jobs_due_after
+            )
+        ).one()
+    return ClockReport(traces, AheadCount(int(number or 0), _seconds_ahead(latest, now)))
+
+
+def release_parked_jobs(engine: Engine, *, jobs_due_after: timedelta = JOBS_DUE_AFTER) -> int:
+    """Make queued jobs due more than ``jobs_due_after`` ahead due now (on the database's clock);
+    returns how many."""
+    dialect = Dialect(engine)
+    with engine.begin() as conn:
+        now = dialect.clock(conn)
+        released = (
+            conn.execute(
+                update(ScoringJob)
+                .where(
+                    ScoringJob.status == JobStatus.QUEUED,
+                    ScoringJob.run_at > now + jobs_due_after,
+                )
+                .values(run_at=now, updated_at=now)
+            ).rowcount
+            or 0
+        )
+        if released:
+            dialect.notify(conn)
+    return released

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, insert
 
 from recalltrace.storage import rollups, summary_cache
-from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
+from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect
 from recalltrace.storage._storable import json_safe, storable_record
 from recalltrace.storage.contracts import JobSpec
 from recalltrace.storage.db import engine_notes
@@ -86,11 +86,10 @@ class TraceWrites:
         for record in records:
             unique.setdefault(record.trace_id, record)
         batch = [storable_record(record) for record in unique.values()]
-        now = utcnow()
         if self.dialect.postgres:
-            self._write_traces_postgres(batch, now)
+            self._write_traces_postgres(batch)
         else:
-            self._write_traces_rows(batch, now)
+            self._write_traces_rows(batch)
 
     def _trace_rows(self, batch: Sequence[TraceRecord], now: datetime) -> list[dict[str, Any]]:
         return [
@@ -139,23 +138,26 @@ class TraceWrites:
             for i, c in enumerate(r.retrieved_contexts)
         ]
 
-    def _write_traces_postgres(self, batch: Sequence[TraceRecord], now: datetime) -> None:
+    def _write_traces_postgres(self, batch: Sequence[TraceRecord]) -> None:
         try:
-            self._copy_batch(batch, now)
+            self._copy_batch(batch)
         except _DuplicateTrace:
             # Some of the batch is stored already (a resend): write the rest row by row
             # through INSERT ... ON CONFLICT, which skips what exists.
-            self._write_traces_rows(batch, now)
+            self._write_traces_rows(batch)
 
-    def _copy_batch(self, batch: Sequence[TraceRecord], now: datetime) -> None:
+    def _copy_batch(self, batch: Sequence[TraceRecord]) -> None:
         from psycopg import errors as pg_errors
         from psycopg.types.json import Jsonb
 
         def jsonb(value: Any) -> Any:
             return None if value is None else Jsonb(value)
 
-        jobs = job_rows(self.metrics, batch, now, self.reference_ttl)
         with self.engine.begin() as conn:
+            # Due times and reference deadlines come from the database's clock: an application
+            # whose clock runs ahead would otherwise park its jobs until then.
+            now = self.dialect.clock(conn)
+            jobs = job_rows(self.metrics, batch, now, self.reference_ttl)
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
                 with cursor.copy(
@@ -239,10 +241,11 @@ class TraceWrites:
                 if any(j["status"] == JobStatus.QUEUED for j in jobs):
                     cursor.execute("SELECT pg_notify(%s, '')", (NOTIFY_CHANNEL,))
 
-    def _write_traces_rows(self, batch: Sequence[TraceRecord], now: datetime) -> None:
+    def _write_traces_rows(self, batch: Sequence[TraceRecord]) -> None:
         """Row inserts that skip stored trace ids: the SQLite path, and the Postgres path for a
         batch that is partly stored already."""
         with self.engine.begin() as conn:
+            now = self.dialect.clock(conn)
             inserted = set(
                 conn.scalars(
                     self.dialect.insert(Trace.__table__)

@@ -232,10 +232,12 @@ class TracerConfig:
     shutdown_timeout: float = option(5.0, env=[("RECALLTRACE_SHUTDOWN_TIMEOUT", _float)])
     """Seconds :func:`shutdown`, the exit hook and a stopping signal wait for the queue to
     drain; what is still queued then is counted as dropped (``shutdown``) and logged."""
-    auto_migrate: bool = option(False, env=[("RECALLTRACE_AUTO_MIGRATE", _truthy)])
-    """Create or upgrade the recalltrace tables when the tracer first opens the database
-    (SQLite always does). Off: on a database without them, records are kept (bounded) and one
-    line says to run ``recalltrace db upgrade``."""
+    auto_migrate: bool | None = option(None, env=[("RECALLTRACE_AUTO_MIGRATE", _truthy)])
+    """``True``: create or upgrade the recalltrace tables when the tracer first opens the
+    database. ``None`` (default): create them only in a Postgres database that has none of them
+    (a fresh one), never upgrade an older schema. ``False``: never touch a Postgres schema. SQLite
+    always creates and upgrades. A database without the tables keeps the records (bounded) and
+    one line says to run ``recalltrace db upgrade``."""
     flush_timeout: float = option(30.0, env=[("RECALLTRACE_FLUSH_TIMEOUT", _float)])
     """Seconds :func:`flush` waits when called without a timeout (it never waits forever, e.g.
     while the database is down); it returns False and logs what is still waiting."""

@@ -112,9 +112,7 @@ class Runtime:
         if self.config.sink is not None:
             return self.config.sink
         # Called here, on the writer thread: opening the repository pulls in SQLAlchemy.
-        return open_default_sink(
-            self.config.database_url, create_schema=True if self.config.auto_migrate else None
-        )
+        return open_default_sink(self.config.database_url, create_schema=self.config.auto_migrate)
 
     def _assemble(self, state: TraceState) -> TraceRecord:
         prepare = getattr(state, "prepare", None)

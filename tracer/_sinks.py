@@ -34,8 +34,9 @@ def check_default_sink() -> None:
 
 
 def open_default_sink(database_url: str | None, *, create_schema: bool | None = None) -> TraceSink:
-    """Open the registered default sink (``create_schema``: run the migrations first, ``None``
-    for the backend's default); raises ``RuntimeError`` if none is registered."""
+    """Open the registered default sink (``create_schema``: the tracer's ``auto_migrate``;
+    ``True`` runs the migrations first, ``None`` creates a schema that is missing entirely,
+    ``False`` leaves a Postgres schema alone); raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "

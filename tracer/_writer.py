@@ -147,6 +147,7 @@ class BatchWriter:
         self._backoff = 0.0
         self._last_failure_log = 0.0
         self._last_error: str | None = None
+        self._schema_missing = False
         self._eager = False
 
     def _after_fork_in_child(self) -> None:
@@ -303,6 +304,16 @@ class BatchWriter:
             self._held = 0
             self._progress.notify_all()
         self._stats.report_drops()
+        lost = len(states) + references + len(ready) + len(orphans)
+        if lost and self._schema_missing:
+            # The line above says how many; this one says what to run.
+            logger.warning(
+                "recalltrace: the %d record(s) dropped (%s) were not stored because the database "
+                "has no recalltrace tables: run `recalltrace db upgrade --database-url URL` (or "
+                "configure auto_migrate=True)",
+                lost,
+                reason,
+            )
 
     # -- the writer thread -----------------------------------------------------------------
 
@@ -478,6 +489,7 @@ class BatchWriter:
                     self._stats.drop_withdrawn(pending.dropped_as, pending.record.app_name)
             self._backoff = 0.0
             self._last_error = None
+            self._schema_missing = False
             self._complete(len(chunk), held=len(chunk))
 
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
@@ -486,6 +498,7 @@ class BatchWriter:
         name = type(exc).__name__
         self._last_error = f"{name}: {first_line}" if first_line else name
         schema_missing = is_schema_missing(exc)
+        self._schema_missing = schema_missing
         if now - self._last_failure_log >= 30.0:
             self._last_failure_log = now
             if schema_missing:

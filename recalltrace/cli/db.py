@@ -26,6 +26,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="add recalltrace's tables to a SQLite file that already holds another "
         "application's tables (refused without it)",
     )
+    up.add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds to wait while another process upgrades the same database (Postgres: "
+        "runs started together migrate one after the other) (default: %(default)g)",
+    )
     up.set_defaults(handler=_cmd_db_upgrade)
     cur = db_sub.add_parser("current", help="show the schema revision of the database")
     _add_database_option(cur)
@@ -43,11 +51,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.migrate import current_revision, upgrade
+    from recalltrace.storage.migrate import MigrationLocked, current_revision, upgrade
 
+    if not 0 <= args.wait < float("inf"):
+        raise CommandError(f"--wait must be a number of seconds, 0 or more, got {args.wait:g}")
     url = resolve_database_url(args.database_url)
     check_sqlite_target(url, creating=True, into_existing=args.into_existing)
-    upgrade(url, args.revision)
+    try:
+        upgrade(url, args.revision, wait=args.wait)
+    except MigrationLocked as exc:
+        raise CommandError(f"{redact_url(url)}: {exc}") from None
     print(f"{redact_url(url)}: at revision {current_revision(url)}")
     return EXIT_OK
 

@@ -1,11 +1,13 @@
 """``recalltrace doctor``: per app, which fields the records captured from spans carried and
-which the spans lacked (the variants needing a missing field skip those traces)."""
+which the spans lacked (the variants needing a missing field skip those traces); and traces or
+queued jobs ahead of the database's clock (a host whose clock runs ahead)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from recalltrace.cli._args import (
     DEFAULT_WINDOW,
@@ -15,6 +17,9 @@ from recalltrace.cli._args import (
     _piped,
     _window,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 FIELDS = (
     "user_input",
@@ -29,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``doctor``."""
     parser = sub.add_parser(
         "doctor",
-        help="per app, which fields the records captured from spans carried and which were missing",
+        help="per app, which fields the records captured from spans carried and which were "
+        "missing; traces and jobs ahead of the database's clock",
     )
     _add_database_option(parser)
     parser.add_argument(
@@ -44,6 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="look at the N most recent records at most (default: 10000)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--release-parked",
+        action="store_true",
+        help="make queued jobs due more than an hour ahead of the database's clock due now",
+    )
     parser.set_defaults(handler=_piped(_cmd_doctor))
 
 
@@ -65,6 +76,44 @@ def field_report(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, 
     return report
 
 
+def _span(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{max(1, round(seconds / 60))} min"
+
+
+def clock_lines(engine: Engine, *, release_parked: bool = False) -> list[str]:
+    """The clock check: traces stamped ahead of the database's clock (per app) and queued jobs
+    parked far ahead, each with its count and what to do; ``release_parked`` makes those jobs
+    due now."""
+    from recalltrace.storage.queue import JOBS_DUE_AFTER, clock_report, release_parked_jobs
+
+    report = clock_report(engine)
+    lines = []
+    for app in sorted(report.traces_ahead):
+        ahead = report.traces_ahead[app]
+        lines.append(
+            f"clock: {ahead.count} trace(s) of {app} started ahead of the database's clock (up "
+            f"to {_span(ahead.most_s)}): the clock of the host running {app} runs ahead; set it "
+            "right (NTP). Their jobs are due on the database's clock; only their start times "
+            "are off"
+        )
+    parked = report.jobs_parked
+    due_after = _span(JOBS_DUE_AFTER.total_seconds())
+    if parked.count and release_parked:
+        released = release_parked_jobs(engine)
+        lines.append(f"clock: made {released} parked job(s) due now")
+    elif parked.count:
+        lines.append(
+            f"clock: {parked.count} queued job(s) are due more than {due_after} after the "
+            f"database's now (up to {_span(parked.most_s)} ahead), parked by a clock that ran "
+            "ahead; run `recalltrace doctor --release-parked` to make them due now"
+        )
+    if not lines:
+        lines.append("clock: no trace or queued job is ahead of the database's clock")
+    return lines
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
@@ -79,10 +128,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             query = query.where(Trace.started_at < until)
         with engine.connect() as conn:
             rows = [(app, meta or {}) for app, meta in conn.execute(query.limit(args.limit))]
+        clock = clock_lines(engine, release_parked=args.release_parked)
     report = field_report(rows)
     if args.format == "json":
         print(json.dumps(report, indent=2, sort_keys=True))
+        # stdout stays one JSON object; the clock check goes to stderr.
+        for line in clock:
+            print(line, file=sys.stderr)
         return EXIT_OK
+    for line in clock:
+        print(line)
     if not report:
         print("no records in this window")
         return EXIT_OK

@@ -146,3 +146,62 @@ def test_worker_once_reports_an_unreachable_database_instead_of_waiting() -> Non
     assert "recalltrace: error: cannot reach the database" in result.stderr
     assert "Traceback" not in result.stderr
     assert "hunter2-secret" not in result.stdout + result.stderr
+
+
+@pytest.mark.postgres
+def test_concurrent_upgrades_of_a_fresh_database_all_succeed() -> None:
+    """Eleven ``recalltrace db upgrade`` processes started at once on an empty database (a
+    deployment whose replicas all run the upgrade): one migrates under the migration lock, the
+    others wait for it and find the schema up to date. Every one exits 0, none prints a
+    traceback, and the schema is at head."""
+    from recalltrace.storage.migrate import current_revision, head_revision
+    from tests.support.postgres import empty_database
+
+    env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
+    with empty_database("rt_upgrade_race") as url:
+        runners = [
+            subprocess.Popen(
+                [sys.executable, "-m", "recalltrace", "db", "upgrade", "--database-url", url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(11)
+        ]
+        results = [(*runner.communicate(timeout=300), runner.returncode) for runner in runners]
+        for out, err, code in results:
+            assert "Traceback" not in err, err
+            assert code == 0, err
+            assert "at revision" in out, out
+        assert current_revision(url) == head_revision()
+
+
+@pytest.mark.postgres
+def test_upgrade_waits_a_bounded_time_for_another_upgrade_then_says_so() -> None:
+    """Another process holds the migration lock (a long migration): ``db upgrade`` waits
+    ``--wait`` seconds, then says so in one line, without a traceback, and exits 2."""
+    from sqlalchemy import func, select
+
+    from recalltrace.storage.db import create_engine_from_url
+    from recalltrace.storage.migrate import MIGRATION_LOCK_KEY, current_revision
+    from tests.support.postgres import empty_database
+
+    with empty_database("rt_upgrade_locked") as url:
+        engine = create_engine_from_url(url)
+        try:
+            with engine.begin() as conn:
+                assert conn.scalar(select(func.pg_try_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+                blocked = run_cli("db", "upgrade", "--database-url", url, "--wait", "1")
+            assert blocked.returncode == 2
+            assert "Traceback" not in blocked.stderr
+            assert blocked.stderr.count("\n") == 1, blocked.stderr
+            assert "already being upgraded by another process" in blocked.stderr
+            assert current_revision(url) is None
+            # Once the lock is free, the same command migrates.
+            done = run_cli("db", "upgrade", "--database-url", url, "--wait", "1")
+            assert done.returncode == 0, done.stderr
+        finally:
+            engine.dispose()
+    bad = run_cli("db", "upgrade", "--database-url", url, "--wait", "inf")
+    assert bad.returncode == 2 and "--wait must be" in bad.stderr

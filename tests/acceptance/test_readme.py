@@ -104,3 +104,41 @@ def test_the_python_history_example_of_the_cli_docs_runs(tmp_path: Path) -> None
     assert printed[1].endswith(" None id_based_context_recall 2 0.75"), printed
     assert printed[2].startswith("0.5 "), printed
     assert printed[-1] == "None 2 0.75 None too few traces", printed
+
+
+def test_quick_start_on_a_fresh_postgres_database(tmp_path: Path) -> None:
+    """The quick start with ``RECALLTRACE_DATABASE_URL`` pointed at a Postgres database nobody
+    migrated: the tracer creates the schema (under the migration lock) and stores both
+    requests, instead of keeping them until the 30 s flush gives up and dropping them at exit."""
+    import time
+
+    from sqlalchemy import func, select
+
+    from recalltrace.storage.db import create_engine_from_url
+    from recalltrace.storage.migrate import current_revision, head_revision
+    from recalltrace.storage.models import Trace
+    from tests.support.postgres import empty_database
+
+    (tmp_path / "quickstart.py").write_text(blocks("python")[0], encoding="utf-8")
+    with empty_database("rt_quickstart") as url:
+        env = {**clean_env(), "RECALLTRACE_DATABASE_URL": url}
+        started = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, "quickstart.py"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        elapsed = time.monotonic() - started
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "dropped" not in run.stderr and "flush gave up" not in run.stderr, run.stderr
+        engine = create_engine_from_url(url)
+        with engine.connect() as conn:
+            stored = conn.scalar(select(func.count()).select_from(Trace))
+        engine.dispose()
+        assert stored == 2
+        assert current_revision(url) == head_revision()
+        assert not (tmp_path / "recalltrace.db").exists()
+        print(f"quick start on a fresh Postgres database: {elapsed:.1f} s")
