@@ -33,10 +33,11 @@ class UnreadableDoc(Doc):
     error: str
 
 
-def unreadable(exc: BaseException) -> Doc:
-    """The empty stand-in for a document whose reading raised ``exc``."""
+def unreadable(exc: BaseException | None) -> UnreadableDoc:
+    """The empty stand-in for a document whose reading raised ``exc`` (``None``: it was not
+    read at all, and the reader's note says why)."""
     doc = UnreadableDoc("", None, None, {})
-    doc.error = type(exc).__name__
+    doc.error = "" if exc is None else type(exc).__name__
     return doc
 
 

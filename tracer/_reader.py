@@ -499,9 +499,7 @@ def _read_contexts(state: Any, pending: _Pending) -> None:
 def _doc_placer(read: list[Any], index: int) -> Callable[[bool, Any], None]:
     def place(ok: bool, result: Any) -> None:
         if result is _LEFT_OUT:
-            doc = unreadable(TimeoutError())
-            doc.error = ""  # not read at all: the reader's note says so, not "raised"
-            read[index] = doc
+            read[index] = unreadable(None)  # not read at all: the reader's note says so
         elif ok:
             read[index] = result
         else:
