@@ -53,6 +53,10 @@ class ScrubbingOptions:
     ``password=...``, e-mail addresses, card numbers (Luhn-checked) and sensitive metadata keys."""
     replacement: str = "[REDACTED]"
     """Text put in place of a redacted match."""
+    rule_files: Sequence[str] = ()
+    """Paths of further rule files in gitleaks' TOML schema (``[[rules]]`` with ``id``,
+    ``regex``, ``keywords``, optionally ``secretGroup``, ``entropy`` and ``allowlists``), applied
+    with the built-in ones (or alone when ``default_patterns`` is off)."""
     scrub_span_attributes: bool = False
     """Also scrub the text the tracer puts on OpenTelemetry spans (``input.value``,
     ``output.value``, document contents). Off by default because it runs on the request path;

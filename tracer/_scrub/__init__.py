@@ -1,220 +1,100 @@
 """Scrubbing of secrets and personal data from a trace record before it is stored.
 
-Two kinds of rules: value patterns found inside text (API keys and tokens of many vendors,
-webhook URLs, bearer and basic credentials, passwords written as ``password=...`` or inside a
-URL, e-mail addresses, card numbers, IBANs, social security and phone numbers) and sensitive key
-names in metadata (the whole value under such a key is redacted). A callback may keep or replace
-each match. Every change is noted on the record, without the secret itself.
+Three kinds of rules. Value patterns found inside text: the scrubber's own generic detectors
+(``_patterns``: assignments and "the password is ..." phrases in several languages, credentials
+in URLs, also percent-encoded, and in command lines, private key blocks with or without their
+END line, base64 text that decodes to a secret, e-mail addresses, and card, IBAN, social
+security and phone numbers checked by their checksums) and the token formats of rule files in
+gitleaks' schema (``_ruleset``: gitleaks' own rules, shipped as data, a few more of the
+scrubber's, and the user's). Sensitive key names in metadata (the whole value under such a key
+is redacted). And the user's own expressions. Text is folded to one form first (NFKC, every
+script's digits made ASCII) and matches are mapped back to the original. A callback may keep
+or replace each match. Every change is noted on the record, without the secret itself.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
+from recalltrace.tracer._scrub import _patterns as P
+from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import TraceRecord
 
 logger = logging.getLogger("recalltrace.tracer")
 
-# The built-in value patterns: (name, pattern, group to redact (0 = the whole match), flags).
-# Each has a cheap gate in ``Scrubber._default_rules_for`` (substring tests run at C speed) so
-# that the regular expressions only run on text that could match; most text skips them all.
-_EMAIL = (
-    "email",
-    r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}\b",
-    0,
-    0,
-)
-# Quotes around a key or a value may be escaped (JSON serialised inside a JSON string).
-_QUOTE = r"(?:\\?[\"'])?"
-# A value ends at white space, a quote (escaped or not), a comma or a semicolon.
-_VALUE = r"((?:[^\s\"',;\\]|\\(?![\"']))+)"
-_VALUE_6 = r"((?:[^\s\"',;\\]|\\(?![\"'])){6,})"
-_PASSWORD = (
-    "password",
-    # A prefix joined by "_" or "-" is part of the name (DB_PASSWORD=, smtp-password:).
-    r"(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_\-])*(?:password|passwd|passphrase|pwd)\b"
-    + _QUOTE
-    + r"\s*[:=]\s*"
-    + _QUOTE
-    + _VALUE,
-    1,
-    re.IGNORECASE,
-)
-_KEY_ASSIGNMENT = (
-    "api_key",
-    # A name may carry a prefix joined by "_" or "-" (aws_secret_access_key, x-api-key).
-    r"(?<![A-Za-z0-9])(?:api[_\- ]?key|apikey|access[_\- ]?key|secret[_\- ]?key"
-    r"|client[_\- ]?secret|access[_\- ]?token|auth[_\- ]?token|private[_\- ]?key)\b"
-    + _QUOTE
-    + r"\s*[:=]\s*"
-    + _QUOTE
-    + _VALUE_6,
-    1,
-    re.IGNORECASE,
-)
-_BEARER = ("bearer_token", r"\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)", 1, re.IGNORECASE)
-_JWT = ("bearer_token", r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", 0, 0)
-_VENDOR_KEY = (
-    "api_key",
-    r"[spr]k-(?:proj-|live-|test-|ant-(?:api\d+-)?)?[A-Za-z0-9_\-]{16,}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"
-    r"|gh[pousr]_[A-Za-z0-9]{30,}"
-    r"|github_pat_[A-Za-z0-9_]{30,}"
-    r"|xox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|AIza[0-9A-Za-z_\-]{35}"
-    r"|hf_[A-Za-z0-9]{30,}"
-    r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
-    r"|-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
-    0,
-    0,
-)
-# "name": "value" inside text (JSON serialised into a string, possibly twice): the value under a
-# sensitive key name is redacted as it would be under that key in metadata.
-_JSON_PAIR = (
-    "sensitive_key",
-    r'\\?"([^"\\]{1,64})\\?"\s*:\s*\\?"((?:[^"\\]|\\(?!"))+)',
-    2,
-    0,
-)
-_CARD = ("card_number", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])", 0, 0)
-
-# More kinds, as maintained secret-detection rule sets know them (each with its own gate, a
-# substring that must be present, in ``_GATED``).
-_GITLAB = (
-    "gitlab_token",
-    r"\b(?:glpat|gldt|glptt|glrt|gloas|glcbt|glft|glimt|glagent|glsoat)-[A-Za-z0-9_\-]{20,}"
-    r"|\bGR1348941[A-Za-z0-9_\-]{20,}",
-    0,
-    0,
-)
-_WEBHOOK = (
-    "webhook_url",
-    r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/_\-]{20,}"
-    r"|https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}",
-    0,
-    0,
-)
-_AZURE_KEY = (
-    "azure_key",
-    r"\bAccountKey=([A-Za-z0-9+/]{40,}={0,2})",
-    1,
-    0,
-)
-_AZURE_SAS = ("azure_sas", r"[?&]sig=([A-Za-z0-9%+/=]{16,})", 1, 0)
-_AWS_SECRET = (
-    "aws_secret_key",
-    # Forty characters of base64 near the word AWS (checked in _apply: mixed case and a digit).
-    r"(?<![A-Za-z0-9/+=])([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
-    1,
-    0,
-)
-_URL_PASSWORD = (
-    "url_password",
-    # scheme://user:password@host: the password whole, whatever it holds but "@" and "/".
-    r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]*:([^@\s/]+)@",
-    1,
-    0,
-)
-_BASIC_AUTH = (
-    "authorization",
-    r"\bauthorization\b"
-    + _QUOTE
-    + r"\s*[:=]\s*"
-    + _QUOTE
-    + r"(?:(?:basic|bearer|digest|token|apikey|negotiate)\s+)?([^\s\"',;]{6,})",
-    1,
-    re.IGNORECASE,
-)
-_ENV_SECRET = (
-    "env_secret",
-    # NAME_TOKEN=..., MY_SECRET: ... (upper-case configuration names, as in .env files)
-    r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_?(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY"
-    r"|CREDENTIALS?|AUTH)(?:_[A-Z0-9]+)*\b" + _QUOTE + r"\s*[:=]\s*" + _QUOTE + _VALUE,
-    1,
-    0,
-)
-_SERVICE_KEY = (
-    "api_key",
-    r"\bSK[0-9a-fA-F]{32}\b"  # Twilio
-    r"|\bSG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}"  # SendGrid
-    r"|\bnpm_[A-Za-z0-9]{36}\b"  # npm
-    r"|\bkey-[0-9a-zA-Z]{32}\b"  # Mailgun
-    r"|\b[0-9a-f]{32}-[0-9a-f]{8}-[0-9a-f]{8}\b"  # Mailgun private keys
-    r"|\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}\b"  # Shopify
-    r"|\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]+",  # Slack app-level tokens
-    0,
-    0,
-)
-_IBAN = ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b", 0, 0)
-_SSN = ("ssn", r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])", 0, 0)
-_PHONE = (
-    "phone_number",
-    r"(?<![\w+])\+\d{1,3}[ .\-]?(?:\(\d{1,4}\)[ .\-]?)?\d{1,4}(?:[ .\-]?\d{2,4}){1,4}(?![\w])"
-    r"|(?<![\w(])\(?\d{3}\)?[ .\-]\d{3}[ .\-]\d{4}(?![\w])",
-    0,
-    0,
-)
 # What the text's shape must show before a kind's gates are searched: a run of 16 key
 # characters; an assignment ("=" or ":") and three capitals in a row; an assignment (the
 # authorization gate is then searched in the lower-cased text, case-insensitively).
 _LONG_RUN, _CAPITALS_ASSIGNED, _ASSIGNED = "long run", "capitals and assignment", "assignment"
 _GATED = (
     (
-        _GITLAB,
-        (
-            "glpat-",
-            "gldt-",
-            "glptt-",
-            "glrt-",
-            "gloas-",
-            "glcbt-",
-            "glft-",
-            "glimt-",
-            "glagent-",
-            "glsoat-",
-            "GR1348941",
-        ),
+        P.GITLAB,
+        ("glpat-", "gldt-", "glptt-", "glrt-", "gloas-", "glcbt-", "glft-", "glimt-",
+         "glagent-", "glsoat-", "GR1348941"),
         _LONG_RUN,
-    ),
-    (_WEBHOOK, ("hooks.slack.com", "discord"), _LONG_RUN),
-    (_AZURE_KEY, ("AccountKey=",), _LONG_RUN),
-    (_AZURE_SAS, ("sig=",), _LONG_RUN),
-    (_AWS_SECRET, ("aws", "AWS", "Aws"), _LONG_RUN),
-    (_BASIC_AUTH, ("authorization",), _ASSIGNED),
-    (_ENV_SECRET, ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH"), _CAPITALS_ASSIGNED),
-    (_SERVICE_KEY, ("SK", "SG.", "npm_", "key-", "shp", "xapp-"), _LONG_RUN),
+    ),  # fmt: skip
+    (P.AZURE_KEY, ("AccountKey=",), _LONG_RUN),
+    (P.AZURE_SAS, ("sig=",), _LONG_RUN),
+    (P.AWS_SECRET, ("aws", "AWS", "Aws"), _LONG_RUN),
+    (P.SERVICE_KEY, ("SK", "SG.", "npm_", "key-", "shp", "xapp-"), _LONG_RUN),
+    (P.ENV_SECRET, ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH"), _CAPITALS_ASSIGNED),
+    (P.BASIC_AUTH, ("authorization",), _ASSIGNED),
 )
-# Patterns whose gate is "enough digits", checked with the card number's.
-_DIGIT_GATED = (_IBAN, _SSN, _PHONE)
+# Patterns whose gate is "enough digits", checked with the card number's (always last).
+_DIGIT_GATED = (P.IBAN, P.SSN, P.PHONE)
 _VALUE_PATTERNS = (
-    _BEARER,
-    _JWT,
-    _VENDOR_KEY,
-    _KEY_ASSIGNMENT,
-    _PASSWORD,
-    _EMAIL,
-    _CARD,
+    P.KEY_BLOCK,
+    P.WEBHOOK,
+    P.BEARER,
+    P.JWT,
+    P.VENDOR_KEY,
     *(rule for rule, _, _ in _GATED),
-    _URL_PASSWORD,
+    P.KEY_ASSIGNMENT,
+    P.PASSWORD,
+    P.PASSWORD_PHRASE,
+    P.CURL_USER,
+    P.JSON_PAIR,
+    P.URL_PASSWORD,
+    P.URL_PASSWORD_ENCODED,
+    P.EMAIL,
+    P.ENCODED,
+    P.CARD,
     *_DIGIT_GATED,
 )
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_Rules = list[tuple[str, "re.Pattern[str]", int]]
+_Rule = tuple[str, "re.Pattern[str]", int]
+_AnyRule = Union[_Rule, FileRule]
+_Rules = list[_AnyRule]
+# A redaction found in a text: start, end (in the original text), kind, replacement.
+_Span = tuple[int, int, str, str]
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # Shape tests on a text's bytes, each a translation and a search for a long needle (both run
 # in C at about a byte a nanosecond): the gated kinds below all hold a run of at least 16
 # characters that may appear in a key, a token or a URL path; the configuration-name kind
 # needs three capitals in a row. Prose has neither, so its gates are not even searched.
-_TOKEN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%")
+_TOKEN_CHARS = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%~:"
+)
 _TOKEN_RUN = bytes(ord("t") if i in _TOKEN_CHARS else 32 for i in range(256))
+_BASE64_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_BASE64_RUN = bytes(ord("b") if i in _BASE64_CHARS else 32 for i in range(256))
 _CAPITALS = bytes(ord("A") if 65 <= i <= 90 else 32 for i in range(256))
 _RUN_16 = b"t" * 16
+_RUN_12 = b"t" * 12  # rule-file tokens may be as short as this
+_RUN_24 = b"b" * 24
+# The words a "the password is ..." phrase starts with, lower-cased; "pass" and "pwd" cover the
+# English ones (and password assignments).
+_PHRASE_GATES = tuple(
+    word for word in P.PASSWORD_WORDS if not word.startswith(("pass", "pwd"))
+) + ("pass", "pwd")
 
 # Key names whose values are always redacted (metadata of the record and of documents).
 _SENSITIVE_KEY = (
@@ -229,43 +109,18 @@ _SENSITIVE_KEY = (
 _OWN_METADATA_KEYS = frozenset({"llm"})
 
 
-def _iban_ok(text: str) -> bool:
-    """ISO 13616's check: the country and check digits moved to the end, read as a number,
-    leave 1 modulo 97."""
-    compact = text.replace(" ", "")
-    if not 15 <= len(compact) <= 34:
-        return False
-    moved = compact[4:] + compact[:4]
-    number = "".join(str(int(c, 36)) for c in moved)
-    return int(number) % 97 == 1
+@functools.lru_cache(maxsize=8)
+def rule_files(paths: tuple[str, ...]) -> RuleFileSet:
+    """The compiled rules of ``paths`` (compiled once per process for each set of files)."""
+    return RuleFileSet([Path(path) for path in paths])
 
 
-def _plausible(name: str, secret: str, text: str) -> bool:
-    """Checks a pattern cannot express: a checksum, a character mix, a context word."""
-    if name == "iban":
-        return _iban_ok(secret)
-    if name == "phone_number":
-        return 8 <= sum(c.isdigit() for c in secret) <= 15
-    if name == "aws_secret_key":
-        return (
-            any(c.isupper() for c in secret)
-            and any(c.islower() for c in secret)
-            and any(c.isdigit() for c in secret)
-            and "aws" in text.lower()
-        )
-    return True
-
-
-def _luhn_ok(digits: str) -> bool:
-    total = 0
-    for position, char in enumerate(reversed(digits)):
-        value = ord(char) - 48
-        if position % 2 == 1:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
+def _lower(text: str) -> str:
+    """``text`` lower-cased with its length kept (offsets in it are offsets in ``text``)."""
+    lowered = text.lower()
+    if len(lowered) == len(text):
+        return lowered
+    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
 
 
 class Scrubber:
@@ -278,21 +133,35 @@ class Scrubber:
         compiled = {
             id(rule): (rule[0], re.compile(rule[1], rule[3]), rule[2]) for rule in _VALUE_PATTERNS
         }
-        self._bearer = compiled[id(_BEARER)]
-        self._jwt = compiled[id(_JWT)]
-        self._vendor = compiled[id(_VENDOR_KEY)]
-        self._assignment = compiled[id(_KEY_ASSIGNMENT)]
-        self._password = compiled[id(_PASSWORD)]
-        self._email = compiled[id(_EMAIL)]
-        self._card = compiled[id(_CARD)]
-        self._gated = tuple((compiled[id(rule)], gates, shape) for rule, gates, shape in _GATED)
-        self._url_password = compiled[id(_URL_PASSWORD)]
-        self._digit_gated = tuple(compiled[id(rule)] for rule in _DIGIT_GATED)
+
+        def rule(pattern: tuple[str, str, int, int]) -> _Rule:
+            return compiled[id(pattern)]
+
+        self._key_block = rule(P.KEY_BLOCK)
+        self._webhook = rule(P.WEBHOOK)
+        self._bearer = rule(P.BEARER)
+        self._jwt = rule(P.JWT)
+        self._vendor = rule(P.VENDOR_KEY)
+        self._gated = tuple((rule(pattern), gates, shape) for pattern, gates, shape in _GATED)
+        self._assignment = rule(P.KEY_ASSIGNMENT)
+        self._password = rule(P.PASSWORD)
+        self._phrase = rule(P.PASSWORD_PHRASE)
+        self._curl = rule(P.CURL_USER)
+        self._json_pair = rule(P.JSON_PAIR)
+        self._url_password = rule(P.URL_PASSWORD)
+        self._url_encoded = rule(P.URL_PASSWORD_ENCODED)
+        self._email = rule(P.EMAIL)
+        self._encoded = rule(P.ENCODED)
+        self._card = rule(P.CARD)
+        self._digit_gated = tuple(rule(pattern) for pattern in _DIGIT_GATED)
         self._last_number_rule = self._digit_gated[-1]
         self._number_rule_count = 1 + len(self._digit_gated)  # the card rule and these
-        self._json_pair = (_JSON_PAIR[0], re.compile(_JSON_PAIR[1]), _JSON_PAIR[2])
+        paths = tuple(str(path) for path in options.rule_files)
+        if options.default_patterns:
+            paths = tuple(str(path) for path in BUILTIN_RULE_FILES) + paths
+        self._files = rule_files(paths) if paths else None
         key_parts = [_SENSITIVE_KEY] if options.default_patterns else []
-        custom: list[tuple[str, re.Pattern[str], int]] = []
+        custom: list[_Rule] = []
         for pattern in options.extra_patterns:
             custom.append(("custom", re.compile(pattern, re.IGNORECASE), 0))
             key_parts.append(pattern)
@@ -326,27 +195,137 @@ class Scrubber:
 
         ``rules`` restricts the built-in patterns to those whose gate passed on a text that
         contains this one (see :meth:`scrub_record`); ``None`` gates ``text`` itself."""
-        if self._defaults:
-            if rules is None:
-                rules = self._default_rules_for(text)
-            elif (
-                rules
-                and rules[-1] is self._last_number_rule
-                and b"0000" not in text.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO)
-            ):
-                # The group's text held a long number and this field holds none: the number
-                # patterns (always last) are skipped for it.
-                rules = rules[: -self._number_rule_count]
-            for rule in rules:
-                text = self._apply(text, rule[1], rule[2], rule[0], path, notes)
-        for name, regex, group in self._custom:
-            if regex.search(text) is not None:
-                text = self._apply(text, regex, group, name, path, notes)
-        return text
+        view, offsets = (text, None) if text.isascii() else P.normalise(text)
+        if rules is None:
+            rules = self._default_rules_for(view)
+        elif (
+            rules
+            and rules[-1] is self._last_number_rule
+            and b"0000" not in view.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO)
+        ):
+            # The group's text held a long number and this field holds none: the number
+            # patterns (always last) are skipped for it.
+            rules = rules[: -self._number_rule_count]
+        if self._custom:
+            rules = [*rules, *self._custom]
+        if not rules:
+            return text
+        spans = self._find(view, rules, path, text, offsets, False)
+        if not spans:
+            return text
+        pieces: list[str] = []
+        last = 0
+        for start, end, name, replacement in sorted(spans):
+            pieces.append(text[last:start])
+            pieces.append(replacement)
+            last = end
+            if notes is not None:
+                _note(notes, f"scrubbed {name} in {path}")
+        pieces.append(text[last:])
+        return "".join(pieces)
+
+    def _find(
+        self,
+        view: str,
+        rules: _Rules,
+        path: str,
+        text: str,
+        offsets: list[int] | None,
+        probe: bool,
+    ) -> list[_Span]:
+        """The redactions of ``rules`` in ``view`` (``text`` folded, see ``normalise``), in
+        ``text``'s offsets. A match that overlaps one an earlier rule took is dropped, unless
+        it covers it whole (then it replaces it). ``probe`` only looks (no callback)."""
+        spans: list[_Span] = []
+        lowered: str | None = None
+        for rule in rules:
+            if type(rule) is FileRule:
+                if self._files is None:
+                    continue
+                if lowered is None:
+                    lowered = _lower(view)
+                for match in self._files.matches(rule, view, lowered):
+                    start, end = rule.secret_span(match)
+                    if end <= start:
+                        continue
+                    line_start = view.rfind("\n", 0, start) + 1
+                    line_end = view.find("\n", end)
+                    line = view[line_start : line_end if line_end >= 0 else len(view)]
+                    if rule.allowed(view[start:end], match.group(), line, self._files):
+                        continue
+                    end = _continued(view, end)
+                    self._claim(spans, start, end, rule.name, path, text, offsets, probe)
+                continue
+            name, regex, group = rule  # type: ignore[misc]
+            for match in regex.finditer(view):
+                start, end = match.span(group)
+                if start < 0 or end <= start:
+                    continue
+                if regex is self._json_pair[1] and (
+                    self._key_pattern is None or not self.is_sensitive_key(match.group(1))
+                ):
+                    continue
+                secret = view[start:end]
+                if name == "encoded_secret":
+                    if probe or not self._hides_secret(secret):
+                        continue
+                elif not P.plausible(name, secret, view, match):
+                    continue
+                if name in P.TOKEN_KINDS:
+                    end = _continued(view, end)
+                self._claim(spans, start, end, name, path, text, offsets, probe)
+        return spans
+
+    def _claim(
+        self,
+        spans: list[_Span],
+        start: int,
+        end: int,
+        name: str,
+        path: str,
+        text: str,
+        offsets: list[int] | None,
+        probe: bool,
+    ) -> None:
+        if offsets is not None:
+            start, end = offsets[start], offsets[end - 1] + 1
+        covered = []
+        for index, (taken_start, taken_end, _, _) in enumerate(spans):
+            if taken_start < end and start < taken_end:
+                if not (start <= taken_start and taken_end <= end) or (
+                    start == taken_start and end == taken_end
+                ):
+                    return
+                covered.append(index)
+        value = text[start:end]
+        replacement = self._replacement if probe else self._decide(path, value, name)
+        if replacement == value:
+            return
+        for index in reversed(covered):
+            del spans[index]
+        spans.append((start, end, name, replacement))
+
+    def _hides_secret(self, encoded: str) -> bool:
+        """Whether base64 text decodes to text that holds something the scrubber redacts."""
+        decoded = P.decode_base64(encoded)
+        if decoded is None or len(decoded) < 8:
+            return False
+        rules = self._default_rules_for(decoded)
+        rules = [rule for rule in rules if rule is not self._encoded]
+        return bool(rules) and bool(self._find(decoded, rules, "", decoded, None, True))
 
     def _default_rules_for(self, text: str) -> _Rules:
         # Single-character tests (memchr) guard the multi-character ones, which cost more.
         rules: _Rules = []
+        if not self._defaults:
+            return self._file_rules(text.lower(), rules)
+        if "-----" in text and "PRIVATE KEY" in text:
+            rules.append(self._key_block)
+        encoded = text.encode("utf-8", "ignore")
+        runs = encoded.translate(_TOKEN_RUN)
+        long_run = _RUN_16 in runs
+        if long_run and ("hooks.slack.com" in text or "discord" in text):
+            rules.append(self._webhook)
         if "earer" in text or ("E" in text and "EARER" in text):
             rules.append(self._bearer)
         if "J" in text and "eyJ" in text:
@@ -355,79 +334,52 @@ class Scrubber:
             ("-" in text and _vendor_hyphen(text))
             or ("_" in text and _vendor_underscore(text))
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
-            or ("-----" in text and "PRIVATE KEY-----" in text)
         ):
             rules.append(self._vendor)
-        encoded = text.encode("utf-8", "ignore")
         assigned = "=" in text or ":" in text
-        if assigned:
-            lowered = text.lower()
-            if "key" in lowered or "secret" in lowered or "token" in lowered:
-                rules.append(self._assignment)
-            if "pass" in lowered or "pwd" in lowered:
-                rules.append(self._password)
-        if '":' in text or '" :' in text:
-            rules.append(self._json_pair)
-        if "@" in text:
-            # Before the e-mail rule, which would take "password@host" for an address.
-            if "://" in text:
-                rules.append(self._url_password)
-            rules.append(self._email)
-        long_run = _RUN_16 in encoded.translate(_TOKEN_RUN)
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
+        lowered = text.lower()
         for rule, gates, shape in self._gated:
-            if shape is _LONG_RUN:
-                if long_run and any(gate in text for gate in gates):
-                    rules.append(rule)
-            elif shape is _CAPITALS_ASSIGNED:
+            if shape is _LONG_RUN and long_run and any(gate in text for gate in gates):
+                rules.append(rule)
+        if assigned and ("key" in lowered or "secret" in lowered or "token" in lowered):
+            rules.append(self._assignment)
+        if assigned and ("pass" in lowered or "pwd" in lowered):
+            rules.append(self._password)
+        for rule, gates, shape in self._gated:
+            if shape is _CAPITALS_ASSIGNED:
                 if capitals and any(gate in text for gate in gates):
                     rules.append(rule)
-            elif assigned and "uthorization" in lowered:  # _ASSIGNED
+            elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
+        if any(word in lowered for word in _PHRASE_GATES):
+            rules.append(self._phrase)
+        if "-u" in text and ("-u " in text or "-u=" in text) or "--user" in text:
+            rules.append(self._curl)
+        if '":' in text or '" :' in text:
+            rules.append(self._json_pair)
+        if "@" in text and "://" in text:
+            # Before the e-mail rule, which would take "password@host" for an address.
+            rules.append(self._url_password)
+        if "%" in text and "%3a%2f%2f" in lowered:
+            rules.append(self._url_encoded)
+        if long_run or _RUN_12 in runs:
+            self._file_rules(lowered, rules)
+        if "@" in text:
+            rules.append(self._email)
+        if long_run and _RUN_24 in encoded.translate(_BASE64_RUN):
+            rules.append(self._encoded)
         # Numbers last: a webhook URL or a key holding a long number is taken whole first.
         if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
         return rules
 
-    def _apply(
-        self,
-        text: str,
-        regex: re.Pattern[str],
-        group: int,
-        name: str,
-        path: str,
-        notes: list[str] | None,
-    ) -> str:
-        pieces: list[str] = []
-        last = 0
-        changed = False
-        for match in regex.finditer(text):
-            start, end = match.span(group)
-            if start < 0:
-                continue
-            if regex is self._json_pair[1] and (
-                self._key_pattern is None or not self.is_sensitive_key(match.group(1))
-            ):
-                continue
-            secret = text[start:end]
-            if name == "card_number" and not _luhn_ok(re.sub(r"[ -]", "", secret)):
-                continue
-            if not _plausible(name, secret, text):
-                continue
-            replacement = self._decide(path, secret, name)
-            if replacement == secret:
-                continue
-            pieces.append(text[last:start])
-            pieces.append(replacement)
-            last = end
-            changed = True
-        if not changed:
-            return text
-        pieces.append(text[last:])
-        if notes is not None:
-            _note(notes, f"scrubbed {name} in {path}")
-        return "".join(pieces)
+    def _file_rules(self, lowered: str, rules: _Rules) -> _Rules:
+        """Add the rule-file rules whose keywords ``lowered`` holds."""
+        if self._files is not None:
+            rules.extend(self._files.select(lowered))
+        return rules
 
     # -- structures -------------------------------------------------------------------------
 
@@ -515,6 +467,7 @@ class Scrubber:
         the assignment pattern."""
         notes = record.notes
         texts = [record.user_input, record.response, record.reference]
+        texts.extend((record.app_name, record.service_name))
         texts.extend(getattr(record, name) for name in _ATTRIBUTE_FIELDS)
         texts.extend(record.tags)
         texts.extend(record.reference_contexts or ())
@@ -532,9 +485,9 @@ class Scrubber:
         rules: _Rules = []
         content_rules: _Rules = []
         metadata_rules: _Rules = []
-        if self._defaults:
-            rules = self._default_rules_for("\x00".join(filter(None, texts)))
-            content_rules = self._default_rules_for(
+        if self._defaults or self._files is not None:
+            rules = self._group_rules("\x00".join(filter(None, texts)))
+            content_rules = self._group_rules(
                 "\x00".join(context.content for context in record.retrieved_contexts)
             )
             if record.metadata:
@@ -542,8 +495,16 @@ class Scrubber:
                 # repr adds would pass the assignment gates for every key named like a token.
                 strings: list[str] = []
                 _strings_of(record.metadata, strings, 0)
-                metadata_rules = self._default_rules_for("\x00".join(strings))
+                metadata_rules = self._group_rules("\x00".join(strings))
         if rules or content_rules or self._custom:
+            # The app and service names come from span names and resource attributes a
+            # collector receives: text like any other.
+            if record.app_name:
+                record.app_name = self.scrub_text(record.app_name, "app_name", notes, rules)
+            if record.service_name:
+                record.service_name = self.scrub_text(
+                    record.service_name, "service_name", notes, rules
+                )
             if record.user_input is not None:
                 record.user_input = self.scrub_text(record.user_input, "user_input", notes, rules)
             if record.response is not None:
@@ -591,6 +552,14 @@ class Scrubber:
             record.metadata = self.scrub_value(
                 record.metadata, "metadata", notes, 0, metadata_rules
             )
+        # Notes name fields and keys, and carry messages (a document that could not be read
+        # says why): whatever reached them is scrubbed too, without notes of its own.
+        if notes:
+            record.notes = [self.scrub_text(note, "notes", None) for note in notes]
+
+    def _group_rules(self, text: str) -> _Rules:
+        """The rules whose gates pass on ``text`` (folded first, as each field will be)."""
+        return self._default_rules_for(text if text.isascii() else P.normalise(text)[0])
 
 
 # The record's request attributes, scrubbed like ids (a secret or an address may be one).
@@ -630,6 +599,18 @@ def _vendor_hyphen(text: str) -> bool:
             return True
         index = text.find("-", index + 1)
     return True
+
+
+def _continued(text: str, end: int) -> int:
+    """The end of a token that a line break or a space split: its continuation is joined when
+    it is a run of token characters holding both a letter and a digit."""
+    more = P.CONTINUATION.match(text, end)
+    if more is None:
+        return end
+    piece = more.group(1)
+    if any(c.isdigit() for c in piece) and any(c.isalpha() for c in piece):
+        return more.end(1)
+    return end
 
 
 def _strings_of(value: Any, out: list[str], depth: int) -> None:
@@ -678,5 +659,8 @@ def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | N
 
 
 def default_pattern_names() -> Sequence[str]:
-    """Names of the built-in value patterns (for documentation and tests)."""
-    return tuple(dict.fromkeys(name for name, _, _, _ in _VALUE_PATTERNS))
+    """Names of the built-in value patterns and of the built-in rule files' rules (for
+    documentation and tests)."""
+    files = rule_files(tuple(str(path) for path in BUILTIN_RULE_FILES))
+    names = [name for name, _, _, _ in _VALUE_PATTERNS] + [rule.name for rule in files.rules]
+    return tuple(dict.fromkeys(names))
