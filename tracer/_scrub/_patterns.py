@@ -180,7 +180,7 @@ URL_PASSWORD = (
 URL_PASSWORD_ENCODED = (
     "url_password",
     r"%3A%2F%2F(?:[A-Za-z0-9._~!$*+\-]|%(?!3A|40|2F)[0-9A-F]{2}){0,128}%3A"
-    r"((?:[A-Za-z0-9._~!$*+\-]|%(?!40|2F)[0-9A-F]{2}){1,256})%40",
+    r"((?:[A-Za-z0-9._~!$*+\-]|%(?!2F)[0-9A-F]{2}){1,256})%40",
     1,
     re.IGNORECASE,
 )
@@ -273,6 +273,7 @@ _PLACEHOLDERS = frozenset(
     "none null nil true false undefined empty redacted changeme xxx xxxx xxxxx xxxxxx "
     "******** *** ****".split()
 )
+_REMOTE_LOGIN = re.compile(r"\b(?:ssh|scp|sftp|rsync|mosh)(?:\s+-\S+(?:\s+\d+)?)*\s+$")
 _ASSIGNMENT_KINDS = frozenset({"password", "api_key", "env_secret", "authorization"})
 
 
@@ -325,17 +326,19 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
             return False  # MAX_TOKENS=4096: a count, not a token
         operator = text[match.start() : match.start(1)]
         if (
-            name == "password"
-            and "=" not in operator
+            "=" not in operator
             and "'" not in operator
             and '"' not in operator
             and _looks_like_word(secret)
         ):
-            return False  # "password: open Settings", "the password is stored in Vault"
+            return False  # "password: open Settings", "the secret: rotate credentials"
         return True
     if name == "email":
         domain = secret.rsplit("@", 1)[1]
-        return domain.rsplit(".", 1)[1].lower() not in FILE_SUFFIXES
+        if domain.rsplit(".", 1)[1].lower() in FILE_SUFFIXES:
+            return False
+        # user@host after ssh, scp or rsync is a login, not an address.
+        return _REMOTE_LOGIN.search(text, max(0, match.start() - 64), match.start()) is None
     if name == "card_number":
         return luhn_ok(secret.replace(" ", "").replace("-", ""))
     if name == "iban":
