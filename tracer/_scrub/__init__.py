@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
 from recalltrace.tracer._scrub import _patterns as P
-from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
+from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet, words_of
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import TraceRecord
@@ -90,11 +90,10 @@ _CAPITALS = bytes(ord("A") if 65 <= i <= 90 else 32 for i in range(256))
 _RUN_16 = b"t" * 16
 _RUN_12 = b"t" * 12  # rule-file tokens may be as short as this
 _RUN_24 = b"b" * 24
-# The words a "the password is ..." phrase starts with, lower-cased; "pass" and "pwd" cover the
-# English ones (and password assignments).
-_PHRASE_GATES = tuple(
-    word for word in P.PASSWORD_WORDS if not word.startswith(("pass", "pwd"))
-) + ("pass", "pwd")
+# What a "the password is ..." phrase or a password assignment holds, lower-cased: "pass"
+# and "pwd" cover English, French, Norwegian and the German "Passwort"; "kennwort" is looked
+# for as such, and the words of other scripts in text that is not ASCII.
+_PHRASE_GATES_OTHER = tuple(word for word in P.PASSWORD_WORDS if not word.isascii())
 
 # Key names whose values are always redacted (metadata of the record and of documents).
 _SENSITIVE_KEY = (
@@ -154,8 +153,7 @@ class Scrubber:
         self._encoded = rule(P.ENCODED)
         self._card = rule(P.CARD)
         self._digit_gated = tuple(rule(pattern) for pattern in _DIGIT_GATED)
-        self._last_number_rule = self._digit_gated[-1]
-        self._number_rule_count = 1 + len(self._digit_gated)  # the card rule and these
+        self._number_rule_ids = frozenset(map(id, (self._card, *self._digit_gated)))
         paths = tuple(str(path) for path in options.rule_files)
         if options.default_patterns:
             paths = tuple(str(path) for path in BUILTIN_RULE_FILES) + paths
@@ -173,6 +171,14 @@ class Scrubber:
         )
         self._callback_failed = False
         self._key_decisions: dict[str, bool] = {}
+        anchored = {
+            self._password[1]: P.ANCHORS["password"],
+            self._assignment[1]: P.ANCHORS["api_key"],
+            self._phrase[1]: P.ANCHORS["phrase"],
+            self._email[1]: P.ANCHORS["email"],
+            self._url_password[1]: P.ANCHORS["url_password"],
+        }
+        self._anchored: dict[re.Pattern[str], tuple[tuple[str, ...], int]] = anchored
 
     # -- text -------------------------------------------------------------------------------
 
@@ -198,14 +204,15 @@ class Scrubber:
         view, offsets = (text, None) if text.isascii() else P.normalise(text)
         if rules is None:
             rules = self._default_rules_for(view)
-        elif (
-            rules
-            and rules[-1] is self._last_number_rule
-            and b"0000" not in view.encode("utf-8", "ignore").translate(_DIGITS_TO_ZERO)
-        ):
-            # The group's text held a long number and this field holds none: the number
-            # patterns (always last) are skipped for it.
-            rules = rules[: -self._number_rule_count]
+        elif rules:
+            encoded = view.encode("utf-8", "ignore")
+            if b"0000" not in encoded.translate(_DIGITS_TO_ZERO):
+                # The group's text held a long number and this field holds none: the number
+                # patterns are skipped for it.
+                rules = [rule for rule in rules if id(rule) not in self._number_rule_ids]
+            if _RUN_12 not in encoded.translate(_TOKEN_RUN):
+                # Nor do rule-file rules run on a field without a run of token characters.
+                rules = [rule for rule in rules if type(rule) is not FileRule]
         if self._custom:
             rules = [*rules, *self._custom]
         if not rules:
@@ -232,12 +239,13 @@ class Scrubber:
         text: str,
         offsets: list[int] | None,
         probe: bool,
+        nested: bool = False,
+        lowered: str | None = None,
     ) -> list[_Span]:
         """The redactions of ``rules`` in ``view`` (``text`` folded, see ``normalise``), in
         ``text``'s offsets. A match that overlaps one an earlier rule took is dropped, unless
         it covers it whole (then it replaces it). ``probe`` only looks (no callback)."""
         spans: list[_Span] = []
-        lowered: str | None = None
         for rule in rules:
             if type(rule) is FileRule:
                 if self._files is None:
@@ -257,7 +265,14 @@ class Scrubber:
                     self._claim(spans, start, end, rule.name, path, text, offsets, probe)
                 continue
             name, regex, group = rule  # type: ignore[misc]
-            for match in regex.finditer(view):
+            anchors = self._anchored.get(regex)
+            if anchors is not None:
+                if lowered is None:
+                    lowered = _lower(view)
+                found: Iterable[re.Match[str]] = _anchored_matches(regex, view, lowered, anchors)
+            else:
+                found = regex.finditer(view)
+            for match in found:
                 start, end = match.span(group)
                 if start < 0 or end <= start:
                     continue
@@ -267,7 +282,7 @@ class Scrubber:
                     continue
                 secret = view[start:end]
                 if name == "encoded_secret":
-                    if probe or not self._hides_secret(secret):
+                    if nested or not self._hides_secret(secret):
                         continue
                 elif not P.plausible(name, secret, view, match):
                     continue
@@ -312,14 +327,17 @@ class Scrubber:
             return False
         rules = self._default_rules_for(decoded)
         rules = [rule for rule in rules if rule is not self._encoded]
-        return bool(rules) and bool(self._find(decoded, rules, "", decoded, None, True))
+        return bool(rules) and bool(self._find(decoded, rules, "", decoded, None, True, True))
 
-    def _default_rules_for(self, text: str) -> _Rules:
+    def _default_rules_for(self, text: str, candidates: list[FileRule] | None = None) -> _Rules:
+        """The rules whose gates pass on ``text``; of the rule-file rules, those whose
+        keywords it holds among ``candidates`` (all when ``None``)."""
         # Single-character tests (memchr) guard the multi-character ones, which cost more.
         rules: _Rules = []
         if not self._defaults:
-            return self._file_rules(text.lower(), rules)
-        if "-----" in text and "PRIVATE KEY" in text:
+            return self._file_rules(text.lower(), rules, candidates, None)
+        hyphen = "-" in text
+        if hyphen and "-----" in text and "PRIVATE KEY" in text:
             rules.append(self._key_block)
         encoded = text.encode("utf-8", "ignore")
         runs = encoded.translate(_TOKEN_RUN)
@@ -331,7 +349,7 @@ class Scrubber:
         if "J" in text and "eyJ" in text:
             rules.append(self._jwt)
         if (
-            ("-" in text and _vendor_hyphen(text))
+            (hyphen and _vendor_hyphen(text))
             or ("_" in text and _vendor_underscore(text))
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
         ):
@@ -344,7 +362,8 @@ class Scrubber:
                 rules.append(rule)
         if assigned and ("key" in lowered or "secret" in lowered or "token" in lowered):
             rules.append(self._assignment)
-        if assigned and ("pass" in lowered or "pwd" in lowered):
+        password_word = "pass" in lowered or "pwd" in lowered
+        if assigned and password_word:
             rules.append(self._password)
         for rule, gates, shape in self._gated:
             if shape is _CAPITALS_ASSIGNED:
@@ -352,9 +371,11 @@ class Scrubber:
                     rules.append(rule)
             elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
-        if any(word in lowered for word in _PHRASE_GATES):
+        if password_word or "kennwort" in lowered or (
+            not lowered.isascii() and any(word in lowered for word in _PHRASE_GATES_OTHER)
+        ):
             rules.append(self._phrase)
-        if "-u" in text and ("-u " in text or "-u=" in text) or "--user" in text:
+        if hyphen and ("--user" in text or ("-u" in text and "curl" in lowered)):
             rules.append(self._curl)
         if '":' in text or '" :' in text:
             rules.append(self._json_pair)
@@ -364,7 +385,7 @@ class Scrubber:
         if "%" in text and "%3a%2f%2f" in lowered:
             rules.append(self._url_encoded)
         if long_run or _RUN_12 in runs:
-            self._file_rules(lowered, rules)
+            self._file_rules(lowered, rules, candidates, None)
         if "@" in text:
             rules.append(self._email)
         if long_run and _RUN_24 in encoded.translate(_BASE64_RUN):
@@ -375,10 +396,20 @@ class Scrubber:
             rules.extend(self._digit_gated)
         return rules
 
-    def _file_rules(self, lowered: str, rules: _Rules) -> _Rules:
-        """Add the rule-file rules whose keywords ``lowered`` holds."""
-        if self._files is not None:
-            rules.extend(self._files.select(lowered))
+    def _file_rules(
+        self,
+        lowered: str,
+        rules: _Rules,
+        candidates: list[FileRule] | None,
+        words: set[bytes] | None,
+    ) -> _Rules:
+        """Add the rule-file rules whose keywords ``lowered`` holds (of ``candidates``)."""
+        if candidates is not None:
+            rules.extend(
+                rule for rule in candidates if any(k in lowered for k in rule.keywords)
+            )
+        elif self._files is not None:
+            rules.extend(self._files.select(lowered, words))
         return rules
 
     # -- structures -------------------------------------------------------------------------
@@ -458,13 +489,12 @@ class Scrubber:
     def scrub_record(self, record: TraceRecord) -> None:
         """Scrub every text field of ``record`` in place and note what changed.
 
-        The gates of the built-in patterns run once per group of fields, over the group's text
-        joined together: the retrieved documents' contents (most of the text), the record's
-        metadata, and everything else (question, answer, references, ids, document metadata).
-        Each field is then searched only with the patterns its group passed, which for typical
-        text is none; a number in the question does not send every document through the
-        number patterns, nor a ``prompt_tokens`` key in the metadata every document through
-        the assignment pattern."""
+        The fields are taken in three groups, each joined into one text: the retrieved
+        documents' contents (most of the text), the record's metadata, and everything else
+        (question, answer, references, ids, names, document metadata). Each rule whose gate
+        passes on a group's text is run once over it (``_group_rules``), and only the rules
+        that found something there run on the group's fields, which for typical text is
+        none."""
         notes = record.notes
         texts = [record.user_input, record.response, record.reference]
         texts.extend((record.app_name, record.service_name))
@@ -486,16 +516,16 @@ class Scrubber:
         content_rules: _Rules = []
         metadata_rules: _Rules = []
         if self._defaults or self._files is not None:
-            rules = self._group_rules("\x00".join(filter(None, texts)))
+            rules = self._group_rules("\n".join(filter(None, texts)))
             content_rules = self._group_rules(
-                "\x00".join(context.content for context in record.retrieved_contexts)
+                "\n".join(context.content for context in record.retrieved_contexts)
             )
             if record.metadata:
                 # Its strings (keys and values) joined, not its repr: the colons and quotes a
                 # repr adds would pass the assignment gates for every key named like a token.
                 strings: list[str] = []
                 _strings_of(record.metadata, strings, 0)
-                metadata_rules = self._group_rules("\x00".join(strings))
+                metadata_rules = self._group_rules("\n".join(strings))
         if rules or content_rules or self._custom:
             # The app and service names come from span names and resource attributes a
             # collector receives: text like any other.
@@ -558,8 +588,16 @@ class Scrubber:
             record.notes = [self.scrub_text(note, "notes", None) for note in notes]
 
     def _group_rules(self, text: str) -> _Rules:
-        """The rules whose gates pass on ``text`` (folded first, as each field will be)."""
-        return self._default_rules_for(text if text.isascii() else P.normalise(text)[0])
+        """The rules that find something in ``text``, a group's fields joined by line breaks
+        (folded first, as each field will be): each rule whose gate passes is run once over
+        the whole group, and only those that found something run on its fields."""
+        view = text if text.isascii() else P.normalise(text)[0]
+        lowered = _lower(view)
+        return [
+            rule
+            for rule in self._default_rules_for(view)
+            if self._find(view, [rule], "", view, None, True, False, lowered)
+        ]
 
 
 # The record's request attributes, scrubbed like ids (a secret or an address may be one).
@@ -599,6 +637,42 @@ def _vendor_hyphen(text: str) -> bool:
             return True
         index = text.find("-", index + 1)
     return True
+
+
+def _anchored_matches(
+    regex: re.Pattern[str], text: str, lowered: str, anchors: tuple[tuple[str, ...], int]
+) -> Iterator[re.Match[str]]:
+    """The matches of ``regex`` that start at an anchor (or up to ``before`` characters
+    before one), in order of their start."""
+    words, before = anchors
+    starts: set[int] = set()
+    found: list[re.Match[str]] = []
+    seen = 0
+    for word in words:
+        position = lowered.find(word)
+        while position >= 0:
+            seen += 1
+            if seen > _MAX_ANCHORS:
+                return regex.finditer(text)  # so many anchors that one pass costs less
+            if before:
+                for match in regex.finditer(
+                    text, max(0, position - before), min(len(text), position + 512)
+                ):
+                    if match.start() <= position < match.end() and match.start() not in starts:
+                        starts.add(match.start())
+                        found.append(match)
+            else:
+                match = regex.match(text, position)
+                if match is not None and position not in starts:
+                    starts.add(position)
+                    found.append(match)
+            position = lowered.find(word, position + 1)
+    found.sort(key=lambda match: match.start())
+    return iter(found)
+
+
+# Anchors looked at one by one in one text, at most.
+_MAX_ANCHORS = 256
 
 
 def _continued(text: str, end: int) -> int:

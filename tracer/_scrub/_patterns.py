@@ -42,8 +42,8 @@ _VALUE = r"((?:[^\s\"',;\\]|\\(?![\"'])){1,256})"
 _VALUE_6 = r"((?:[^\s\"',;\\]|\\(?![\"'])){6,256})"
 PASSWORD = (
     "password",
-    # A prefix joined by "_" or "-" is part of the name (DB_PASSWORD=, smtp-password:).
-    r"(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_\-])*(?:password|passwd|passphrase|pwd)\b"
+    # A prefix joined by "_" or "-" may come before (DB_PASSWORD=, smtp-password:).
+    r"(?<![A-Za-z0-9])(?:password|passwd|passphrase|pwd)\b"
     + _QUOTE
     + r"\s*[:=]\s*"
     + _QUOTE
@@ -74,16 +74,9 @@ PASSWORD_WORDS = (
     "mot de passe",
     "contraseña",
     "contrasena",
-    "clave",
-    "senha",
-    "wachtwoord",
     "hasło",
-    "haslo",
-    "parola",
     "lösenord",
     "passord",
-    "adgangskode",
-    "salasana",
     "пароль",
     "パスワード",
     "暗証番号",
@@ -242,6 +235,16 @@ PHONE = (
     0,
     0,
 )
+# Patterns searched only where one of their anchors (lower case) stands: (anchors, how many
+# characters before an anchor a match may start). The others run over the whole text.
+ANCHORS = {
+    "password": (("password", "passwd", "passphrase", "pwd"), 0),
+    "api_key": (("api", "access", "secret", "client", "auth", "private", "session", "refresh"), 0),
+    "phrase": (PASSWORD_WORDS, 0),
+    "email": (("@",), 66),
+    "url_password": (("://",), 40),
+}
+
 # A piece of a key after a line break or a space: joined to the key found before it.
 CONTINUATION = re.compile(r"(?:[ \t]|\r?\n[ \t]*)([A-Za-z0-9_\-+/]{8,128}={0,2})(?![^\s.,;:)\]}])")
 
@@ -366,31 +369,43 @@ def decode_base64(text: str) -> str | None:
     return decoded if printable >= 0.95 * len(decoded) else None
 
 
+_OTHER_DIGIT = re.compile(r"(?![0-9])\d")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
 def normalise(text: str) -> tuple[str, list[int] | None]:
     """``text`` with compatibility forms folded (NFKC: full-width letters and digits, ligatures)
     and every decimal digit of any script made ASCII, so that the patterns see one form; with
     the offset in ``text`` of each character of the result, or ``None`` when the lengths
     agree (offsets are then the same)."""
-    pieces: list[str] = []
-    changed = False
-    for char in text:
-        if char.isascii():
-            pieces.append(char)
-            continue
-        folded = unicodedata.normalize("NFKC", char)
-        if folded.isdecimal() and not folded.isascii():
-            folded = "".join(str(unicodedata.decimal(c)) for c in folded)
-        elif char.isspace():
-            folded = " "
-        pieces.append(folded)
-        changed = changed or folded != char
-    if not changed:
+    if unicodedata.is_normalized("NFKC", text) and _OTHER_DIGIT.search(text) is None:
         return text, None
+    pieces: list[str] = []
+    lengths: list[tuple[int, int, int]] = []  # (offset in text, characters in text, in result)
+    last = 0
+    for run in _NON_ASCII.finditer(text):
+        pieces.append(text[last : run.start()])
+        for index in range(run.start(), run.end()):
+            char = text[index]
+            folded = unicodedata.normalize("NFKC", char)
+            if folded.isdecimal() and not folded.isascii():
+                folded = "".join(str(unicodedata.decimal(c)) for c in folded)
+            elif char.isspace():
+                folded = " "
+            pieces.append(folded)
+            if len(folded) != 1:
+                lengths.append((index, 1, len(folded)))
+        last = run.end()
+    pieces.append(text[last:])
     result = "".join(pieces)
-    if len(result) == len(text):
+    if not lengths:
         return result, None
+    # Offsets in text of each character of the result, then of its end.
     offsets: list[int] = []
-    for index, piece in enumerate(pieces):
-        offsets.extend([index] * len(piece))
-    offsets.append(len(text))
+    position = 0
+    for index, _, size in lengths:
+        offsets.extend(range(position, index))
+        offsets.extend([index] * size)
+        position = index + 1
+    offsets.extend(range(position, len(text) + 1))
     return result, offsets

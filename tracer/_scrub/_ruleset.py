@@ -25,8 +25,9 @@ BUILTIN_RULE_FILES = (RULES_DIR / "gitleaks.toml", RULES_DIR / "recalltrace.toml
 # A run of characters a key, a token or a URL is made of; a rule-file rule only runs near one.
 RUN = re.compile(r"[A-Za-z0-9_\-+/=.~:%]{16,}")
 _WORD = re.compile(r"[a-z0-9]+")
+# Every byte but a lower-case letter or a digit becomes a space.
+_WORD_BYTES = bytes(i if 48 <= i <= 57 or 97 <= i <= 122 else 32 for i in range(256))
 # Every character but a lower-case letter or a digit becomes a space.
-_WORDS_ONLY = bytes(i if chr(i).isascii() and chr(i).isalnum() else 32 for i in range(256))
 # Occurrences of one keyword looked at in one text, at most.
 _MAX_OCCURRENCES = 64
 # How far before a run a rule's keyword (``twilio_key = ...``) and its match may start.
@@ -142,22 +143,23 @@ class RuleFileSet:
         by_keyword: dict[str, list[int]] = {}
         for path in paths:
             self._load(Path(path), by_keyword)
-        # Keywords are looked up by the first (up to three) characters of their first word: a
-        # text's words give theirs in one pass, and only the keywords filed under those are
-        # searched for. Keywords that start with no word character are searched for in every
-        # text that passes the gate.
+        # Keywords are looked up by their first word (a run of letters and digits): by its
+        # first three characters, or the whole word when it is shorter and punctuation follows
+        # it ("sk_live"); a text's words give both in one pass, and only the keywords filed
+        # under those are searched for. The rest (no word first, or a short one that may stand
+        # inside a word, like "ey" or "q~") are searched for in every text that passes the gate.
         self._by_start: dict[str, list[str]] = {}
         self._anywhere: list[str] = []
         for keyword in by_keyword:
             word = _WORD.match(keyword)
-            if word is None:
+            if word is None or (
+                len(word.group()) < 3 and keyword[word.end() : word.end() + 1] not in ("_", "-", ".")
+            ):
                 self._anywhere.append(keyword)
             else:
                 self._by_start.setdefault(word.group()[:3], []).append(keyword)
         self._by_keyword = by_keyword
-        self._by_start_bytes = {
-            key.encode("ascii"): value for key, value in self._by_start.items() if key.isascii()
-        }
+        self._by_start_bytes = {key.encode(): value for key, value in self._by_start.items()}
 
     def _load(self, path: Path, by_keyword: dict[str, list[int]]) -> None:
         try:
@@ -209,17 +211,21 @@ class RuleFileSet:
             for keyword in keywords:
                 by_keyword.setdefault(keyword, []).append(position)
 
-    def select(self, lowered: str) -> list[FileRule]:
+    def select(self, lowered: str, words: set[bytes] | None = None) -> list[FileRule]:
         """The rules one of whose keywords the lower-cased text ``lowered`` holds, in file
-        order."""
-        words = lowered.encode("ascii", "replace").translate(_WORDS_ONLY).split()
-        starts = {word[:3] for word in words}
-        starts.update([word[:2] for word in words if len(word) > 2])
-        starts.update([word[:1] for word in words if len(word) > 1])
+        order; ``words`` are its words (``words_of``) when known."""
+        if words is None:
+            starts = {
+                word[:3]
+                for word in lowered.encode("ascii", "ignore").translate(_WORD_BYTES).split()
+            }
+        else:
+            starts = {word[:3] for word in words}
         positions: set[int] = set()
         by_keyword = self._by_keyword
-        for start in starts.intersection(self._by_start_bytes):
-            for keyword in self._by_start_bytes[start]:
+        by_start = self._by_start_bytes
+        for start in starts.intersection(by_start):
+            for keyword in by_start[start]:
                 if keyword in lowered:
                     positions.update(by_keyword[keyword])
         for keyword in self._anywhere:
@@ -271,12 +277,21 @@ def _leads(alternative: str, keywords: Sequence[str]) -> bool:
     if opener is not None:
         inner = _top_alternatives(alternative[opener.end() :])
         return all(_leads(part, keywords) for part in inner)
-    literal = _ESCAPE.sub(r"\1", alternative)
-    literal = _CASE_PAIR.sub(lambda m: m.group(1) if m.group(1).lower() == m.group(2).lower()
-                             else m.group(0), literal).lower()
-    return any(literal.startswith(keyword) for keyword in keywords)
+    literal = _CASE_PAIR.sub(
+        lambda m: m.group(1) if m.group(1).lower() == m.group(2).lower() else m.group(0),
+        alternative,
+    )
+    literal = _ESCAPE.sub(r"\1", _LITERAL_PREFIX.match(literal).group()).lower()  # type: ignore[union-attr]
+    if literal[-1:] in "?*" or literal.endswith("{0"):
+        literal = literal[:-1]  # the character before an optional part may be absent
+    return any(
+        literal.startswith(keyword) or (len(literal) >= 3 and keyword.startswith(literal))
+        for keyword in keywords
+    )
 
 
+# The literal start of an expression: up to its first group, class or alternation.
+_LITERAL_PREFIX = re.compile(r"(?:\\.|[^\\()\[|.+*?{])*[?*]?")
 _GROUP_OPEN = re.compile(r"\((?:\?[-i]*:)?")
 _CASE_PAIR = re.compile(r"\[([A-Za-z])([A-Za-z])\]")
 
@@ -311,6 +326,11 @@ def _top_alternatives(rest: str) -> list[str]:
 
 
 _ESCAPE = re.compile(r"\\([^A-Za-z0-9])")
+
+
+def words_of(lowered: str) -> set[bytes]:
+    """The distinct runs of ASCII letters and digits of a lower-cased text (at C speed)."""
+    return set(lowered.encode("ascii", "ignore").translate(_WORD_BYTES).split())
 
 
 def windows_of(text: str) -> list[tuple[int, int]]:
