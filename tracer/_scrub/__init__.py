@@ -56,6 +56,7 @@ _VALUE_PATTERNS = (
     P.BEARER,
     P.JWT,
     P.VENDOR_KEY,
+    P.SPLIT_KEY,
     *(rule for rule, _, _ in _GATED),
     P.KEY_ASSIGNMENT,
     P.PASSWORD,
@@ -141,6 +142,7 @@ class Scrubber:
         self._bearer = rule(P.BEARER)
         self._jwt = rule(P.JWT)
         self._vendor = rule(P.VENDOR_KEY)
+        self._split = rule(P.SPLIT_KEY)
         self._gated = tuple((rule(pattern), gates, shape) for pattern, gates, shape in _GATED)
         self._assignment = rule(P.KEY_ASSIGNMENT)
         self._password = rule(P.PASSWORD)
@@ -284,6 +286,10 @@ class Scrubber:
                 if name == "encoded_secret":
                     if nested or not self._hides_secret(secret):
                         continue
+                elif name == "split_key":
+                    if nested or not self._split_secret(secret):
+                        continue
+                    name = "api_key"
                 elif not P.plausible(name, secret, view, match):
                     continue
                 if name in P.TOKEN_KINDS:
@@ -320,6 +326,19 @@ class Scrubber:
             del spans[index]
         spans.append((start, end, name, replacement))
 
+    def _split_secret(self, pieces: str) -> bool:
+        """Whether two pieces, joined, are a key whose match reaches past the break."""
+        first, second = pieces.split(None, 1)
+        if not (any(c.isdigit() for c in second) and any(c.isalpha() for c in second)):
+            return False  # a word after a key, not the rest of it
+        head = len(first)
+        joined = first + second
+        rules = [rule for rule in self._default_rules_for(joined) if rule is not self._split]
+        return any(
+            start < head < end
+            for start, end, _, _ in self._find(joined, rules, "", joined, None, True, True)
+        )
+
     def _hides_secret(self, encoded: str) -> bool:
         """Whether base64 text decodes to text that holds something the scrubber redacts."""
         decoded = P.decode_base64(encoded)
@@ -354,6 +373,7 @@ class Scrubber:
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
         ):
             rules.append(self._vendor)
+            rules.append(self._split)
         assigned = "=" in text or ":" in text
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
         lowered = text.lower()

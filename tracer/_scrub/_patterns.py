@@ -245,6 +245,17 @@ ANCHORS = {
     "url_password": (("://",), 40),
 }
 
+# A key with a known prefix broken by a line break or a space before its rule could match it:
+# the two pieces are joined and the joined text searched (see Scrubber).
+SPLIT_KEY = (
+    "split_key",
+    r"(?<![\w\-])(?:[spr]k-|gh[pousr]_|github_pat_|xox[abposr]-|glpat-|hf_|AKIA|ASIA|AIza|npm_"
+    r"|[sr]k_(?:live|test)_|dapi|do[opr]_v1_|pypi-|GOCSPX-|ya29\.|whsec_|gl(?:c|sa)_|SG\."
+    r"|AGE-SECRET-KEY-1|eyJ)[A-Za-z0-9_\-.]{2,}(?:[ \t]|\r?\n[ \t]*)[A-Za-z0-9_\-+/=.]{4,}",
+    0,
+    0,
+)
+
 # A piece of a key after a line break or a space: joined to the key found before it.
 CONTINUATION = re.compile(r"(?:[ \t]|\r?\n[ \t]*)([A-Za-z0-9_\-+/]{8,128}={0,2})(?![^\s.,;:)\]}])")
 
