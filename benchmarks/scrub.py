@@ -51,6 +51,7 @@ ALTERED_TARGET = 0.01
 def previous_scrubber(ref: str | None) -> tuple[str, Any]:
     """The scrubber of ``ref`` (default: the commit before ``tracer/_scrub.py`` became a
     package), as a class loaded from that commit's source."""
+
     def git(*args: str) -> str:
         done = subprocess.run(
             ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False

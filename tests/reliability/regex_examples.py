@@ -68,7 +68,9 @@ def _emit(parsed: Any, rng: random.Random, groups: dict[int, str]) -> str:
             low, high, sub = value
             if high is C.MAXREPEAT:
                 high = low + 12
-            count = low if low > 0 and op is C.MIN_REPEAT else low + rng.randint(0, min(6, high - low))
+            count = (
+                low if low > 0 and op is C.MIN_REPEAT else low + rng.randint(0, min(6, high - low))
+            )
             if low == 0 and op is C.MIN_REPEAT:
                 count = 0
             out.extend(_emit(sub, rng, groups) for _ in range(count))

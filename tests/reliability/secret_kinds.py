@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import string
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ class Kind:
 
 
 _RNG = random.Random(20261126)
+_NOTE = re.compile(r"scrubbed \w+ in")
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -213,18 +215,28 @@ def _variants() -> list[Kind]:
         ),
         Kind("url_percent_password", f"postgresql://app:{pct_pw}@db.internal:5432/kb", (pct_pw,)),
         Kind("base64_env_file", f"env (base64): {env_b64}", (env_b64,)),
-        Kind("docker_auth", f'{{"auths": {{"registry.example.com": {{"auth": "{docker_auth}"}}}}}}', (docker_auth,)),
+        Kind(
+            "docker_auth",
+            f'{{"auths": {{"registry.example.com": {{"auth": "{docker_auth}"}}}}}}',
+            (docker_auth,),
+        ),
         Kind("openai_full_width", f"キー {_widen(openai)}", (_widen(openai),)),
         Kind("slack_split_by_newline", f"bot token {slack[:30]}\n{slack[30:]}", (slack[:30],)),
         Kind("password_phrase_en", f"the password is Tr0ub4dor&{_chars(3)}", ()),
-        Kind("password_phrase_en_for", f"The password for the staging DB is now Blue-Falcon-{_chars(3, string.digits)}", ()),
+        Kind(
+            "password_phrase_en_for",
+            f"The password for the staging DB is now Blue-Falcon-{_chars(3, string.digits)}",
+            (),
+        ),
         Kind("password_phrase_de", f"Das Passwort lautet Sommer{_chars(4, string.digits)}!", ()),
         Kind("password_phrase_de_ist", f"das Passwort ist Kx7#mP{_chars(4)}", ()),
         Kind("password_phrase_fr", f"le mot de passe est Soleil-{_chars(4, string.digits)}", ()),
         Kind("password_phrase_es", f"la contraseña es Gato*Negro{_chars(3, string.digits)}", ()),
         Kind("password_phrase_ja", f"パスワードは「{ja_pw}」です", (ja_pw,)),
         Kind("password_phrase_ru", f"пароль: Moskva-{_chars(5, string.digits)}x", ()),
-        Kind("password_phrase_ru_dash", f"Пароль от сервера — Qwerty!{_chars(4, string.digits)}", ()),
+        Kind(
+            "password_phrase_ru_dash", f"Пароль от сервера — Qwerty!{_chars(4, string.digits)}", ()
+        ),
         Kind("password_yaml", f"password: Zx9!kQ2m{_chars(3)}", ()),
         Kind(
             "connection_string_password",
@@ -263,6 +275,9 @@ def all_kinds() -> list[Kind]:
 def leaked_kinds(haystack: str, kinds: list[Kind]) -> list[str]:
     """The kinds any 12 characters of whose needles (the whole needle when shorter) appear in
     ``haystack``: a rule that redacts only part of a secret leaks the rest."""
+    # A note names the kind it redacted ("scrubbed gitlab_session_cookie in ..."), and a
+    # kind's name may spell its format's fixed prefix: notes are read without the names.
+    haystack = _NOTE.sub("scrubbed <kind> in", haystack)
     found = []
     for kind in kinds:
         for needle in kind.needles:

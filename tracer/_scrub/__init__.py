@@ -15,15 +15,16 @@ or replace each match. Every change is noted on the record, without the secret i
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
 from recalltrace.tracer._scrub import _patterns as P
-from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet, words_of
+from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import TraceRecord
@@ -37,10 +38,21 @@ _LONG_RUN, _CAPITALS_ASSIGNED, _ASSIGNED = "long run", "capitals and assignment"
 _GATED = (
     (
         P.GITLAB,
-        ("glpat-", "gldt-", "glptt-", "glrt-", "gloas-", "glcbt-", "glft-", "glimt-",
-         "glagent-", "glsoat-", "GR1348941"),
+        (
+            "glpat-",
+            "gldt-",
+            "glptt-",
+            "glrt-",
+            "gloas-",
+            "glcbt-",
+            "glft-",
+            "glimt-",
+            "glagent-",
+            "glsoat-",
+            "GR1348941",
+        ),
         _LONG_RUN,
-    ),  # fmt: skip
+    ),
     (P.AZURE_KEY, ("AccountKey=",), _LONG_RUN),
     (P.AZURE_SAS, ("sig=",), _LONG_RUN),
     (P.AWS_SECRET, ("aws", "AWS", "Aws"), _LONG_RUN),
@@ -71,8 +83,8 @@ _VALUE_PATTERNS = (
     *_DIGIT_GATED,
 )
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_Rule = tuple[str, "re.Pattern[str]", int]
-_AnyRule = Union[_Rule, FileRule]
+_Rule: TypeAlias = tuple[str, re.Pattern[str], int]
+_AnyRule: TypeAlias = _Rule | FileRule
 _Rules = list[_AnyRule]
 # A redaction found in a text: start, end (in the original text), kind, replacement.
 _Span = tuple[int, int, str, str]
@@ -81,9 +93,7 @@ _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 # in C at about a byte a nanosecond): the gated kinds below all hold a run of at least 16
 # characters that may appear in a key, a token or a URL path; the configuration-name kind
 # needs three capitals in a row. Prose has neither, so its gates are not even searched.
-_TOKEN_CHARS = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%~:"
-)
+_TOKEN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=.%~:")
 _TOKEN_RUN = bytes(ord("t") if i in _TOKEN_CHARS else 32 for i in range(256))
 _BASE64_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 _BASE64_RUN = bytes(ord("b") if i in _BASE64_CHARS else 32 for i in range(256))
@@ -92,8 +102,8 @@ _RUN_16 = b"t" * 16
 _RUN_12 = b"t" * 12  # rule-file tokens may be as short as this
 _RUN_24 = b"b" * 24
 # What a "the password is ..." phrase or a password assignment holds, lower-cased: "pass"
-# and "pwd" cover English, French, Norwegian and the German "Passwort"; "kennwort" is looked
-# for as such, and the words of other scripts in text that is not ASCII.
+# and "pwd" cover English, French, Norwegian and the German "Passwort"; the words of other
+# scripts are looked for in text that is not ASCII.
 _PHRASE_GATES_OTHER = tuple(word for word in P.PASSWORD_WORDS if not word.isascii())
 
 # Key names whose values are always redacted (metadata of the record and of documents).
@@ -113,14 +123,6 @@ _OWN_METADATA_KEYS = frozenset({"llm"})
 def rule_files(paths: tuple[str, ...]) -> RuleFileSet:
     """The compiled rules of ``paths`` (compiled once per process for each set of files)."""
     return RuleFileSet([Path(path) for path in paths])
-
-
-def _lower(text: str) -> str:
-    """``text`` lower-cased with its length kept (offsets in it are offsets in ``text``)."""
-    lowered = text.lower()
-    if len(lowered) == len(text):
-        return lowered
-    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
 
 
 class Scrubber:
@@ -249,11 +251,11 @@ class Scrubber:
         it covers it whole (then it replaces it). ``probe`` only looks (no callback)."""
         spans: list[_Span] = []
         for rule in rules:
-            if type(rule) is FileRule:
+            if isinstance(rule, FileRule):
                 if self._files is None:
                     continue
                 if lowered is None:
-                    lowered = _lower(view)
+                    lowered = P.lower(view)
                 for match in self._files.matches(rule, view, lowered):
                     start, end = rule.secret_span(match)
                     if end <= start:
@@ -263,15 +265,15 @@ class Scrubber:
                     line = view[line_start : line_end if line_end >= 0 else len(view)]
                     if rule.allowed(view[start:end], match.group(), line, self._files):
                         continue
-                    end = _continued(view, end)
+                    end = P.continued(view, end)
                     self._claim(spans, start, end, rule.name, path, text, offsets, probe)
                 continue
-            name, regex, group = rule  # type: ignore[misc]
+            name, regex, group = rule
             anchors = self._anchored.get(regex)
             if anchors is not None:
                 if lowered is None:
-                    lowered = _lower(view)
-                found: Iterable[re.Match[str]] = _anchored_matches(regex, view, lowered, anchors)
+                    lowered = P.lower(view)
+                found: Iterable[re.Match[str]] = P.anchored_matches(regex, view, lowered, anchors)
             else:
                 found = regex.finditer(view)
             for match in found:
@@ -293,7 +295,7 @@ class Scrubber:
                 elif not P.plausible(name, secret, view, match):
                     continue
                 if name in P.TOKEN_KINDS:
-                    end = _continued(view, end)
+                    end = P.continued(view, end)
                 self._claim(spans, start, end, name, path, text, offsets, probe)
         return spans
 
@@ -368,8 +370,8 @@ class Scrubber:
         if "J" in text and "eyJ" in text:
             rules.append(self._jwt)
         if (
-            (hyphen and _vendor_hyphen(text))
-            or ("_" in text and _vendor_underscore(text))
+            (hyphen and P.vendor_hyphen(text))
+            or ("_" in text and P.vendor_underscore(text))
             or ("A" in text and ("AKIA" in text or "ASIA" in text or "AIza" in text))
         ):
             rules.append(self._vendor)
@@ -391,7 +393,7 @@ class Scrubber:
                     rules.append(rule)
             elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
-        if password_word or "kennwort" in lowered or (
+        if password_word or (
             not lowered.isascii() and any(word in lowered for word in _PHRASE_GATES_OTHER)
         ):
             rules.append(self._phrase)
@@ -425,9 +427,7 @@ class Scrubber:
     ) -> _Rules:
         """Add the rule-file rules whose keywords ``lowered`` holds (of ``candidates``)."""
         if candidates is not None:
-            rules.extend(
-                rule for rule in candidates if any(k in lowered for k in rule.keywords)
-            )
+            rules.extend(rule for rule in candidates if any(k in lowered for k in rule.keywords))
         elif self._files is not None:
             rules.extend(self._files.select(lowered, words))
         return rules
@@ -478,7 +478,7 @@ class Scrubber:
             result: dict[Any, Any] = {}
             for key, item in value.items():
                 key_text = str(key)
-                if rules or self._custom:
+                if rules is None or rules or self._custom:
                     # A key is scrubbed like a value, before it appears in a path or a note.
                     scrubbed_key = self.scrub_text(key_text, f"{path}.<key>", notes, rules)
                     if scrubbed_key != key_text:
@@ -612,99 +612,17 @@ class Scrubber:
         (folded first, as each field will be): each rule whose gate passes is run once over
         the whole group, and only those that found something run on its fields."""
         view = text if text.isascii() else P.normalise(text)[0]
-        lowered = _lower(view)
+        rules = self._default_rules_for(view)
+        if not rules:
+            return rules
+        lowered = P.lower(view)
         return [
-            rule
-            for rule in self._default_rules_for(view)
-            if self._find(view, [rule], "", view, None, True, False, lowered)
+            rule for rule in rules if self._find(view, [rule], "", view, None, True, False, lowered)
         ]
 
 
 # The record's request attributes, scrubbed like ids (a secret or an address may be one).
 _ATTRIBUTE_FIELDS = ("release", "environment", "user_id", "session_id")
-
-_UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")
-
-
-# Finding a rare character is a memchr; a two-character substring search is far slower. So the
-# vendor prefixes are looked for around each '-' or '_', up to a number of them.
-_MAX_SEPARATORS = 64
-
-
-def _vendor_underscore(text: str) -> bool:
-    """Whether an underscore in ``text`` may follow a vendor key prefix (``ghp_``, ``hf_``,
-    ``github_pat_``)."""
-    index = text.find("_")
-    for _ in range(_MAX_SEPARATORS):
-        if index < 0:
-            return False
-        if text[max(0, index - 4) : index].endswith(_UNDERSCORE_PREFIXES):
-            return True
-        index = text.find("_", index + 1)
-    return True
-
-
-def _vendor_hyphen(text: str) -> bool:
-    """Whether a hyphen in ``text`` may follow a vendor key prefix (``sk-``, ``pk-``, ``rk-``,
-    ``xoxb-``...)."""
-    index = text.find("-")
-    for _ in range(_MAX_SEPARATORS):
-        if index < 0:
-            return False
-        if index >= 2 and text[index - 1] == "k" and text[index - 2] in "spr":
-            return True
-        if index >= 4 and text[index - 4 : index - 1] == "xox":
-            return True
-        index = text.find("-", index + 1)
-    return True
-
-
-def _anchored_matches(
-    regex: re.Pattern[str], text: str, lowered: str, anchors: tuple[tuple[str, ...], int]
-) -> Iterator[re.Match[str]]:
-    """The matches of ``regex`` that start at an anchor (or up to ``before`` characters
-    before one), in order of their start."""
-    words, before = anchors
-    starts: set[int] = set()
-    found: list[re.Match[str]] = []
-    seen = 0
-    for word in words:
-        position = lowered.find(word)
-        while position >= 0:
-            seen += 1
-            if seen > _MAX_ANCHORS:
-                return regex.finditer(text)  # so many anchors that one pass costs less
-            if before:
-                for match in regex.finditer(
-                    text, max(0, position - before), min(len(text), position + 512)
-                ):
-                    if match.start() <= position < match.end() and match.start() not in starts:
-                        starts.add(match.start())
-                        found.append(match)
-            else:
-                match = regex.match(text, position)
-                if match is not None and position not in starts:
-                    starts.add(position)
-                    found.append(match)
-            position = lowered.find(word, position + 1)
-    found.sort(key=lambda match: match.start())
-    return iter(found)
-
-
-# Anchors looked at one by one in one text, at most.
-_MAX_ANCHORS = 256
-
-
-def _continued(text: str, end: int) -> int:
-    """The end of a token that a line break or a space split: its continuation is joined when
-    it is a run of token characters holding both a letter and a digit."""
-    more = P.CONTINUATION.match(text, end)
-    if more is None:
-        return end
-    piece = more.group(1)
-    if any(c.isdigit() for c in piece) and any(c.isalpha() for c in piece):
-        return more.end(1)
-    return end
 
 
 def _strings_of(value: Any, out: list[str], depth: int) -> None:
@@ -747,6 +665,18 @@ def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | N
         return None
 
     def scrub(text: str) -> str:
+        if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
+            # JSON text (document metadata, messages): its keys and strings are scrubbed as
+            # the structure they are, not as escaped text, then encoded again.
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = None
+            if isinstance(value, (dict, list)):
+                scrubbed = scrubber.scrub_value(value, "span", None)
+                if scrubbed == value:
+                    return text
+                return json.dumps(scrubbed, ensure_ascii=False, default=str)
         return scrubber.scrub_text(text, "span", None)
 
     return scrub

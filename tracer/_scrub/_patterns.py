@@ -13,6 +13,7 @@ import base64
 import binascii
 import re
 import unicodedata
+from collections.abc import Iterator
 
 # -- e-mail addresses ----------------------------------------------------------------------------
 # A local part of word characters (any script) and ". % + -", or a quoted one; a domain of labels
@@ -27,11 +28,100 @@ EMAIL = (
 )
 # File extensions that look like top-level domains after "@" (logo@2x.png).
 FILE_SUFFIXES = frozenset(
-    "png jpg jpeg gif svg webp bmp ico tif tiff pdf txt md rst csv tsv json yaml yml toml xml "
-    "html htm css js mjs ts tsx jsx py pyc rb go rs java kt c h cc cpp hpp sh bash zsh ps1 bat "
-    "exe dll so dylib zip gz tgz bz2 xz tar whl egg jar war lock log ini cfg conf env sql db "
-    "sqlite parquet avro pb onnx pt bin dat bak tmp swp mp3 mp4 wav mov avi mkv woff woff2 ttf "
-    "otf eot map git".split()
+    [
+        "png",
+        "jpg",
+        "jpeg",
+        "gif",
+        "svg",
+        "webp",
+        "bmp",
+        "ico",
+        "tif",
+        "tiff",
+        "pdf",
+        "txt",
+        "md",
+        "rst",
+        "csv",
+        "tsv",
+        "json",
+        "yaml",
+        "yml",
+        "toml",
+        "xml",
+        "html",
+        "htm",
+        "css",
+        "js",
+        "mjs",
+        "ts",
+        "tsx",
+        "jsx",
+        "py",
+        "pyc",
+        "rb",
+        "go",
+        "rs",
+        "java",
+        "kt",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "hpp",
+        "sh",
+        "bash",
+        "zsh",
+        "ps1",
+        "bat",
+        "exe",
+        "dll",
+        "so",
+        "dylib",
+        "zip",
+        "gz",
+        "tgz",
+        "bz2",
+        "xz",
+        "tar",
+        "whl",
+        "egg",
+        "jar",
+        "war",
+        "lock",
+        "log",
+        "ini",
+        "cfg",
+        "conf",
+        "env",
+        "sql",
+        "db",
+        "sqlite",
+        "parquet",
+        "avro",
+        "pb",
+        "onnx",
+        "pt",
+        "bin",
+        "dat",
+        "bak",
+        "tmp",
+        "swp",
+        "mp3",
+        "mp4",
+        "wav",
+        "mov",
+        "avi",
+        "mkv",
+        "woff",
+        "woff2",
+        "ttf",
+        "otf",
+        "eot",
+        "map",
+        "git",
+    ]
 )
 
 # -- assignments and phrases ---------------------------------------------------------------------
@@ -70,7 +160,6 @@ KEY_ASSIGNMENT = (
 PASSWORD_WORDS = (
     "password",
     "passwort",
-    "kennwort",
     "mot de passe",
     "contraseña",
     "contrasena",
@@ -284,8 +373,24 @@ _REFERENCE = re.compile(
     r"|(?:os|env|settings|config|cfg|conf|self|this|secrets|vars|params)\.[A-Za-z_])"
 )
 _PLACEHOLDERS = frozenset(
-    "none null nil true false undefined empty redacted changeme xxx xxxx xxxxx xxxxxx "
-    "******** *** ****".split()
+    [
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "empty",
+        "redacted",
+        "changeme",
+        "xxx",
+        "xxxx",
+        "xxxxx",
+        "xxxxxx",
+        "********",
+        "***",
+        "****",
+    ]
 )
 _REMOTE_LOGIN = re.compile(r"\b(?:ssh|scp|sftp|rsync|mosh)(?:\s+-\S+(?:\s+\d+)?)*\s+$")
 _ASSIGNMENT_KINDS = frozenset({"password", "api_key", "env_secret", "authorization"})
@@ -304,7 +409,7 @@ def reference_or_placeholder(value: str) -> bool:
 def _looks_like_word(value: str) -> bool:
     """A value a sentence would continue with: letters only (an initial capital at most)."""
     core = value.rstrip(".,;:!?)」。")
-    return core.isalpha() and (core[1:].islower() or core.isupper() and len(core) <= 4)
+    return core.isalpha() and (core[1:].islower() or (core.isupper() and len(core) <= 4))
 
 
 def iban_ok(text: str) -> bool:
@@ -339,14 +444,13 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
         if name != "password" and secret.isdigit() and len(secret) <= 8:
             return False  # MAX_TOKENS=4096: a count, not a token
         operator = text[match.start() : match.start(1)]
-        if (
+        # "password: open Settings", "the secret: rotate credentials": prose, not a value.
+        return not (
             "=" not in operator
             and "'" not in operator
             and '"' not in operator
             and _looks_like_word(secret)
-        ):
-            return False  # "password: open Settings", "the secret: rotate credentials"
-        return True
+        )
     if name == "email":
         domain = secret.rsplit("@", 1)[1]
         if domain.rsplit(".", 1)[1].lower() in FILE_SUFFIXES:
@@ -420,3 +524,95 @@ def normalise(text: str) -> tuple[str, list[int] | None]:
         position = index + 1
     offsets.extend(range(position, len(text) + 1))
     return result, offsets
+
+
+def lower(text: str) -> str:
+    """``text`` lower-cased with its length kept (offsets in it are offsets in ``text``)."""
+    lowered = text.lower()
+    if len(lowered) == len(text):
+        return lowered
+    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+
+
+_UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")
+
+
+# Finding a rare character is a memchr; a two-character substring search is far slower. So the
+# vendor prefixes are looked for around each '-' or '_', up to a number of them.
+_MAX_SEPARATORS = 64
+
+
+def vendor_underscore(text: str) -> bool:
+    """Whether an underscore in ``text`` may follow a vendor key prefix (``ghp_``, ``hf_``,
+    ``github_pat_``)."""
+    index = text.find("_")
+    for _ in range(_MAX_SEPARATORS):
+        if index < 0:
+            return False
+        if text[max(0, index - 4) : index].endswith(_UNDERSCORE_PREFIXES):
+            return True
+        index = text.find("_", index + 1)
+    return True
+
+
+def vendor_hyphen(text: str) -> bool:
+    """Whether a hyphen in ``text`` may follow a vendor key prefix (``sk-``, ``pk-``, ``rk-``,
+    ``xoxb-``...)."""
+    index = text.find("-")
+    for _ in range(_MAX_SEPARATORS):
+        if index < 0:
+            return False
+        if index >= 2 and text[index - 1] == "k" and text[index - 2] in "spr":
+            return True
+        if index >= 4 and text[index - 4 : index - 1] == "xox":
+            return True
+        index = text.find("-", index + 1)
+    return True
+
+
+def anchored_matches(
+    regex: re.Pattern[str], text: str, lowered: str, anchors: tuple[tuple[str, ...], int]
+) -> Iterator[re.Match[str]]:
+    """The matches of ``regex`` that start at an anchor (or up to ``before`` characters
+    before one), in order of their start."""
+    words, before = anchors
+    starts: set[int] = set()
+    found: list[re.Match[str]] = []
+    seen = 0
+    for word in words:
+        position = lowered.find(word)
+        while position >= 0:
+            seen += 1
+            if seen > _MAX_ANCHORS:
+                return regex.finditer(text)  # so many anchors that one pass costs less
+            if before:
+                for match in regex.finditer(
+                    text, max(0, position - before), min(len(text), position + 512)
+                ):
+                    if match.start() <= position < match.end() and match.start() not in starts:
+                        starts.add(match.start())
+                        found.append(match)
+            else:
+                at = regex.match(text, position)
+                if at is not None and position not in starts:
+                    starts.add(position)
+                    found.append(at)
+            position = lowered.find(word, position + 1)
+    found.sort(key=lambda match: match.start())
+    return iter(found)
+
+
+# Anchors looked at one by one in one text, at most.
+_MAX_ANCHORS = 256
+
+
+def continued(text: str, end: int) -> int:
+    """The end of a token that a line break or a space split: its continuation is joined when
+    it is a run of token characters holding both a letter and a digit."""
+    more = CONTINUATION.match(text, end)
+    if more is None:
+        return end
+    piece = more.group(1)
+    if any(c.isdigit() for c in piece) and any(c.isalpha() for c in piece):
+        return more.end(1)
+    return end

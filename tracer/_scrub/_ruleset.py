@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 RULES_DIR = Path(__file__).with_name("rules")
 BUILTIN_RULE_FILES = (RULES_DIR / "gitleaks.toml", RULES_DIR / "recalltrace.toml")
@@ -74,6 +75,19 @@ class FileRule:
             if regex.search(text) is not None:
                 return True
         return False
+
+
+# gitleaks' expressions are written for source code, where a secret ends at a quote, a space,
+# a semicolon or the end of a line. In prose and documents it also ends at a sentence's
+# punctuation ("the key was X.") and may follow a slash (an id like "kb/X").
+_CODE_END = "(?:[\\x60'\"\\s;]|\\\\[nr]|$)"
+_TEXT_END = "(?:[\\x60'\"\\s;.,:!?)\\]}>]|\\\\[nr]|$)"
+_CODE_START = "(?:^|[\\\\'\"\\x60\\s>=:(,)])"
+_TEXT_START = "(?:^|[\\\\'\"\\x60\\s>=:(,)/])"
+
+
+def _for_prose(pattern: str) -> str:
+    return pattern.replace(_CODE_END, _TEXT_END).replace(_CODE_START, _TEXT_START)
 
 
 def shannon_entropy(text: str) -> float:
@@ -153,7 +167,8 @@ class RuleFileSet:
         for keyword in by_keyword:
             word = _WORD.match(keyword)
             if word is None or (
-                len(word.group()) < 3 and keyword[word.end() : word.end() + 1] not in ("_", "-", ".")
+                len(word.group()) < 3
+                and keyword[word.end() : word.end() + 1] not in ("_", "-", ".")
             ):
                 self._anywhere.append(keyword)
             else:
@@ -179,7 +194,7 @@ class RuleFileSet:
             if "regex" not in entry:
                 self.skipped.append(name)
                 continue
-            source = _LEADING_NAME.sub(lambda m: m.group(1) or "", str(entry["regex"]))
+            source = _for_prose(_LEADING_NAME.sub(lambda m: m.group(1) or "", str(entry["regex"])))
             try:
                 regex = re.compile(go_to_python(source))
             except re.error as exc:
@@ -351,7 +366,9 @@ def window_text(text: str) -> str:
     return "\n".join(text[start:end] for start, end in windows_of(text))
 
 
-def _allowlist(entry: dict[str, Any], path: Path, owner: str) -> Iterable[tuple[str, re.Pattern[str]]]:
+def _allowlist(
+    entry: dict[str, Any], path: Path, owner: str
+) -> Iterable[tuple[str, re.Pattern[str]]]:
     target = str(entry.get("regexTarget", "secret"))
     for source in entry.get("regexes", ()):
         try:
