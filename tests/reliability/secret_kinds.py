@@ -14,8 +14,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from recalltrace.tracer._scrub import rule_files
-from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES
+from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, RuleFileSet
 from tests.reliability.regex_examples import example
 
 
@@ -75,7 +74,7 @@ def _arabic_indic(text: str) -> str:
 def rule_file_kinds() -> list[Kind]:
     """One example per rule of the shipped rule files (rules whose expression the generator
     cannot satisfy, or whose examples the rule's own allowlists exempt, are left out)."""
-    files = rule_files(tuple(str(path) for path in BUILTIN_RULE_FILES))
+    files = RuleFileSet(BUILTIN_RULE_FILES)
     kinds = []
     for index, rule in enumerate(files.rules):
         for seed in range(index * 7, index * 7 + 7):

@@ -558,15 +558,13 @@ def vendor_underscore(text: str) -> bool:
 def vendor_hyphen(text: str) -> bool:
     """Whether a hyphen in ``text`` may follow a vendor key prefix (``sk-``, ``pk-``, ``rk-``,
     ``xoxb-``...)."""
-    index = text.find("-")
+    index = text.find("k-")
     for _ in range(_MAX_SEPARATORS):
         if index < 0:
-            return False
-        if index >= 2 and text[index - 1] == "k" and text[index - 2] in "spr":
+            return "xox" in text
+        if index >= 1 and text[index - 1] in "spr":
             return True
-        if index >= 4 and text[index - 4 : index - 1] == "xox":
-            return True
-        index = text.find("-", index + 1)
+        index = text.find("k-", index + 2)
     return True
 
 

@@ -12,6 +12,7 @@ of the rule's keywords: prose has no such run, and most runs hold no keyword.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ BUILTIN_RULE_FILES = (RULES_DIR / "gitleaks.toml", RULES_DIR / "recalltrace.toml
 # A run of characters a key, a token or a URL is made of; a rule-file rule only runs near one.
 RUN = re.compile(r"[A-Za-z0-9_\-+/=.~:%]{16,}")
 _WORD = re.compile(r"[a-z0-9]+")
+_FIRST_THREE = operator.itemgetter(slice(None, 3))
 # Every byte but a lower-case letter or a digit becomes a space.
 _WORD_BYTES = bytes(i if 48 <= i <= 57 or 97 <= i <= 122 else 32 for i in range(256))
 # Every character but a lower-case letter or a digit becomes a space.
@@ -175,6 +177,7 @@ class RuleFileSet:
                 self._by_start.setdefault(word.group()[:3], []).append(keyword)
         self._by_keyword = by_keyword
         self._by_start_bytes = {key.encode(): value for key, value in self._by_start.items()}
+        self._start_keys = frozenset(self._by_start_bytes)
 
     def _load(self, path: Path, by_keyword: dict[str, list[int]]) -> None:
         try:
@@ -226,20 +229,16 @@ class RuleFileSet:
             for keyword in keywords:
                 by_keyword.setdefault(keyword, []).append(position)
 
-    def select(self, lowered: str, words: set[bytes] | None = None) -> list[FileRule]:
+    def select(self, lowered: str, words: Iterable[bytes] | None = None) -> list[FileRule]:
         """The rules one of whose keywords the lower-cased text ``lowered`` holds, in file
         order; ``words`` are its words (``words_of``) when known."""
         if words is None:
-            starts = {
-                word[:3]
-                for word in lowered.encode("ascii", "ignore").translate(_WORD_BYTES).split()
-            }
-        else:
-            starts = {word[:3] for word in words}
+            words = lowered.encode("ascii", "ignore").translate(_WORD_BYTES).split()
+        starts = set(map(_FIRST_THREE, words))
         positions: set[int] = set()
         by_keyword = self._by_keyword
         by_start = self._by_start_bytes
-        for start in starts.intersection(by_start):
+        for start in starts & self._start_keys:
             for keyword in by_start[start]:
                 if keyword in lowered:
                     positions.update(by_keyword[keyword])
@@ -250,7 +249,7 @@ class RuleFileSet:
 
     def matches(self, rule: FileRule, text: str, lowered: str) -> Iterable[re.Match[str]]:
         """The rule's matches in ``text``, looked for where its keywords stand: at each one
-        (and up to four characters before it, for a quote or a bracket) when the expression
+        (or one character before it, a quote or a bracket) when the expression
         starts with a keyword, else in the 256 characters around it."""
         seen: set[int] = set()
         for keyword in rule.keywords:
@@ -259,7 +258,7 @@ class RuleFileSet:
             while position >= 0 and count < _MAX_OCCURRENCES:
                 count += 1
                 if rule.leading:
-                    for start in range(position, max(-1, position - 5), -1):
+                    for start in range(position, max(-1, position - 2), -1):
                         found = rule.regex.match(text, start)
                         if found is not None:
                             if found.start() not in seen:
