@@ -115,6 +115,9 @@ _SENSITIVE_KEY = (
     r"|card[._ -]?number|(?<![a-z])cvv(?![a-z])|(?<![a-z])iban(?![a-z])"
 )
 
+# Short document strings (ids, metadata keys and values) remembered as clean, at most.
+_CLEAN_LIMIT = 8192
+
 # Metadata keys the tracer writes itself; their values are model names and token counts.
 _OWN_METADATA_KEYS = frozenset({"llm"})
 
@@ -175,6 +178,8 @@ class Scrubber:
         )
         self._callback_failed = False
         self._key_decisions: dict[str, bool] = {}
+        self._names: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self._clean: set[str] = set()  # short document strings in which no rule found anything
         anchored = {
             self._password[1]: P.ANCHORS["password"],
             self._assignment[1]: P.ANCHORS["api_key"],
@@ -516,27 +521,43 @@ class Scrubber:
         that found something there run on the group's fields, which for typical text is
         none."""
         notes = record.notes
+        # The app and service names come from span names and resource attributes a collector
+        # receives: text like any other, the same for most records (so scrubbed once each).
+        if record.app_name:
+            record.app_name = self._scrub_name(record.app_name, "app_name", notes)
+        if record.service_name:
+            record.service_name = self._scrub_name(record.service_name, "service_name", notes)
         texts = [record.user_input, record.response, record.reference]
-        texts.extend((record.app_name, record.service_name))
         texts.extend(getattr(record, name) for name in _ATTRIBUTE_FIELDS)
         texts.extend(record.tags)
         texts.extend(record.reference_contexts or ())
         texts.extend(record.reference_context_ids or ())
-        # Ids and metadata keys are text too: a secret can hide in them as in any value.
-        texts.extend(context.id for context in record.retrieved_contexts if context.id)
+        # Ids and metadata keys and values of documents are text too: a secret can hide in
+        # them as in any value. The same documents come back request after request, so those
+        # short strings found clean before are not searched again.
+        clean = self._clean
+        short: list[str] = []
+        short.extend(context.id for context in record.retrieved_contexts if context.id)
         for context in record.retrieved_contexts:
             if context.metadata:
-                texts.extend(str(key) for key in context.metadata)
+                short.extend(str(key) for key in context.metadata)
         # Flat metadata without sensitive keys (the common case) only needs its strings gated.
         plain_metadata = set()
         for index, context in enumerate(record.retrieved_contexts):
-            if context.metadata and self._flat_and_harmless(context.metadata, texts):
+            if context.metadata and self._flat_and_harmless(context.metadata, short):
                 plain_metadata.add(index)
+        if clean:
+            short = [text for text in short if text not in clean]
+        texts.extend(short)
         rules: _Rules = []
         content_rules: _Rules = []
         metadata_rules: _Rules = []
         if self._defaults or self._files is not None:
             rules = self._group_rules("\n".join(filter(None, texts)))
+            if not rules and not self._custom:
+                if len(clean) + len(short) > _CLEAN_LIMIT:
+                    clean.clear()
+                clean.update(text for text in short if len(text) <= 256)
             content_rules = self._group_rules(
                 "\n".join(context.content for context in record.retrieved_contexts)
             )
@@ -547,14 +568,6 @@ class Scrubber:
                 _strings_of(record.metadata, strings, 0)
                 metadata_rules = self._group_rules("\n".join(strings))
         if rules or content_rules or self._custom:
-            # The app and service names come from span names and resource attributes a
-            # collector receives: text like any other.
-            if record.app_name:
-                record.app_name = self.scrub_text(record.app_name, "app_name", notes, rules)
-            if record.service_name:
-                record.service_name = self.scrub_text(
-                    record.service_name, "service_name", notes, rules
-                )
             if record.user_input is not None:
                 record.user_input = self.scrub_text(record.user_input, "user_input", notes, rules)
             if record.response is not None:
@@ -606,6 +619,22 @@ class Scrubber:
         # says why): whatever reached them is scrubbed too, without notes of its own.
         if notes:
             record.notes = [self.scrub_text(note, "notes", None) for note in notes]
+
+    def _scrub_name(self, name: str, path: str, notes: list[str]) -> str:
+        """``scrub_text`` for a name that recurs from record to record, remembered (without a
+        callback, whose decisions are its own)."""
+        if self._callback is not None:
+            return self.scrub_text(name, path, notes)
+        known = self._names.get((name, path))
+        if known is None:
+            added: list[str] = []
+            known = (self.scrub_text(name, path, added), tuple(added))
+            if len(self._names) >= 1024:
+                self._names.clear()
+            self._names[(name, path)] = known
+        for line in known[1]:
+            _note(notes, line)
+        return known[0]
 
     def _group_rules(self, text: str) -> _Rules:
         """The rules that find something in ``text``, a group's fields joined by line breaks
