@@ -49,8 +49,11 @@ class ScrubbingOptions:
     """Decides per match whether to redact, replace or keep it; see :data:`ScrubCallback`.
     A callback that raises is treated as returning ``None`` (the match is redacted)."""
     default_patterns: bool = True
-    """Apply the built-in patterns: API keys, bearer tokens and JWTs, passwords written as
-    ``password=...``, e-mail addresses, card numbers (Luhn-checked) and sensitive metadata keys."""
+    """Apply the built-in rules: the token formats of the shipped rule files (gitleaks' rules and
+    the scrubber's own), the generic detectors (assignments, "the password is ..." phrases,
+    credentials in URLs and commands, key blocks, encoded secrets), personal data (e-mail
+    addresses, checksummed card and IBAN numbers, SSNs, phone numbers) and sensitive metadata
+    keys. See docs/tracing.md, "Scrubbing"."""
     replacement: str = "[REDACTED]"
     """Text put in place of a redacted match."""
     rule_files: Sequence[str] = ()

@@ -4,11 +4,14 @@ sentence, ordinary engineering text comes through unchanged, and the rule-file m
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import recalltrace
+from recalltrace.storage.records import ContextRecord, TraceRecord
 from recalltrace.tracer._scrub import Scrubber
 from recalltrace.tracer._scrub._patterns import normalise
 from recalltrace.tracer._scrub._ruleset import RuleFileSet, go_to_python
@@ -129,3 +132,51 @@ def test_go_expressions_are_read_as_python() -> None:
     assert go_to_python(r"\b(p8e-(?i)[a-z0-9]{32})(?:x|\z)") == r"\b(p8e-(?i:[a-z0-9]{32}))(?:x|\Z)"
     assert go_to_python(r"dp\.pt\.(?i)[a-z0-9]{43}") == r"dp\.pt\.(?i:[a-z0-9]{43})"
     assert go_to_python(r"[(?i)]x") == r"[(?i)]x"  # inside a class it is characters
+
+
+def _record(**fields: Any) -> TraceRecord:
+    base: dict[str, Any] = {
+        "trace_id": "1" * 32,
+        "app_name": "app",
+        "service_name": "svc",
+        "started_at": datetime.now(timezone.utc),
+        "duration_ms": 1.0,
+    }
+    base.update(fields)
+    return TraceRecord(**base)
+
+
+def test_names_and_notes_of_every_record_are_scrubbed() -> None:
+    """The app name (a collector takes it from a span name) and the service name (from the
+    resource) are scrubbed, on every record even though each distinct name is searched once;
+    a note never carries what was redacted."""
+    token = "ghp_" + "Ab3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3fG5h"
+    scrubber = Scrubber(recalltrace.ScrubbingOptions())
+    for _ in range(2):
+        record = _record(
+            app_name=f"answer {token}",
+            service_name=f"svc {token}",
+            notes=[f"1 retrieved document(s) could not be read ({token})"],
+        )
+        scrubber.scrub_record(record)
+        assert record.app_name == f"answer {R}" and record.service_name == f"svc {R}"
+        assert token not in repr(record)
+        assert "scrubbed api_key in app_name" in record.notes
+        assert "scrubbed api_key in service_name" in record.notes
+
+
+def test_a_document_string_seen_clean_does_not_hide_a_later_secret() -> None:
+    scrubber = Scrubber(recalltrace.ScrubbingOptions())
+    clean = _record(retrieved_contexts=[ContextRecord("text", id="kb/faq.md")])
+    scrubber.scrub_record(clean)
+    assert clean.retrieved_contexts[0].id == "kb/faq.md"
+    token = "sk-proj-" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4"
+    leaking = _record(
+        retrieved_contexts=[
+            ContextRecord("text", id="kb/faq.md"),
+            ContextRecord("text", id=f"kb/{token}", metadata={"source": f"s3://{token}"}),
+        ]
+    )
+    scrubber.scrub_record(leaking)
+    assert token not in repr(leaking)
+    assert leaking.retrieved_contexts[0].id == "kb/faq.md"
