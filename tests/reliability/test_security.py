@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from sqlalchemy import inspect, text
 
 import recalltrace
@@ -197,6 +198,9 @@ KINDS = all_kinds()
 
 @recalltrace.retrieval
 def kind_search(query: str, kind_text: str) -> list[dict[str, Any]]:
+    # Attributes the application sets on the tracer's spans itself are text like any other.
+    trace.get_current_span().set_attribute("app.lookup", f"looked up {kind_text}")
+    trace.get_current_span().set_attribute("app.lookups", [kind_text, "plain"])
     return [
         {"id": "doc-plain", "content": f"Runbook: {kind_text} (rotate quarterly).", "metadata": {}},
         {"id": f"kb/{kind_text}", "content": "ok", "metadata": {f"note {kind_text}": kind_text}},

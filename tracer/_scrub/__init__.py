@@ -693,7 +693,18 @@ def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | N
     if not options.scrub_span_attributes:
         return None
 
+    produced: set[str] = set()  # texts this function returned lately: scrubbed already
+
     def scrub(text: str) -> str:
+        if text in produced:
+            return text
+        result = scrub_once(text)
+        if len(produced) >= 4096:
+            produced.clear()
+        produced.add(result)
+        return result
+
+    def scrub_once(text: str) -> str:
         if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
             # JSON text (document metadata, messages): its keys and strings are scrubbed as
             # the structure they are, not as escaped text, then encoded again.
@@ -709,6 +720,29 @@ def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | N
         return scrubber.scrub_text(text, "span", None)
 
     return scrub
+
+
+def scrub_span_attributes(span: Any, scrub: TextScrub) -> None:
+    """Scrub the text attributes (strings and sequences of strings) of a span not yet ended,
+    in place; never raises."""
+    try:
+        attributes = getattr(span, "attributes", None)
+        if not attributes:
+            return
+        changed: dict[str, Any] = {}
+        for key, value in attributes.items():
+            if isinstance(value, str):
+                scrubbed = scrub(value)
+                if scrubbed != value:
+                    changed[key] = scrubbed
+            elif isinstance(value, (tuple, list)) and any(isinstance(v, str) for v in value):
+                items = [scrub(v) if isinstance(v, str) else v for v in value]
+                if items != list(value):
+                    changed[key] = items
+        if changed:
+            span.set_attributes(changed)
+    except Exception:
+        logger.debug("recalltrace: scrubbing a span's attributes failed", exc_info=True)
 
 
 def default_pattern_names() -> Sequence[str]:
