@@ -365,3 +365,31 @@ def test_collect_stores_no_kind_from_span_names_or_resource_attributes(
     dump = dump_database(postgres_url)
     assert leaked_kinds(dump, KINDS) == []
     assert leaked_kinds(summary, KINDS) == []
+
+
+def test_captured_span_names_are_scrubbed_in_records_and_metric_labels() -> None:
+    """With span capture, a request's app name is its root span's name: in the stored record
+    and in the tracer's metric labels it is scrubbed like any text."""
+    traced = make_traced(capture_spans=True, flush_interval=30.0)
+    tracer = traced.provider.get_tracer("app")
+    try:
+        for kind in KINDS:
+            with tracer.start_as_current_span(f"answer {kind.text}") as root:
+                root.set_attribute("openinference.span.kind", "CHAIN")
+                root.set_attribute("input.value", "Why does it fail?")
+                with tracer.start_as_current_span("search") as retriever:
+                    retriever.set_attribute("openinference.span.kind", "RETRIEVER")
+                    retriever.set_attribute("retrieval.documents.0.document.content", "text")
+                root.set_attribute("output.value", "done")
+        assert recalltrace.flush(60.0)
+        records = list(traced.sink.records)
+        labels = [
+            json.dumps(attributes, ensure_ascii=False)
+            for name in ("rag.traces.captured", "rag.traces.sampled")
+            for attributes, _ in traced.metric_points(name)
+        ]
+    finally:
+        recalltrace.shutdown(10.0)
+    assert len(records) == len(KINDS)
+    assert leaked_kinds(repr(records), KINDS) == []
+    assert labels and leaked_kinds("\n".join(labels), KINDS) == []

@@ -179,6 +179,7 @@ class Scrubber:
         self._callback_failed = False
         self._key_decisions: dict[str, bool] = {}
         self._names: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self._labels: dict[str, str] = {}
         self._clean: set[str] = set()  # short document strings in which no rule found anything
         anchored = {
             self._password[1]: P.ANCHORS["password"],
@@ -635,6 +636,16 @@ class Scrubber:
         for line in known[1]:
             _note(notes, line)
         return known[0]
+
+    def scrub_label(self, name: str) -> str:
+        """``name`` scrubbed for use as a metric label (remembered per distinct name)."""
+        known = self._labels.get(name)
+        if known is None:
+            known = self.scrub_text(name, "label", None)
+            if len(self._labels) >= 1024:
+                self._labels.clear()
+            self._labels[name] = known
+        return known
 
     def _group_rules(self, text: str) -> _Rules:
         """The rules that find something in ``text``, a group's fields joined by line breaks
