@@ -9,9 +9,9 @@ side by side.
   scrubbed; a sentence counts as altered when the output differs from the input.
 - Time per record: ``scrub_record`` on records of a question, an answer and ten 300-character
   documents, of two sorts: cut from the ordinary corpus (engineering text, where most gates
-  pass) and prose of plain words (as ``benchmarks.tracer_overhead`` uses); blocks of the two
-  detectors interleaved, timed by the thread's CPU clock, the best block of each kept (the
-  least disturbed by other load on the machine).
+  pass) and prose of plain words (as ``benchmarks.tracer_overhead`` uses); each record timed
+  by the thread's CPU clock, the two detectors taking records in turn (order alternating), the
+  median kept (the least disturbed by other load on the machine).
 
 The previous detector is the ``tracer/_scrub.py`` of the commit before the one that replaced it
 (found with git), loaded beside the current one in this process.
@@ -20,13 +20,14 @@ Targets (exit status 1 when one is missed): every corpus kind caught; at most 1 
 ordinary sentences altered; time per record at most 1.2 times the previous detector's, on
 both sorts of documents.
 
-Run: ``python -m benchmarks.scrub [--records 300] [--blocks 7] [--baseline REF]``
+Run: ``python -m benchmarks.scrub [--records 300] [--blocks 5] [--baseline REF]``
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import subprocess
 import sys
 import time
@@ -136,22 +137,27 @@ def records(count: int, prose: bool = False) -> list[TraceRecord]:
 def time_per_record(
     scrubbers: dict[str, Any], count: int, blocks: int, prose: bool
 ) -> dict[str, float]:
+    """The median thread CPU time per record of each scrubber: records taken in turn by each
+    (the order alternating), so that load on the machine falls on all alike."""
     template = records(count, prose)
-    best = {name: float("inf") for name in scrubbers}
-    for _ in range(blocks):
-        for name, scrubber in scrubbers.items():
-            batch = copy.deepcopy(template)
-            started = time.thread_time()
-            for record in batch:
-                scrubber.scrub_record(record)
-            best[name] = min(best[name], (time.thread_time() - started) / count)
-    return best
+    names = list(scrubbers)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for block in range(blocks):
+        batches = {name: copy.deepcopy(template) for name in names}
+        for index in range(count):
+            order = names if (index + block) % 2 == 0 else names[::-1]
+            for name in order:
+                record = batches[name][index]
+                started = time.thread_time()
+                scrubbers[name].scrub_record(record)
+                samples[name].append(time.thread_time() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=300, help="records per timed block")
-    parser.add_argument("--blocks", type=int, default=7, help="timed blocks per detector")
+    parser.add_argument("--records", type=int, default=300, help="distinct records timed")
+    parser.add_argument("--blocks", type=int, default=5, help="passes over the records")
     parser.add_argument("--baseline", default=None, help="git ref of the previous detector")
     args = parser.parse_args(argv)
     if args.records < 1 or args.blocks < 1:
