@@ -49,10 +49,17 @@ class ScrubbingOptions:
     """Decides per match whether to redact, replace or keep it; see :data:`ScrubCallback`.
     A callback that raises is treated as returning ``None`` (the match is redacted)."""
     default_patterns: bool = True
-    """Apply the built-in patterns: API keys, bearer tokens and JWTs, passwords written as
-    ``password=...``, e-mail addresses, card numbers (Luhn-checked) and sensitive metadata keys."""
+    """Apply the built-in rules: the token formats of the shipped rule files (gitleaks' rules and
+    the scrubber's own), the generic detectors (assignments, "the password is ..." phrases,
+    credentials in URLs and commands, key blocks, encoded secrets), personal data (e-mail
+    addresses, checksummed card and IBAN numbers, SSNs, phone numbers) and sensitive metadata
+    keys. See docs/tracing.md, "Scrubbing"."""
     replacement: str = "[REDACTED]"
     """Text put in place of a redacted match."""
+    rule_files: Sequence[str] = ()
+    """Paths of further rule files in gitleaks' TOML schema (``[[rules]]`` with ``id``,
+    ``regex``, ``keywords``, optionally ``secretGroup``, ``entropy`` and ``allowlists``), applied
+    with the built-in ones (or alone when ``default_patterns`` is off)."""
     scrub_span_attributes: bool = False
     """Also scrub the text the tracer puts on OpenTelemetry spans (``input.value``,
     ``output.value``, document contents). Off by default because it runs on the request path;

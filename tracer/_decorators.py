@@ -42,6 +42,7 @@ from recalltrace.tracer._extract import (
     unreadable,
 )
 from recalltrace.tracer._internal import internal_error, user_code_error
+from recalltrace.tracer._scrub import scrub_span_attributes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -718,6 +719,11 @@ def _generation_of(result: Any) -> tuple[str | None, str | None, Usage | None]:
 
 
 def _end(call: _Call) -> None:
+    scrub = call.runtime.span_scrub
+    if scrub is not None and call.recording:
+        # Attributes the application set on this span itself (with the OpenTelemetry API)
+        # are user text too; the tracer's own, scrubbed already, are recognised at once.
+        scrub_span_attributes(call.span, scrub)
     try:
         call.span.end()
     except Exception:

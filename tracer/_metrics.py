@@ -99,6 +99,8 @@ class TracerStats:
         self.stored: dict[str, int] = {}
         self.not_read: dict[str, int] = {}
         self.queue_size: Callable[[], int] = lambda: 0
+        self.label: Callable[[str], str] = str
+        """What an app name becomes as a metric label (scrubbed, when scrubbing is on)."""
 
     def reset(self) -> None:
         """Forget all counts (used in a forked child, whose parent keeps its own)."""
@@ -147,6 +149,7 @@ class TracerStats:
 
     def trace_finished(self, app: str, sampled: bool) -> None:
         """Count one finished trace."""
+        app = self.label(app)
         with self._lock:
             self.captured[app] = self.captured.get(app, 0) + 1
             if sampled:
@@ -156,6 +159,8 @@ class TracerStats:
         """Count dropped records; say so at once, then at most every ten seconds, with the
         exact number of each reason since the last line (see :meth:`report_drops`).
         ``report=False`` leaves the line to the caller's :meth:`report_drops` (bulk drops)."""
+        if app:
+            app = self.label(app)
         with self._lock:
             key = (reason, app)
             self.dropped[key] = self.dropped.get(key, 0) + count

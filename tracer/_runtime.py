@@ -93,6 +93,8 @@ class Runtime:
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
         self.stats = _stats
+        # App names label the metrics; one taken from a received span name is user text.
+        _stats.label = self.scrubber.scrub_label if self.scrubber is not None else str
         self.reader = BoundedReader(READ_TIMEOUT_S)
         self._said: set[str] = set()
         self.writer = BatchWriter(
