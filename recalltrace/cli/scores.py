@@ -15,6 +15,7 @@ from recalltrace.cli._args import (
     ATTRIBUTE_NAMES,
     EXIT_CHECK_FAILED,
     EXIT_OK,
+    MAX_ROWS,
     CommandError,
     _add_bucket,
     _add_common,
@@ -24,6 +25,7 @@ from recalltrace.cli._args import (
     _add_where,
     _attribute_filter,
     _attribute_name,
+    _data_window,
     _database,
     _history,
     _metric,
@@ -33,6 +35,7 @@ from recalltrace.cli._args import (
     _stored_text,
     _unit_float,
     _window,
+    int_range,
 )
 from recalltrace.cli._charts import render_html, render_svg
 from recalltrace.cli._render import (
@@ -100,7 +103,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "same question does not fill the list",
     )
     worst.add_argument(
-        "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
+        "--limit",
+        type=int_range(1, MAX_ROWS),
+        default=10,
+        metavar="N",
+        help=f"rows (default: 10, at most {MAX_ROWS})",
     )
     _add_format(worst)
     worst.set_defaults(handler=_piped(_cmd_worst))
@@ -222,12 +229,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a score at or above X passes, for kappa and the confusion table (default: 0.5)",
     )
     agree.add_argument(
-        "--worst", type=_positive_int, default=5, metavar="N", help="disagreements shown (5)"
+        "--worst",
+        type=int_range(1, MAX_ROWS),
+        default=5,
+        metavar="N",
+        help="disagreements shown (5)",
     )
     agree.add_argument("--format", choices=("table", "json"), default="table")
     agree.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=int_range(1, 1024),
         default=4,
         metavar="N",
         help="judge calls in flight when re-scoring with --judge-model (default: 4)",
@@ -318,11 +329,12 @@ def _nothing_hint(args: argparse.Namespace, engine: Engine) -> str:
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
     metric, version = _metric_version(args)
     since, until = _window(args)
+    bounded = _data_window(engine, since, until)
     try:
         rows = _history(engine).summary(
             bucket=args.bucket,
-            since=since,
-            until=until,
+            since=bounded[0],
+            until=bounded[1],
             app=args.app,
             metric=metric,
             version=version,
@@ -413,11 +425,12 @@ def _cmd_worst(args: argparse.Namespace) -> int:
     metric, version = _metric_version(args)
     since, until = _window(args)
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         rows = _history(engine).worst(
             metric=metric,
             limit=args.limit,
-            since=since,
-            until=until,
+            since=bounded[0],
+            until=bounded[1],
             app=args.app,
             version=version,
             where=args.where,
@@ -581,7 +594,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise CommandError("scores compare needs --metric")
     since, until = _window(args)
     with _database(args) as engine:
-        result = _compare(engine, args, metric, version, since, until)
+        result = _compare(engine, args, metric, version, *_data_window(engine, since, until))
         hint = "" if result.groups else _nothing_hint(args, engine)
     window = _window_text(since, until)
     filters = "".join(f", {name}={value}" for name, value in args.where)
@@ -729,9 +742,10 @@ def _cmd_agreement(args: argparse.Namespace) -> int:
             )
     rescoring = None
     with _database(args) as engine:
-        pairs = LabelStore(engine).agreement_pairs(metric, since=since, until=until)
+        lower, upper = _data_window(engine, since, until)
+        pairs = LabelStore(engine).agreement_pairs(metric, since=lower, until=upper)
         if judge is not None:
-            rescoring = _rescore(engine, metric, judge, since, until, args.concurrency)
+            rescoring = _rescore(engine, metric, judge, lower, upper, args.concurrency)
     reports = agreement(pairs, threshold=args.threshold, worst=args.worst)
     if rescoring is not None:
         for report in agreement(rescoring.pairs, threshold=args.threshold, worst=args.worst):
@@ -824,10 +838,11 @@ def _num_or_dash(value: float | None) -> str:
 def _cmd_cost(args: argparse.Namespace) -> int:
     since, until = _window(args)
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         try:
             rows = _history(engine).cost(
-                since=since,
-                until=until,
+                since=bounded[0],
+                until=bounded[1],
                 app=args.app,
                 metric=_metric(args.metric),
                 where=args.where,
@@ -962,7 +977,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     since, until = _window(args)
     if args.compare_to is not None:
         with _database(args) as engine:
-            ok, line = _check_compare(engine, args, metric, version, since, until)
+            ok, line = _check_compare(
+                engine, args, metric, version, *_data_window(engine, since, until)
+            )
         print(line, file=sys.stdout if ok else sys.stderr)
         if not ok:
             return EXIT_CHECK_FAILED
@@ -973,8 +990,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "--where selects the traces of --compare-to; --min checks every trace of the window"
         )
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         stats = _history(engine).window(
-            metric=metric, since=since, until=until, app=args.app, version=version
+            metric=metric, since=bounded[0], until=bounded[1], app=args.app, version=version
         )
         hint = _nothing_hint(args, engine) if stats.count < args.min_count else ""
     scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")
