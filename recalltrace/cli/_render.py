@@ -203,3 +203,33 @@ def _summary_stat_cells(r: SummaryRow) -> list[str]:
 
 
 _VERDICT_KEYS = frozenset({"attributed", "is_relevant", "is_included", "found"})
+
+
+def print_keyed(console: Console, table: Any, keys: Sequence[str]) -> None:
+    """Print ``table`` without ever cutting a cell of its key columns (those whose header is in
+    ``keys``: a day, a release, a metric). As a table when it fits the console (with lighter
+    borders if that is what it takes); otherwise each row as a block: its keys on one line,
+    then ``header: value`` lines. No cell is hidden behind an ellipsis either way."""
+    from rich import box
+    from rich.text import Text
+
+    unbounded = console.options.update_width(10_000)
+    if console.measure(table, options=unbounded).maximum <= console.width:
+        console.print(table)
+        return
+    table.box = box.SIMPLE_HEAD
+    table.pad_edge = False
+    if console.measure(table, options=unbounded).maximum <= console.width:
+        console.print(table)
+        return
+    columns = list(table.columns)
+    rows = [list(column.cells) for column in columns]
+    if table.title:
+        console.print(table.title)
+    for index in range(table.row_count):
+        cells = [(str(column.header), rows[n][index]) for n, column in enumerate(columns)]
+        head = "  ".join(str(cell) for name, cell in cells if name in keys)
+        console.print(Text.from_markup(head, style="bold"), soft_wrap=True)
+        for name, cell in cells:
+            if name not in keys:
+                console.print(Text.assemble(f"  {name}: ", Text.from_markup(str(cell))))

@@ -51,6 +51,7 @@ from recalltrace.cli._render import (
     _summary_stat_cells,
     _window_text,
     inert,
+    print_keyed,
 )
 from recalltrace.cli.worker import add_judge_arguments, judge_config_from_args
 from recalltrace.compare import MIN_LABELS, MIN_TRACES, compare_groups
@@ -400,7 +401,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
                     *group_cell(r),
                     *_summary_stat_cells(r),
                 )
-            console.print(part)
+            print_keyed(console, part, left)
     return EXIT_OK
 
 
@@ -651,7 +652,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             _interval(g.difference_interval),
             verdict,
         )
-    console.print(table)
+    print_keyed(console, table, (args.by,))
     console.print("Intervals: " + "; ".join(methods) if methods else "")
     if labelled:
         console.print(_labels_line(result, args.min_labels))
@@ -877,9 +878,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     for name in (*left, "scores", "prompt tok", "completion tok", "USD"):
         table.add_column(name, justify="left" if name in left else "right")
     for r in rows:
-        money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
-        if r.cost_usd is not None and r.unpriced:
-            money += f" (+{r.unpriced} unpriced)"
+        money = _money(r)
         table.add_row(
             r.day.date().isoformat(),
             *(() if by is None else (_safe("(none)" if r.group is None else r.group),)),
@@ -890,16 +889,33 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             f"{r.completion_tokens:,}",
             money,
         )
-    console.print(table)
+    print_keyed(console, table, left)
     priced = [r.cost_usd for r in rows if r.cost_usd is not None]
     tokens = sum(r.prompt_tokens + r.completion_tokens for r in rows)
     total = f"{sum(priced):.4f} USD" if priced else "unknown USD"
     unpriced = sum(r.unpriced for r in rows)
     console.print(
         f"Total: {tokens:,} tokens, {total}"
-        + (f"; {unpriced} result(s) had no price in LiteLLM's list" if unpriced else "")
+        + (f"; {unpriced} result(s) without a cost: {_NO_COST}" if unpriced else "")
     )
     return EXIT_OK
+
+
+# Why a result has no cost: the storage counts both cases as one number.
+_NO_COST = (
+    "those that made no judge call (skipped before asking it, e.g. no reference yet) and those "
+    "whose model LiteLLM's price list does not price"
+)
+
+
+def _money(r: Any) -> str:
+    """The USD cell of a cost row: a row whose results made no judge call says so."""
+    if not r.prompt_tokens and not r.completion_tokens and r.cost_usd is None:
+        return "no judge call"
+    money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+    if r.cost_usd is not None and r.unpriced:
+        money += f" (+{r.unpriced} without a cost)"
+    return money
 
 
 def _check_compare(
