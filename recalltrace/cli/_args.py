@@ -80,14 +80,18 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
 
 
 def _add_version(parser: argparse.ArgumentParser) -> None:
+    # ``recalltrace --version`` is recalltrace's own version; after a command, ``--version`` is a
+    # metric's, and ``--metric-version`` says so by its name.
     parser.add_argument(
+        "--metric-version",
         "--version",
         dest="metric_version",
         type=_stored_text,
         default=None,
         metavar="V",
         help="read version V of --metric (default: each metric's current version; the scores "
-        "of other versions, kept after a backfill, are never pooled with them)",
+        "of other versions, kept after a backfill, are never pooled with them); not "
+        "recalltrace's version, which `recalltrace --version` prints",
     )
 
 

@@ -89,6 +89,16 @@ def test_the_database_url_may_come_before_the_subcommand(
     assert code == 0, err
 
 
+def test_a_metric_version_has_a_name_of_its_own(stored: tuple[str, list[int], str]) -> None:
+    url, _jobs, _trace = stored
+    metric = ["--metric", "id_based_context_recall", "--format", "json"]
+    by_name = cli("scores", "summary", *metric, "--metric-version", "1", "--database-url", url)
+    as_before = cli("scores", "summary", *metric, "--version", "1", "--database-url", url)
+    assert by_name[0] == 0 and by_name[1] == as_before[1]
+    code, out, _err = cli("--version")
+    assert code == 0 and out.startswith("recalltrace "), out
+
+
 def test_a_mistyped_option_is_named_by_its_subcommand(stored: tuple[str, list[int], str]) -> None:
     url, _jobs, _trace = stored
     code, _out, err = cli("worker", "--once", "--metrics", "id_based_context_recall",
