@@ -240,7 +240,8 @@ def assemble_record(
             "their shape was not recognised; pass extractor= to @retrieval"
         )
     textless = [i for i, doc in enumerate(read) if not doc[0] and doc[1] is not None]
-    if textless:
+    # A trace captured from spans says what its spans lacked in its own words (capture_build).
+    if textless and metadata.get("captured_from") != "spans":
         shown = ", ".join(str(i) for i in textless[:10]) + (" ..." if len(textless) > 10 else "")
         notes.append(
             f"{len(textless)} retrieved document(s) had an id but no readable text (positions "
