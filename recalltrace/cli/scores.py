@@ -937,11 +937,12 @@ def _check_compare(
         )
     candidate = candidates[0]
     history = _history(engine)
+    lower, upper = _data_window(engine, since, until)
     selection: dict[str, Any] = {
         "metric": metric,
         "by": name,
-        "since": since,
-        "until": until,
+        "since": lower,
+        "until": upper,
         "app": args.app,
         "version": version,
         "where": [(key, value) for key, value in args.where if key != name],
@@ -993,9 +994,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     since, until = _window(args)
     if args.compare_to is not None:
         with _database(args) as engine:
-            ok, line = _check_compare(
-                engine, args, metric, version, *_data_window(engine, since, until)
-            )
+            ok, line = _check_compare(engine, args, metric, version, since, until)
         print(line, file=sys.stdout if ok else sys.stderr)
         if not ok:
             return EXIT_CHECK_FAILED
