@@ -136,10 +136,14 @@ class HelpDesk:
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``recalltrace demo``."""
+    from recalltrace.cli._args import int_range
     from recalltrace.cli.worker import add_judge_arguments
 
     parser.add_argument(
-        "--top-k", type=int, default=3, help="articles retrieved per question (default 3)"
+        "--top-k",
+        type=int_range(1, 100),
+        default=3,
+        help="articles retrieved per question (default 3)",
     )
     add_judge_arguments(parser)
 
@@ -170,10 +174,11 @@ def run_demo(args: argparse.Namespace) -> int:
             f"Not using {DATABASE_URL_ENV} ({redact_url(resolve_database_url(exported))}): the "
             "demo writes to its own file; pass --database-url to choose the database."
         )
-    if args.top_k < 1:
-        from recalltrace.cli import CommandError
-
-        raise CommandError("--top-k must be at least 1")
+    judge = judge_config_from_args(args, concurrency=8)
+    if judge is not None:
+        # Before anything is traced: a judge that cannot be reached would only be found after
+        # every call's retries, with the LLM variants scoring nothing.
+        check_judge_reachable(judge.model, judge.api_base)
     upgrade(url)
     console.print(f"[bold]recalltrace demo[/] on {redact_url(url)}")
 
@@ -214,7 +219,6 @@ def run_demo(args: argparse.Namespace) -> int:
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
     logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
-    judge = judge_config_from_args(args, concurrency=8)
     worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
     import asyncio
 
@@ -233,7 +237,63 @@ def run_demo(args: argparse.Namespace) -> int:
         f"Scored {stats.scored} results ({stats.skipped} skipped, {stats.failed} failed)."
     )
     _print_results(console, url, started, worker.not_configured, list(CATALOG))
+    if stats.paused:
+        # The last line, and the exit code, say that the LLM variants did not score.
+        from recalltrace.cli.worker import EXIT_JUDGE_PAUSED
+
+        console.print(
+            f"The judge was paused {stats.paused} time(s) (see the JUDGE PAUSED line above): "
+            "the LLM variants are not scored; their jobs stay queued for `recalltrace worker`.",
+            soft_wrap=True,
+        )
+        return EXIT_JUDGE_PAUSED
     return 0
+
+
+JUDGE_PROBE_TIMEOUT_S = 5.0
+"""How long the demo waits for a judge's server to accept a connection."""
+
+
+def judge_endpoint(model: str, api_base: str | None) -> str | None:
+    """The base URL the judge is called at: ``api_base``, or the default LiteLLM knows for a
+    local provider (Ollama); ``None`` for hosted providers, whose address is not checked."""
+    if api_base:
+        return api_base
+    if model.startswith("ollama"):
+        return "http://localhost:11434"  # LiteLLM's default for its Ollama providers
+    try:
+        import litellm
+
+        default = litellm.get_llm_provider(model)[3]
+    except Exception:  # an unknown provider is LiteLLM's to refuse, on the first call
+        default = None
+    return str(default) if default else None
+
+
+def check_judge_reachable(model: str, api_base: str | None) -> None:
+    """Refuse, in one line, a judge whose server does not accept a connection."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from recalltrace.cli import CommandError
+
+    endpoint = judge_endpoint(model, api_base)
+    if endpoint is None:
+        return
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise CommandError(f"--judge-api-base {endpoint!r} has no valid port") from None
+    host = parts.hostname or "localhost"
+    try:
+        socket.create_connection((host, port), timeout=JUDGE_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CommandError(
+            f"cannot reach the judge {model} at {endpoint} ({reason}): start it (for Ollama: "
+            "`ollama serve`), set --judge-api-base, or run the demo without --judge-model"
+        ) from None
 
 
 def _print_results(

@@ -43,8 +43,22 @@ _litellm: Any = None
 
 
 JUDGE_EXTRA_HINT = (
-    "the LLM judge needs LiteLLM, which is not installed: pip install 'recalltrace[judge]'"
+    "the LLM judge needs LiteLLM, which is not installed: install recalltrace with its judge "
+    "extra, `pip install '.[judge]'` in a checkout or `pip install "
+    "'dist/recalltrace-{version}-py3-none-any.whl[judge]'` for a wheel built with "
+    "`python -m build` (or `pip install litellm` beside it)"
 )
+
+
+def judge_extra_hint() -> str:
+    """:data:`JUDGE_EXTRA_HINT` with the installed version in the wheel's name."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("recalltrace")
+    except PackageNotFoundError:
+        installed = "VERSION"
+    return JUDGE_EXTRA_HINT.format(version=installed)
 
 
 class JudgeBackendMissing(ImportError):
@@ -57,7 +71,7 @@ def require_judge_backend() -> None:
     import importlib.util
 
     if _litellm is None and importlib.util.find_spec("litellm") is None:
-        raise JudgeBackendMissing(JUDGE_EXTRA_HINT)
+        raise JudgeBackendMissing(judge_extra_hint())
 
 
 def _load_litellm() -> Any:
@@ -70,7 +84,7 @@ def _load_litellm() -> Any:
         except ImportError as exc:
             if exc.name != "litellm":
                 raise
-            raise JudgeBackendMissing(JUDGE_EXTRA_HINT) from None
+            raise JudgeBackendMissing(judge_extra_hint()) from None
 
         litellm.suppress_debug_info = True
         for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):

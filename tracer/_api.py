@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -26,6 +28,8 @@ from recalltrace.tracer._decorators import (
     locate,
 )
 from recalltrace.tracer._metrics import Ledger
+
+logger = logging.getLogger("recalltrace.tracer")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -267,16 +271,41 @@ def set_reference(
     means the request of the current context). While the trace is still in memory the values
     are merged into its record; once stored, they are attached by the writer thread, which
     retries for ``reference_wait`` seconds if the trace is still on its way to storage.
-    Never raises for storage problems; raises ``ValueError`` for a malformed id.
+    Never raises for storage problems, nor when the configuration the environment gives is
+    refused (like the decorators: the refusal is logged once, and each reference so ignored
+    is counted in ``references_ignored``); raises ``ValueError`` for a malformed id.
     """
     from recalltrace.tracer import _runtime
 
+    if _runtime.current is None:
+        try:
+            _runtime.get()
+        except ValueError:
+            _ignore_reference()
+            return
     _runtime.set_reference(
         trace_id,
         reference=reference,
         reference_contexts=reference_contexts,
         reference_context_ids=reference_context_ids,
     )
+
+
+references_ignored = 0
+"""References :func:`set_reference` ignored because the tracer's configuration was refused."""
+_ignored_lock = threading.Lock()
+
+
+def _ignore_reference() -> None:
+    global references_ignored
+    with _ignored_lock:
+        references_ignored += 1
+        first = references_ignored == 1
+    if first:
+        logger.error(
+            "recalltrace: set_reference() ignores references while the configuration is "
+            "refused (said above); they are counted in recalltrace.tracer._api.references_ignored"
+        )
 
 
 def set_attributes(

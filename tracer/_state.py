@@ -259,6 +259,15 @@ def assemble_record(
             f"{len(blank)} retrieved document(s) had neither text nor an id (positions {shown}): "
             "their shape was not recognised; pass extractor= to @retrieval"
         )
+    textless = [i for i, doc in enumerate(read) if not doc[0] and doc[1] is not None]
+    # A trace captured from spans says what its spans lacked in its own words (capture_build).
+    if textless and metadata.get("captured_from") != "spans":
+        shown = ", ".join(str(i) for i in textless[:10]) + (" ..." if len(textless) > 10 else "")
+        notes.append(
+            f"{len(textless)} retrieved document(s) had an id but no readable text (positions "
+            f"{shown}): only the id-based variant can use them; if the text is elsewhere (e.g. "
+            "Pinecone's metadata['text']), return it as text with extractor= on @retrieval"
+        )
     non_finite: list[str] = []
     for index, (content, doc_id, score, doc_metadata) in enumerate(read):
         if limit >= 0 and len(content) > limit:

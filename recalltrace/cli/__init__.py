@@ -20,6 +20,7 @@ from recalltrace.cli._args import (
     CommandError,
     Handler,
 )
+from recalltrace.cli._render import inert
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandError", "build_parser", "main"]
 
@@ -36,8 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="recalltrace",
         description="Context-recall monitoring for production RAG: traces, scores, history.",
     )
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print recalltrace's version (the installed distribution's) and exit",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    parser.add_argument(
+        "--database-url",
+        dest="global_database_url",
+        metavar="URL",
+        default=None,
+        help="database URL for the command that follows (the same as the command's own "
+        "--database-url, which wins when both are given)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from recalltrace.cli import collect, db, doctor, jobs, labels, scores, trace, worker
@@ -66,7 +79,39 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub)
     labels.register(sub)
 
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Let every (sub)command's parser be found from what it parsed, so that an option it
+    does not know is reported in its own words."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(command_parser=child)
+                _remember_parsers(child)
+
+
+def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """One line naming what ``parser`` did not recognise and the options it has (the close
+    ones when there are some)."""
+    import difflib
+
+    known = sorted(
+        {
+            option
+            for action in parser._actions
+            for option in action.option_strings
+            if option.startswith("--") and action.help != argparse.SUPPRESS
+        }
+    )
+    unknown = [item for item in extras if item.startswith("-")] or extras
+    first = unknown[0].partition("=")[0]
+    close = difflib.get_close_matches(first, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"its options: {', '.join(known)}"
+    shown = " ".join(inert(item) for item in extras)
+    return f"unrecognized arguments: {shown} ({hint})"
 
 
 def _friendly(exc: BaseException) -> str | None:
@@ -123,15 +168,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     parser = build_parser()
-    args = parser.parse_args(_attach_dash_values(list(sys.argv[1:] if argv is None else argv)))
+    args, extras = parser.parse_known_args(
+        _attach_dash_values(list(sys.argv[1:] if argv is None else argv))
+    )
+    if extras:
+        where: argparse.ArgumentParser = getattr(args, "command_parser", parser)
+        where.error(_unknown_options(where, extras))
+    if getattr(args, "database_url", None) is None and args.global_database_url is not None:
+        args.database_url = args.global_database_url
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.version:
-        from importlib.metadata import version
+        from recalltrace._version import installed_version
 
-        print(f"recalltrace {version('recalltrace')}")
+        print(f"recalltrace {installed_version()}")
         return EXIT_OK
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recalltrace.cli._render import _when
+from recalltrace.cli._render import _when, inert
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -80,14 +80,18 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
 
 
 def _add_version(parser: argparse.ArgumentParser) -> None:
+    # ``recalltrace --version`` is recalltrace's own version; after a command, ``--version`` is a
+    # metric's, and ``--metric-version`` says so by its name.
     parser.add_argument(
+        "--metric-version",
         "--version",
         dest="metric_version",
         type=_stored_text,
         default=None,
         metavar="V",
         help="read version V of --metric (default: each metric's current version; the scores "
-        "of other versions, kept after a backfill, are never pooled with them)",
+        "of other versions, kept after a backfill, are never pooled with them); not "
+        "recalltrace's version, which `recalltrace --version` prints",
     )
 
 
@@ -161,16 +165,36 @@ def _add_where(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {text!r}")
-    if value > _MAX_INT:
-        raise argparse.ArgumentTypeError(f"expected a number of at most {_MAX_INT}, got {text!r}")
-    return value
+def int_range(
+    low: int, high: int = _MAX_INT, *, what: str = "a whole number"
+) -> Callable[[str], int]:
+    """The one parser of every integer option: a whole number from ``low`` to ``high``, or one
+    line naming the value and the range (never a traceback, never a value the database or the
+    machine cannot hold)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {what} from {low} to {high}, got {inert(text)!r}"
+            ) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected {what} from {low} to {high}, got {inert(text)!r}"
+            )
+        return value
+
+    parse.__name__ = f"int_{low}_{high}"
+    return parse
+
+
+_positive_int = int_range(1)
+_non_negative_int = int_range(0)
+
+# Most rows a listing command prints: beyond this a table is unreadable and the query slow; use
+# --format csv with a narrower window to export more.
+MAX_ROWS = 10_000
 
 
 def _unit_float(text: str) -> float:
@@ -358,3 +382,40 @@ def _metrics_arg(values: list[str] | None) -> list[str] | None:
                 raise CommandError(str(exc.args[0])) from None
             keys.append(key)
     return keys
+
+
+def _data_window(
+    engine: Engine, since: datetime | None, until: datetime | None
+) -> tuple[datetime | None, datetime | None]:
+    """``since``/``until`` narrowed to the days holding stored traces: the history's hourly
+    rollups walk every hour of a window, and ``--since 0001-01-01`` (or ``--until 9999-12-31``)
+    would walk millions of empty ones. The traces selected are the same; what is printed as
+    the window stays the one asked for."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from recalltrace.storage.models import Trace
+
+    with engine.connect() as conn:
+        first, last = conn.execute(
+            select(func.min(Trace.started_at), func.max(Trace.started_at))
+        ).one()
+    now = datetime.now(timezone.utc)
+    if first is None or last is None:
+        # Nothing stored: an empty day before now selects the same nothing.
+        first = last = now
+    day = timedelta(days=1)
+    lower = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
+    upper = max(_as_utc(last), now).replace(hour=0, minute=0, second=0, microsecond=0) + day
+    if since is None or since < lower:
+        since = lower
+    if until is not None and until > upper:
+        until = upper
+    if until is not None and since >= until:
+        since = until - day
+    return since, until
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment

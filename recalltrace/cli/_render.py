@@ -53,8 +53,21 @@ def _console() -> Console:
 
 
 def _print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+    sys.stdout.write(
+        inert_json(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+    )
     sys.stdout.write("\n")
+
+
+# What json.dumps leaves raw but a terminal acts on: DEL, C1 controls, bidirectional controls
+# (C0 controls it already writes as \u00XX).
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert_json(text: str) -> str:
+    """JSON text with the characters a terminal would act on written as ``\\uXXXX`` escapes:
+    the same JSON value, nothing a terminal acts on (they can only occur inside strings)."""
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 # Characters that can act on a terminal or reorder what is shown: C0 controls but newline and
@@ -78,18 +91,36 @@ def _safe(text: str) -> str:
     return escape(inert(text))
 
 
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return value
     if isinstance(value, float):
         # Twelve significant digits: a mean of 0.1 prints as 0.1, not 0.10000000000000009.
         return f"{value:.12g}"
-    return value
+    if isinstance(value, int):
+        return value
+    return csv_text(str(value))
+
+
+def csv_text(text: str) -> str:
+    """Text for a CSV cell: what a terminal would act on escaped (:func:`inert`), and a value a
+    spreadsheet would run as a formula (``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``,
+    ``-2+3``) prefixed with ``'`` so that it is shown as text."""
+    text = inert(text)
+    if text.startswith(_FORMULA_START):
+        return "'" + text
+    return text
 
 
 def _print_csv(fields: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
     writer = csv.DictWriter(sys.stdout, fieldnames=list(fields), lineterminator="\n")
-    writer.writeheader()
+    writer.writerow({k: csv_text(k) for k in fields})
     for row in rows:
         writer.writerow({k: _csv_cell(row[k]) for k in fields})
 
@@ -172,3 +203,33 @@ def _summary_stat_cells(r: SummaryRow) -> list[str]:
 
 
 _VERDICT_KEYS = frozenset({"attributed", "is_relevant", "is_included", "found"})
+
+
+def print_keyed(console: Console, table: Any, keys: Sequence[str]) -> None:
+    """Print ``table`` without ever cutting a cell of its key columns (those whose header is in
+    ``keys``: a day, a release, a metric). As a table when it fits the console (with lighter
+    borders if that is what it takes); otherwise each row as a block: its keys on one line,
+    then ``header: value`` lines. No cell is hidden behind an ellipsis either way."""
+    from rich import box
+    from rich.text import Text
+
+    unbounded = console.options.update_width(10_000)
+    if console.measure(table, options=unbounded).maximum <= console.width:
+        console.print(table)
+        return
+    table.box = box.SIMPLE_HEAD
+    table.pad_edge = False
+    if console.measure(table, options=unbounded).maximum <= console.width:
+        console.print(table)
+        return
+    columns = list(table.columns)
+    rows = [list(column.cells) for column in columns]
+    if table.title:
+        console.print(table.title)
+    for index in range(table.row_count):
+        cells = [(str(column.header), rows[n][index]) for n, column in enumerate(columns)]
+        head = "  ".join(str(cell) for name, cell in cells if name in keys)
+        console.print(Text.from_markup(head, style="bold"), soft_wrap=True)
+        for name, cell in cells:
+            if name not in keys:
+                console.print(Text.assemble(f"  {name}: ", Text.from_markup(str(cell))))

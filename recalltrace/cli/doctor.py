@@ -16,7 +16,13 @@ from recalltrace.cli._args import (
     _database,
     _piped,
     _window,
+    int_range,
 )
+from recalltrace.cli._render import inert, inert_json
+
+# The records read to count fields: enough to see every app of a busy week, few enough to
+# answer in seconds.
+MAX_DOCTOR_RECORDS = 1_000_000
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -44,10 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--until", default=None, help="and until (default: now)")
     parser.add_argument(
         "--limit",
-        type=int,
+        type=int_range(1, MAX_DOCTOR_RECORDS),
         default=10_000,
         metavar="N",
-        help="look at the N most recent records at most (default: 10000)",
+        help="look at the N most recent records at most (default: 10000, at most "
+        f"{MAX_DOCTOR_RECORDS})",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -131,20 +138,20 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         clock = clock_lines(engine, release_parked=args.release_parked)
     report = field_report(rows)
     if args.format == "json":
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(inert_json(json.dumps(report, indent=2, sort_keys=True)))
         # stdout stays one JSON object; the clock check goes to stderr.
         for line in clock:
-            print(line, file=sys.stderr)
+            print(inert(line), file=sys.stderr)
         return EXIT_OK
     for line in clock:
-        print(line)
+        print(inert(line))
     if not report:
         print("no records in this window")
         return EXIT_OK
     for app in sorted(report):
         entry = report[app]
         spans = entry["from_spans"]
-        print(f"{app}: {entry['records']} record(s), {spans} captured from spans")
+        print(f"{inert(app)}: {entry['records']} record(s), {spans} captured from spans")
         if not spans:
             continue
         for name in FIELDS:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from recalltrace.cli._args import (
     EXIT_OK,
+    MAX_ROWS,
     CommandError,
     _add_database_option,
     _add_format,
@@ -22,6 +23,7 @@ from recalltrace.cli._args import (
     _stored_text,
     _window,
     check_sqlite_target,
+    int_range,
     require_current_schema,
 )
 from recalltrace.cli._render import _console, _print_csv, _print_json, _safe, _short_when
@@ -57,7 +59,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a queued job due for longer than this is stuck (default: 15m)",
     )
     jobs_list.add_argument(
-        "--limit", type=_positive_int, default=100, metavar="N", help="rows (default: 100)"
+        "--limit",
+        type=int_range(1, MAX_ROWS),
+        default=100,
+        metavar="N",
+        help=f"rows (default: 100, at most {MAX_ROWS})",
     )
     _add_format(jobs_list)
     jobs_list.set_defaults(handler=_piped(_cmd_jobs_list))
@@ -333,22 +339,55 @@ def _cmd_jobs_retry(args: argparse.Namespace) -> int:
     everything = args.job_ids is None and args.app is None and metric is None
     with _database(args) as engine:
         repo = repository(engine)
+        before = _job_states(engine, args.job_ids) if args.job_ids else {}
         job_ids = list(args.job_ids) if args.job_ids else None
         if args.app is not None:
             job_ids = _jobs_of_app(engine, args.app, metric, job_ids)
         failed = 0 if job_ids == [] else repo.retry_jobs(job_ids=job_ids, metric=metric)
         leases = repo.requeue_expired_leases() if everything else 0
+        after = _job_states(engine, args.job_ids) if args.job_ids else {}
     message = f"queued again: {failed} failed job{'s' if failed != 1 else ''}"
     if everything:
         message += f", {leases} job{'s' if leases != 1 else ''} whose lease had expired"
     print(message)
-    if args.job_ids and failed < len(set(args.job_ids)):
-        missing = len(set(args.job_ids)) - failed
-        raise CommandError(
-            f"{missing} of the given job ids {'were' if missing != 1 else 'was'} not failed "
-            "jobs, so not queued again (see `recalltrace jobs list`)"
-        )
+    if args.job_ids:
+        left = [
+            _not_requeued(job_id, before.get(job_id), args)
+            for job_id in sorted(set(args.job_ids))
+            if not (before.get(job_id) == "failed" and after.get(job_id) != "failed")
+        ]
+        if left:
+            more = f"; and {len(left) - 10} more" if len(left) > 10 else ""
+            shown = "; ".join(left[:10]) + more
+            raise CommandError(
+                f"not queued again (only failed jobs are): {shown} (see `recalltrace jobs list`)"
+            )
     return EXIT_OK
+
+
+def _job_states(engine: Engine, job_ids: list[int]) -> dict[int, str]:
+    """The status of each of ``job_ids`` that exists."""
+    from sqlalchemy import select
+
+    from recalltrace.storage.models import ScoringJob
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(ScoringJob.id, ScoringJob.status).where(ScoringJob.id.in_(set(job_ids)))
+        )
+        return {int(job_id): str(status) for job_id, status in rows}
+
+
+def _not_requeued(job_id: int, state: str | None, args: argparse.Namespace) -> str:
+    """Why one job given by ``--id`` was not queued again, in a few words."""
+    if state is None:
+        return f"job {job_id} does not exist"
+    if state != "failed":
+        return f"job {job_id} is {state}, not failed"
+    chosen = " and ".join(
+        f"--{name} {value}" for name, value in (("app", args.app), ("metric", args.metric)) if value
+    )
+    return f"job {job_id} is failed but not selected by {chosen or 'the filters'}"
 
 
 def _jobs_of_app(

@@ -15,6 +15,7 @@ from recalltrace.cli._args import (
     ATTRIBUTE_NAMES,
     EXIT_CHECK_FAILED,
     EXIT_OK,
+    MAX_ROWS,
     CommandError,
     _add_bucket,
     _add_common,
@@ -24,6 +25,7 @@ from recalltrace.cli._args import (
     _add_where,
     _attribute_filter,
     _attribute_name,
+    _data_window,
     _database,
     _history,
     _metric,
@@ -33,6 +35,7 @@ from recalltrace.cli._args import (
     _stored_text,
     _unit_float,
     _window,
+    int_range,
 )
 from recalltrace.cli._charts import render_html, render_svg
 from recalltrace.cli._render import (
@@ -48,6 +51,7 @@ from recalltrace.cli._render import (
     _summary_stat_cells,
     _window_text,
     inert,
+    print_keyed,
 )
 from recalltrace.cli.worker import add_judge_arguments, judge_config_from_args
 from recalltrace.compare import MIN_LABELS, MIN_TRACES, compare_groups
@@ -100,7 +104,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "same question does not fill the list",
     )
     worst.add_argument(
-        "--limit", type=_positive_int, default=10, metavar="N", help="rows (default: 10)"
+        "--limit",
+        type=int_range(1, MAX_ROWS),
+        default=10,
+        metavar="N",
+        help=f"rows (default: 10, at most {MAX_ROWS})",
     )
     _add_format(worst)
     worst.set_defaults(handler=_piped(_cmd_worst))
@@ -222,12 +230,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a score at or above X passes, for kappa and the confusion table (default: 0.5)",
     )
     agree.add_argument(
-        "--worst", type=_positive_int, default=5, metavar="N", help="disagreements shown (5)"
+        "--worst",
+        type=int_range(1, MAX_ROWS),
+        default=5,
+        metavar="N",
+        help="disagreements shown (5)",
     )
     agree.add_argument("--format", choices=("table", "json"), default="table")
     agree.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=int_range(1, 1024),
         default=4,
         metavar="N",
         help="judge calls in flight when re-scoring with --judge-model (default: 4)",
@@ -318,11 +330,12 @@ def _nothing_hint(args: argparse.Namespace, engine: Engine) -> str:
 def _summary_rows(args: argparse.Namespace, engine: Engine) -> tuple[list[SummaryRow], str]:
     metric, version = _metric_version(args)
     since, until = _window(args)
+    bounded = _data_window(engine, since, until)
     try:
         rows = _history(engine).summary(
             bucket=args.bucket,
-            since=since,
-            until=until,
+            since=bounded[0],
+            until=bounded[1],
             app=args.app,
             metric=metric,
             version=version,
@@ -388,7 +401,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
                     *group_cell(r),
                     *_summary_stat_cells(r),
                 )
-            console.print(part)
+            print_keyed(console, part, left)
     return EXIT_OK
 
 
@@ -413,11 +426,12 @@ def _cmd_worst(args: argparse.Namespace) -> int:
     metric, version = _metric_version(args)
     since, until = _window(args)
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         rows = _history(engine).worst(
             metric=metric,
             limit=args.limit,
-            since=since,
-            until=until,
+            since=bounded[0],
+            until=bounded[1],
             app=args.app,
             version=version,
             where=args.where,
@@ -581,7 +595,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise CommandError("scores compare needs --metric")
     since, until = _window(args)
     with _database(args) as engine:
-        result = _compare(engine, args, metric, version, since, until)
+        result = _compare(engine, args, metric, version, *_data_window(engine, since, until))
         hint = "" if result.groups else _nothing_hint(args, engine)
     window = _window_text(since, until)
     filters = "".join(f", {name}={value}" for name, value in args.where)
@@ -638,7 +652,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             _interval(g.difference_interval),
             verdict,
         )
-    console.print(table)
+    print_keyed(console, table, (args.by,))
     console.print("Intervals: " + "; ".join(methods) if methods else "")
     if labelled:
         console.print(_labels_line(result, args.min_labels))
@@ -729,9 +743,10 @@ def _cmd_agreement(args: argparse.Namespace) -> int:
             )
     rescoring = None
     with _database(args) as engine:
-        pairs = LabelStore(engine).agreement_pairs(metric, since=since, until=until)
+        lower, upper = _data_window(engine, since, until)
+        pairs = LabelStore(engine).agreement_pairs(metric, since=lower, until=upper)
         if judge is not None:
-            rescoring = _rescore(engine, metric, judge, since, until, args.concurrency)
+            rescoring = _rescore(engine, metric, judge, lower, upper, args.concurrency)
     reports = agreement(pairs, threshold=args.threshold, worst=args.worst)
     if rescoring is not None:
         for report in agreement(rescoring.pairs, threshold=args.threshold, worst=args.worst):
@@ -824,10 +839,11 @@ def _num_or_dash(value: float | None) -> str:
 def _cmd_cost(args: argparse.Namespace) -> int:
     since, until = _window(args)
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         try:
             rows = _history(engine).cost(
-                since=since,
-                until=until,
+                since=bounded[0],
+                until=bounded[1],
                 app=args.app,
                 metric=_metric(args.metric),
                 where=args.where,
@@ -862,9 +878,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     for name in (*left, "scores", "prompt tok", "completion tok", "USD"):
         table.add_column(name, justify="left" if name in left else "right")
     for r in rows:
-        money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
-        if r.cost_usd is not None and r.unpriced:
-            money += f" (+{r.unpriced} unpriced)"
+        money = _money(r)
         table.add_row(
             r.day.date().isoformat(),
             *(() if by is None else (_safe("(none)" if r.group is None else r.group),)),
@@ -875,16 +889,33 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             f"{r.completion_tokens:,}",
             money,
         )
-    console.print(table)
+    print_keyed(console, table, left)
     priced = [r.cost_usd for r in rows if r.cost_usd is not None]
     tokens = sum(r.prompt_tokens + r.completion_tokens for r in rows)
     total = f"{sum(priced):.4f} USD" if priced else "unknown USD"
     unpriced = sum(r.unpriced for r in rows)
     console.print(
         f"Total: {tokens:,} tokens, {total}"
-        + (f"; {unpriced} result(s) had no price in LiteLLM's list" if unpriced else "")
+        + (f"; {unpriced} result(s) without a cost: {_NO_COST}" if unpriced else "")
     )
     return EXIT_OK
+
+
+# Why a result has no cost: the storage counts both cases as one number.
+_NO_COST = (
+    "those that made no judge call (skipped before asking it, e.g. no reference yet) and those "
+    "whose model LiteLLM's price list does not price"
+)
+
+
+def _money(r: Any) -> str:
+    """The USD cell of a cost row: a row whose results made no judge call says so."""
+    if not r.prompt_tokens and not r.completion_tokens and r.cost_usd is None:
+        return "no judge call"
+    money = "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+    if r.cost_usd is not None and r.unpriced:
+        money += f" (+{r.unpriced} without a cost)"
+    return money
 
 
 def _check_compare(
@@ -906,11 +937,12 @@ def _check_compare(
         )
     candidate = candidates[0]
     history = _history(engine)
+    lower, upper = _data_window(engine, since, until)
     selection: dict[str, Any] = {
         "metric": metric,
         "by": name,
-        "since": since,
-        "until": until,
+        "since": lower,
+        "until": upper,
         "app": args.app,
         "version": version,
         "where": [(key, value) for key, value in args.where if key != name],
@@ -973,8 +1005,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "--where selects the traces of --compare-to; --min checks every trace of the window"
         )
     with _database(args) as engine:
+        bounded = _data_window(engine, since, until)
         stats = _history(engine).window(
-            metric=metric, since=since, until=until, app=args.app, version=version
+            metric=metric, since=bounded[0], until=bounded[1], app=args.app, version=version
         )
         hint = _nothing_hint(args, engine) if stats.count < args.min_count else ""
     scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")

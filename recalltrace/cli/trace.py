@@ -14,6 +14,7 @@ from recalltrace.cli._args import (
     _history,
     _piped,
     _stored_text,
+    int_range,
 )
 from recalltrace.cli._render import (
     _console,
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     show.add_argument(
         "--max-chars",
-        type=int,
+        type=int_range(0, 10_000_000),
         default=800,
         metavar="N",
         help="shorten each context to N characters in tables (0: never; default: 800)",

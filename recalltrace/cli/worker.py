@@ -14,6 +14,7 @@ from recalltrace.cli._args import (
     CommandError,
     _add_database_option,
     _metrics_arg,
+    _non_negative_int,
     check_sqlite_target,
     require_current_schema,
 )
@@ -36,16 +37,6 @@ def _judge_default(name: str) -> Any:
     from recalltrace.scorers import JudgeConfig
 
     return next(f.default for f in dataclasses.fields(JudgeConfig) if f.name == name)
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
-    return value
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,8 +159,91 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument(
         "--no-progress", action="store_true", help="no progress bar even on a terminal"
     )
+    worker.add_argument(
+        "--database-wait", type=_non_negative_float, default=DATABASE_WAIT_S, metavar="S",
+        help="at start, wait this long for a database server that does not answer (starting, "
+        "restarting), saying so once a minute, then exit 2; a database that answers but "
+        f"refuses (no such database, wrong password) exits 2 at once (default {DATABASE_WAIT_S:g})",
+    )  # fmt: skip
     add_judge_arguments(worker)
     worker.set_defaults(handler=_cmd_worker)
+
+
+DATABASE_WAIT_S = 300.0
+"""How long a starting worker waits for a database server that does not answer."""
+
+# What a server that answered says when the URL names something it does not have: waiting
+# would never help.
+_REFUSALS = (
+    "does not exist",
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < math.inf:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
+    return value
+
+
+def wait_for_database(url: str, limit_s: float, *, pause_s: float = 2.0) -> None:
+    """Return once the database answers a query. A server that refuses the URL (no such
+    database, wrong credentials) is one line at once; one that does not answer is waited for
+    up to ``limit_s``, with one line a minute, then one line saying the worker gives up."""
+    import time
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from recalltrace.storage.db import create_engine_from_url, redact_url
+
+    shown = redact_url(url)
+    engine = create_engine_from_url(url)
+    started = time.monotonic()
+    said_at: float | None = None
+    try:
+        while True:
+            try:
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            except OperationalError as exc:
+                detail = str(exc.orig if exc.orig is not None else exc).strip()
+                detail = " ".join(detail.split())[:300]
+                if any(refusal in detail for refusal in _REFUSALS):
+                    raise CommandError(
+                        f"the database at {shown} refuses the worker: {detail}; check "
+                        "--database-url (or create the database, then `recalltrace db upgrade`)"
+                    ) from None
+                now = time.monotonic()
+                waited = now - started
+                if waited >= limit_s:
+                    raise CommandError(
+                        f"the database at {shown} did not answer for {waited:.0f} s ({detail}); "
+                        "the worker did not start (--database-wait sets how long it waits)"
+                    ) from None
+                if said_at is None or now - said_at >= 60:
+                    print(
+                        f"waiting for the database at {shown}: {detail} (a line each minute; "
+                        f"giving up after {limit_s:g} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said_at = now
+                time.sleep(min(pause_s, max(limit_s - waited, 0.0)))
+                continue
+            if said_at is not None:
+                print(f"the database at {shown} answers: starting", file=sys.stderr, flush=True)
+            return
+    finally:
+        engine.dispose()
 
 
 def _add_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +300,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     logging.getLogger("recalltrace").setLevel(logging.INFO)
     url = resolve_database_url(args.database_url)
     check_sqlite_target(url, creating=False)
+    wait_for_database(url, args.database_wait)
     require_current_schema(url)
     metrics = _metrics_arg(args.metric)
     judge = judge_config_from_args(args, args.concurrency)
@@ -276,6 +351,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "(add --judge-model MODEL, any LiteLLM model string)",
             flush=True,
         )
+    # The worker logs both facts when it starts; said above, they are said once.
+    logging.getLogger("recalltrace.worker").addFilter(_said_at_start)
     import asyncio
 
     if args.pushgateway is not None:
@@ -362,6 +439,19 @@ def _push_baseline(setup: Any, url: str) -> None:
         logging.getLogger("recalltrace.worker").debug(
             "the baseline push to the Pushgateway failed: %s", exc
         )
+
+
+_START_MESSAGES = frozenset(
+    {
+        "worker %s scoring %s",
+        "no judge model configured: %s are not scored (set --judge-model)",
+    }
+)
+
+
+def _said_at_start(record: Any) -> bool:
+    """A logging filter: drop the worker's own start lines, which the command has printed."""
+    return record.msg not in _START_MESSAGES
 
 
 def _push(setup: Any, url: str | None) -> bool:

@@ -2,14 +2,16 @@
 application whose own ``storage.py``, ``tracer.py``, ``scorers.py`` and ``migrations/`` keep
 working beside recalltrace.
 
-One fresh virtual environment for the module (the wheel and its dependencies, without the
-``judge`` extra), so that what is checked is what ``pip install recalltrace`` gives.
+The wheel is built as the README says, with ``python -m build`` (an sdist, then the wheel from
+it), once for the module; one fresh virtual environment holds it and its dependencies, without
+the ``judge`` extra, so that what is checked is what a user installing the wheel gets.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -31,16 +33,44 @@ def _run(cmd: list[str], *, cwd: Path | None = None, timeout: float = 600) -> st
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    base = tmp_path_factory.mktemp("install")
-    wheels = base / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)])
-    (wheel,) = wheels.glob("recalltrace-*.whl")
-    env_dir = base / "venv"
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel ``python -m build`` makes from this checkout (through its sdist)."""
+    dist = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)], timeout=900)
+    (wheel,) = dist.glob("recalltrace-*-py3-none-any.whl")
+    assert list(dist.glob("recalltrace-*.tar.gz")), "python -m build made no sdist"
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def venv(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    env_dir = tmp_path_factory.mktemp("install") / "venv"
     _run([sys.executable, "-m", "venv", str(env_dir)])
     python = env_dir / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", str(wheel)])
+    _run([str(python), "-m", "pip", "install", "-q", str(built)])
     yield env_dir
+
+
+def _project_version() -> str:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = re.search(r'^version = "([^"]+)"$', text, flags=re.MULTILINE)
+    assert found, "pyproject.toml sets no version"
+    return found.group(1)
+
+
+def test_the_cli_the_wheel_and_the_changelog_agree_on_the_version(built: Path, venv: Path) -> None:
+    version = _project_version()
+    assert built.name == f"recalltrace-{version}-py3-none-any.whl"
+    python = venv / "bin" / "python"
+    probe = "from importlib.metadata import version; print(version('recalltrace'))"
+    assert _run([str(python), "-c", probe], cwd=venv).strip() == version
+    printed = _run([str(venv / "bin" / "recalltrace"), "--version"], cwd=venv).strip()
+    assert printed == f"recalltrace {version}"
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## \[(\d[^\]]*)\]", changelog, flags=re.MULTILINE)
+    assert releases and releases[0] == version, releases
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"pip install 'dist/recalltrace-{version}-py3-none-any.whl[judge]'" in readme
 
 
 def test_the_wheel_installs_one_top_level_name(venv: Path) -> None:
@@ -151,7 +181,11 @@ def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: P
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
-        assert "pip install 'recalltrace[judge]'" in lines[0]
+        # What works: no "recalltrace" distribution can be installed from an index.
+        assert "pip install 'recalltrace[judge]'" not in lines[0]
+        assert "pip install '.[judge]'" in lines[0], lines[0]
+        wheel = f"dist/recalltrace-{_project_version()}-py3-none-any.whl[judge]"
+        assert wheel in lines[0], lines[0]
 
 
 def test_a_script_inside_a_checkout_imports_the_whole_package(venv: Path, tmp_path: Path) -> None:

@@ -1,0 +1,17 @@
+"""The version ``recalltrace --version`` prints: the installed distribution's, the one its
+wheel's metadata carries (set once, in ``pyproject.toml``)."""
+
+from __future__ import annotations
+
+DISTRIBUTION = "recalltrace"
+
+
+def installed_version() -> str:
+    """The installed distribution's version, or a note saying that it is not installed (code
+    run from a checkout that was never installed has no metadata to read)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "(not installed: run `pip install .` in the checkout)"
