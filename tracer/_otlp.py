@@ -72,7 +72,9 @@ def otlp_exporter(signal: Signal) -> Any:
         if protocol == "grpc":
             raise ValueError(
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
-                "pip install 'recalltrace[grpc]' (or unset it to export over HTTP)"
+                "the grpc extra (pip install '.[grpc]' in a checkout, or "
+                "pip install opentelemetry-exporter-otlp-proto-grpc), or unset it to export over "
+                "HTTP"
             ) from None
         raise
     return getattr(module, _CLASSES[signal])()

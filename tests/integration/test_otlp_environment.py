@@ -117,7 +117,7 @@ def test_grpc_without_its_exporter_is_one_line_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "refused: OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter" in done.stdout
-    assert "pip install 'recalltrace[grpc]'" in done.stdout
+    assert "pip install opentelemetry-exporter-otlp-proto-grpc" in done.stdout
 
     # An application that relies on the environment keeps working, untraced, and is told once.
     app = run_app(env, NO_GRPC)
@@ -141,7 +141,8 @@ def test_grpc_without_its_exporter_is_one_line_at_start(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines() == [
         "recalltrace: error: OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
-        "pip install 'recalltrace[grpc]' (or unset it to export over HTTP)"
+        "the grpc extra (pip install '.[grpc]' in a checkout, or "
+        "pip install opentelemetry-exporter-otlp-proto-grpc), or unset it to export over HTTP"
     ]
 
 
