@@ -18,7 +18,6 @@ cap, is dropped and counted (``capture_timeout``, ``capture_evicted``, ``capture
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -41,6 +40,7 @@ from recalltrace.tracer._capture_build import (
     resource_labels,
     role_of,
 )
+from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child
 from recalltrace.tracer._state import TraceState
 from recalltrace.tracer._writer import add_cycle_hook
 
@@ -566,8 +566,7 @@ def _forget_pending_in_child() -> None:
         capture._finished.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pending_in_child)
+at_fork_in_child(FORK_CAPTURE, _forget_pending_in_child)
 
 
 def _take_subtree(trace: _Trace, top: SpanView, keep: bool = False) -> list[SpanView]:

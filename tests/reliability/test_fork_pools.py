@@ -1,0 +1,89 @@
+"""Requests answered in multiprocessing children are stored, however the children end.
+
+A pool worker ends with ``os._exit`` (``atexit`` never runs), by a SIGTERM from
+``Pool.terminate()`` (what ``with Pool()`` does), or after ``maxtasksperchild`` tasks; a
+``Process`` child returns without calling ``flush()``. Each case runs the real program
+(``fork_program.py``) in a subprocess, against SQLite and the test Postgres, and checks that
+every request answered in a child is a stored row, or a drop the tracer counted and said.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from recalltrace.storage.db import create_engine_from_url
+from recalltrace.storage.migrate import upgrade
+from recalltrace.storage.models import Trace
+
+PROGRAM = Path(__file__).with_name("fork_program.py")
+ROOT = PROGRAM.parents[2]
+DROP_LINE = re.compile(r"recalltrace dropped (\d+) trace record")
+
+FORK_SCENARIOS = [
+    "with",
+    "close_join",
+    "terminate",
+    "maxtasksperchild",
+    "imap_unordered",
+    "process",
+]
+CASES = [("fork", scenario) for scenario in FORK_SCENARIOS] + [
+    (method, scenario)
+    for method in ("forkserver", "spawn")
+    for scenario in ("with", "close_join", "process")
+]
+
+
+def ledger(engine: Engine, report: dict[str, int], stderr: str) -> tuple[int, int]:
+    """(stored rows, records counted as dropped): the parent's counts from the tracer, plus
+    the exact numbers each child said in its one drop line (a child's counts end with it)."""
+    with engine.connect() as conn:
+        stored = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
+    said = sum(int(n) for n in DROP_LINE.findall(stderr))
+    return stored, int(report["dropped"]) + said
+
+
+def run_program(url: str, method: str, scenario: str) -> tuple[dict[str, int], str]:
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), url, scenario, method],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report, done.stderr
+
+
+def check(engine: Engine, url: str, method: str, scenario: str) -> None:
+    report, stderr = run_program(url, method, scenario)
+    stored, dropped = ledger(engine, report, stderr)
+    assert report["answered"] >= 50
+    # Storage is up: nothing may be given up, and every answered request is a row.
+    assert (stored, dropped) == (report["answered"], 0), stderr[-3000:]
+
+
+@pytest.mark.parametrize(("method", "scenario"), CASES)
+def test_children_records_are_stored_sqlite(tmp_path: Path, method: str, scenario: str) -> None:
+    url = f"sqlite:///{tmp_path / 'pools.db'}"
+    upgrade(url)
+    engine = create_engine_from_url(url)
+    try:
+        check(engine, url, method, scenario)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("method", "scenario"), CASES)
+def test_children_records_are_stored_postgres(
+    pg_engine: Engine, postgres_url: str, method: str, scenario: str
+) -> None:
+    check(pg_engine, postgres_url, method, scenario)
