@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,27 @@ def test_children_records_are_stored_postgres(
     pg_engine: Engine, postgres_url: str, method: str, scenario: str
 ) -> None:
     check(pg_engine, postgres_url, method, scenario)
+
+
+def test_exit_drain_is_bounded_and_counts_what_it_gives_up(tmp_path: Path) -> None:
+    """Storage unreachable: each child still ends (the drain waits ``shutdown_timeout``, not
+    forever) and says exactly how many records it gave up, as ``shutdown``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Nothing listens on the port: every connection attempt is refused at once.
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere"
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), url, "process", "fork", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    said = [int(n) for n in DROP_LINE.findall(done.stderr)]
+    assert report["answered"] == 100
+    # One line per child, each with its exact number, all of them as shutdown.
+    assert said == [25, 25, 25, 25], done.stderr[-3000:]
+    assert done.stderr.count("(shutdown 25)") == 4, done.stderr[-3000:]
