@@ -8,11 +8,12 @@ OpenTelemetry is imported here, never by ``import tracer``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -106,6 +107,7 @@ def _follow_multiprocessing_exit() -> None:
 def _rearm_in_child(token: _ExitToken) -> None:
     if current is not None:
         _follow_multiprocessing_exit()
+        _signals.watch_for_missed_signals()
 
 
 def stats() -> TracerStats:
@@ -390,21 +392,69 @@ def _drain_on_signal(why: str, final: bool) -> None:
     if runtime is None:
         return
     timeout = runtime.config.shutdown_timeout
-    if final:
-        before = runtime.stats.dropped_total()
-        waiting = runtime.writer.queue_size()
-        with _signals.final_drain():
-            runtime.writer.shutdown(timeout)
-        lost = runtime.stats.dropped_total() - before
-        if waiting or lost:
-            logger.warning(
-                "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
-                why,
-                max(waiting - lost, 0),
-                lost,
-            )
-    else:
-        runtime.writer.flush(timeout)
+
+    def drain() -> None:
+        if final:
+            _drain_before_exit(runtime, why, timeout)
+        else:
+            runtime.writer.flush(timeout)
+
+    with _signals.final_drain() if final else contextlib.nullcontext():
+        _bounded(drain, timeout, why)
+
+
+def _drain_before_exit(runtime: Runtime, why: str, timeout: float) -> None:
+    before = runtime.stats.dropped_total()
+    waiting = runtime.writer.queue_size()
+    runtime.writer.shutdown(timeout)
+    lost = runtime.stats.dropped_total() - before
+    if waiting or lost:
+        logger.warning(
+            "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
+            why,
+            max(waiting - lost, 0),
+            lost,
+        )
+
+
+# Beyond shutdown_timeout, the drain on a helper thread is given this long to say what it did.
+_DRAIN_GRACE = 2.0
+
+
+def _bounded(drain: Callable[[], None], timeout: float, why: str) -> None:
+    """Run ``drain`` on a helper thread and wait for it at most ``timeout`` (plus a grace).
+
+    A signal handler runs in the main thread between any two of its instructions, also while
+    that thread holds one of the tracer's locks (queuing a record when a pool worker is told
+    to stop); the drain, needing that lock, would then wait forever in the same thread. On its
+    own thread it waits for the lock at most this long, and the process ends as it would have.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            drain()
+        except Exception:
+            logger.exception("recalltrace: draining the queue on %s failed", why)
+        finally:
+            done.set()
+
+    def in_thread() -> None:
+        _signals.keep_off_this_thread()
+        run()
+
+    try:
+        threading.Thread(target=in_thread, name="recalltrace-drain", daemon=True).start()
+    except RuntimeError:
+        run()  # the interpreter is shutting down and starts no thread: no lock is held here
+        return
+    if not done.wait(timeout + _DRAIN_GRACE):
+        logger.warning(
+            "recalltrace: %s: draining did not finish within %g s (the signal interrupted the "
+            "tracer while it held its queue); the records still queued are not stored",
+            why,
+            timeout + _DRAIN_GRACE,
+        )
 
 
 def _write_eagerly() -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
 from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child
 from recalltrace.tracer._metrics import TracerStats
+from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
 if TYPE_CHECKING:
@@ -320,6 +321,7 @@ class BatchWriter:
             return True
 
     def _run(self) -> None:
+        keep_off_this_thread()
         while True:
             timeout = self._next_timeout()
             if timeout > 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -112,3 +113,46 @@ def test_exit_drain_is_bounded_and_counts_what_it_gives_up(tmp_path: Path) -> No
     # One line per child, each with its exact number, all of them as shutdown.
     assert said == [25, 25, 25, 25], done.stderr[-3000:]
     assert done.stderr.count("(shutdown 25)") == 4, done.stderr[-3000:]
+
+
+INTERRUPTED = """
+import signal, sys
+import recalltrace
+from recalltrace.tracer import _runtime
+
+recalltrace.configure(database_url=sys.argv[1], sample_rate=1.0, shutdown_timeout=1)
+
+
+@recalltrace.rag
+def answer(question: str) -> str:
+    return "an answer"
+
+
+for number in range(20):
+    answer(f"q{number}")
+# A pool worker told to stop by Pool.terminate() while it is inside the tracer (queuing a
+# record): the handler runs in this very thread, which holds the writer's lock.
+with _runtime.current.writer._lock:
+    signal.raise_signal(signal.SIGTERM)
+"""
+
+
+def test_a_signal_interrupting_the_tracer_itself_does_not_hang_the_process(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'interrupted.db'}"
+    upgrade(url)
+    program = tmp_path / "interrupted.py"
+    program.write_text(INTERRUPTED)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(program), url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("the process hung in its exit drain") from exc
+    # It ends as it would have: by SIGTERM.
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
