@@ -446,7 +446,7 @@ def _bounded(drain: Callable[[], None], timeout: float, why: str) -> None:
     try:
         threading.Thread(target=in_thread, name="recalltrace-drain", daemon=True).start()
     except RuntimeError:
-        run()  # the interpreter is shutting down and starts no thread: no lock is held here
+        run()  # the interpreter is shutting down and starts no thread: drain here instead
         return
     if not done.wait(timeout + _DRAIN_GRACE):
         logger.warning(
