@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -52,6 +51,7 @@ from recalltrace.tracer._capture_build import (
     role_of,
     root_question,
 )
+from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child
 from recalltrace.tracer._state import TraceState
 from recalltrace.tracer._writer import add_cycle_hook
 
@@ -791,8 +791,7 @@ def _forget_pending_in_child() -> None:
         capture._finished.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pending_in_child)
+at_fork_in_child(FORK_CAPTURE, _forget_pending_in_child)
 
 
 def _take_subtree(trace: _Trace, top: SpanView, keep: bool = False) -> list[SpanView]:

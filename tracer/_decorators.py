@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import random
 import sys
 import threading
@@ -41,7 +40,12 @@ from recalltrace.tracer._extract import (
     to_text,
     unreadable,
 )
-from recalltrace.tracer._internal import internal_error, user_code_error
+from recalltrace.tracer._internal import (
+    FORK_IDS,
+    at_fork_in_child,
+    internal_error,
+    user_code_error,
+)
 from recalltrace.tracer._scrub import scrub_span_attributes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -978,8 +982,13 @@ def _stream_finished(call: _Call, stream: _Stream, closed_early: bool) -> None:
 # every forked child): an application calling random.seed() cannot make them repeat, and a
 # request does not pay a system call for its id.
 _record_ids = random.Random(urandom(32))
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _record_ids.seed(urandom(32)))
+
+
+def _reseed_record_ids() -> None:
+    _record_ids.seed(urandom(32))
+
+
+at_fork_in_child(FORK_IDS, _reseed_record_ids)
 
 # A decorated call adds one Python frame (the wrapper) to the stack, so a decorated recursive
 # function would hit the recursion limit at half the depth. Past _DEEP nested decorated calls in

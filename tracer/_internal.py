@@ -12,16 +12,46 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 logger = logging.getLogger("recalltrace.tracer")
 
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
+# The tracer's one fork hook runs these steps in a forked child, lowest first: fresh record ids,
+# then the runtime's own lock and counts, then the writers' queues and threads, then span
+# capture, then what makes the child's exit drain its queue. Modules add their step on import.
+FORK_IDS = 10
+FORK_RUNTIME = 20
+FORK_WRITERS = 30
+FORK_CAPTURE = 40
+FORK_EXIT = 50
+
+_fork_steps: list[tuple[int, Callable[[], None]]] = []
+
+
+def at_fork_in_child(order: int, step: Callable[[], None]) -> None:
+    """Run ``step`` in every forked child, at its place ``order`` (once, however often added)."""
+    if any(existing is step for _, existing in _fork_steps):
+        return
+    _fork_steps.append((order, step))
+    _fork_steps.sort(key=lambda item: item[0])
+
 
 def _after_fork_in_child() -> None:
+    # A lock held by one of the parent's threads at the moment of the fork would never be
+    # released here.
     global _logged_lock
     _logged_lock = threading.Lock()
+    for _, step in list(_fork_steps):
+        try:
+            step()
+        except Exception:
+            if _first_time("fork"):
+                logger.exception(
+                    "recalltrace: resetting the tracer in a forked child failed (logged once)"
+                )
 
 
 if hasattr(os, "register_at_fork"):

@@ -20,7 +20,6 @@ still read in full.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from recalltrace.tracer._extract import (
     to_text,
     unreadable,
 )
+from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child
 from recalltrace.tracer._state import LEFT_OUT_ID, json_safe
 
 MAX_ABANDONED = 8
@@ -108,6 +108,14 @@ class _Job:
         self.abandoned = False
 
 
+_readers: weakref.WeakSet[BoundedReader] = weakref.WeakSet()
+
+
+def _reset_readers_in_child() -> None:
+    for reader in list(_readers):
+        reader._after_fork_in_child()
+
+
 class BoundedReader:
     """Runs application code on reader threads; the writer waits at most a budget for it."""
 
@@ -117,15 +125,7 @@ class BoundedReader:
         self.stuck = 0  # reader threads abandoned and still inside an application object
         self._lock = threading.Lock()
         self._idle: list[_Reader] = []
-        if hasattr(os, "register_at_fork"):
-            self_ref = weakref.ref(self)
-
-            def after_fork() -> None:
-                reader = self_ref()
-                if reader is not None:
-                    reader._after_fork_in_child()
-
-            os.register_at_fork(after_in_child=after_fork)
+        _readers.add(self)
 
     def _after_fork_in_child(self) -> None:
         # The parent's reader threads do not exist in the child (nor do its stuck ones).
@@ -548,3 +548,6 @@ def _read_metadata(state: Any, pending: _Pending, finish: list[Callable[[], None
 def _metadata_item(pair: tuple[Any, Any]) -> tuple[str, Any]:
     key, value = pair
     return (key if type(key) is str else str(key)), json_safe(value)
+
+
+at_fork_in_child(FORK_WRITERS, _reset_readers_in_child)

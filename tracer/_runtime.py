@@ -8,10 +8,12 @@ OpenTelemetry is imported here, never by ``import tracer``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -21,8 +23,13 @@ from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
+from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child
 from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
-from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
+from recalltrace.tracer._reader import (
+    READERS_STUCK,
+    BoundedReader,
+    read_values,
+)
 from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
@@ -60,8 +67,53 @@ def _after_fork_in_child() -> None:
     _stats.reset()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _prepare_exit_in_child() -> None:
+    _signals.after_fork_in_child()
+    if current is not None:
+        _follow_multiprocessing_exit()
+
+
+at_fork_in_child(FORK_RUNTIME, _after_fork_in_child)
+at_fork_in_child(FORK_EXIT, _prepare_exit_in_child)
+
+
+# A multiprocessing child (a pool worker, a Process) ends with os._exit after running the
+# multiprocessing finalizers, never atexit: the drain is one of those finalizers. The start of
+# each child (Process._bootstrap) clears the finalizers it inherited and then runs the
+# registered after-fork callbacks, which register it again.
+_EXIT_PRIORITY = 10
+_exit_finalizer: Any = None
+_after_fork_registered = False
+
+
+class _ExitToken:
+    """What multiprocessing's after-fork registry holds (it keeps only a weak reference)."""
+
+
+_exit_token = _ExitToken()
+
+
+def _follow_multiprocessing_exit() -> None:
+    """Make multiprocessing's exit path (``util._exit_function``) drain the queue, in this
+    process and in the children multiprocessing starts from it; nothing when multiprocessing
+    is not in use."""
+    global _exit_finalizer, _after_fork_registered
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    if not _after_fork_registered:
+        _after_fork_registered = True
+        util.register_after_fork(_exit_token, _rearm_in_child)
+    if _exit_finalizer is None or not _exit_finalizer.still_active():
+        _exit_finalizer = util.Finalize(
+            None, _drain_final, args=("the process is ending",), exitpriority=_EXIT_PRIORITY
+        )
+
+
+def _rearm_in_child(token: _ExitToken) -> None:
+    if current is not None:
+        _follow_multiprocessing_exit()
+        _signals.watch_for_missed_signals()
 
 
 def stats() -> TracerStats:
@@ -267,9 +319,11 @@ def configure(config: TracerConfig) -> Runtime:
             atexit.register(_at_exit)
             _atexit_registered = True
         if config.handle_signals:
-            _signals.install(_drain_on_signal, _write_eagerly)
+            if not _signals.install(_drain_on_signal, _write_eagerly):
+                _say_signals_unhandled()
         else:
             _signals.uninstall()
+        _follow_multiprocessing_exit()
         from recalltrace.tracer import _capture
 
         _capture.configure_capture(runtime)
@@ -301,14 +355,37 @@ def get() -> Runtime:
             raise
 
 
+_unhandled_said = False
+
+
+def _say_signals_unhandled() -> None:
+    global _unhandled_said
+    if _unhandled_said:
+        return
+    _unhandled_said = True
+    logger.warning(
+        "recalltrace: configure() ran outside the main thread, so SIGTERM and SIGINT cannot be "
+        "handled: records still queued when a signal ends this process are lost uncounted; "
+        "call configure() from the main thread, or recalltrace.shutdown() from the server's "
+        "stop hook"
+    )
+
+
 def _at_exit() -> None:
+    _drain_final("the process is exiting")
+
+
+def _drain_final(why: str) -> None:
+    """The process is ending: store what is queued within ``shutdown_timeout`` and count the
+    rest as dropped (``shutdown``, said in one line with the exact number)."""
     runtime = current
     if runtime is None:
         return
-    try:
-        runtime.writer.shutdown(runtime.config.shutdown_timeout)
-    except Exception:
-        logger.exception("recalltrace: draining the queue at exit failed")
+    with _signals.final_drain():
+        try:
+            runtime.writer.shutdown(runtime.config.shutdown_timeout)
+        except Exception:
+            logger.exception("recalltrace: draining the queue (%s) failed", why)
     counts = _stats.ledger()
     if counts.dropped_total or counts.pending or counts.unaccounted:
         logger.warning("recalltrace at exit: %s", counts.line())
@@ -339,20 +416,69 @@ def _drain_on_signal(why: str, final: bool) -> None:
     if runtime is None:
         return
     timeout = runtime.config.shutdown_timeout
-    if final:
-        before = runtime.stats.dropped_total()
-        waiting = runtime.writer.queue_size()
-        runtime.writer.shutdown(timeout)
-        lost = runtime.stats.dropped_total() - before
-        if waiting or lost:
-            logger.warning(
-                "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
-                why,
-                max(waiting - lost, 0),
-                lost,
-            )
-    else:
-        runtime.writer.flush(timeout)
+
+    def drain() -> None:
+        if final:
+            _drain_before_exit(runtime, why, timeout)
+        else:
+            runtime.writer.flush(timeout)
+
+    with _signals.final_drain() if final else contextlib.nullcontext():
+        _bounded(drain, timeout, why)
+
+
+def _drain_before_exit(runtime: Runtime, why: str, timeout: float) -> None:
+    before = runtime.stats.dropped_total()
+    waiting = runtime.writer.queue_size()
+    runtime.writer.shutdown(timeout)
+    lost = runtime.stats.dropped_total() - before
+    if waiting or lost:
+        logger.warning(
+            "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
+            why,
+            max(waiting - lost, 0),
+            lost,
+        )
+
+
+# Beyond shutdown_timeout, the drain on a helper thread is given this long to say what it did.
+_DRAIN_GRACE = 2.0
+
+
+def _bounded(drain: Callable[[], None], timeout: float, why: str) -> None:
+    """Run ``drain`` on a helper thread and wait for it at most ``timeout`` (plus a grace).
+
+    A signal handler runs in the main thread between any two of its instructions, also while
+    that thread holds one of the tracer's locks (queuing a record when a pool worker is told
+    to stop); the drain, needing that lock, would then wait forever in the same thread. On its
+    own thread it waits for the lock at most this long, and the process ends as it would have.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            drain()
+        except Exception:
+            logger.exception("recalltrace: draining the queue on %s failed", why)
+        finally:
+            done.set()
+
+    def in_thread() -> None:
+        _signals.keep_off_this_thread()
+        run()
+
+    try:
+        threading.Thread(target=in_thread, name="recalltrace-drain", daemon=True).start()
+    except RuntimeError:
+        run()  # the interpreter is shutting down and starts no thread: drain here instead
+        return
+    if not done.wait(timeout + _DRAIN_GRACE):
+        logger.warning(
+            "recalltrace: %s: draining did not finish within %g s (the signal interrupted the "
+            "tracer while it held its queue); the records still queued are not stored",
+            why,
+            timeout + _DRAIN_GRACE,
+        )
 
 
 def _write_eagerly() -> None:

@@ -16,6 +16,14 @@ whatever handles SIGTERM and SIGINT when ``configure()`` runs (main thread only)
   each record as soon as it is queued, and if the server later raises the signal again with the
   default action (as uvicorn does), the queue is drained just before, in the main thread.
 
+A stopping signal that arrives while the process's last drain runs (a pool worker told to stop
+while it drains at its exit) takes effect as soon as that drain ends, which ``shutdown_timeout``
+bounds.
+
+A gunicorn worker replaces every signal handler right after the fork (``init_signals``), so a
+worker of a ``--preload`` application would lose ours; in a forked child of a gunicorn master the
+worker classes' ``init_signals`` are wrapped to put the handler back in front once they ran.
+
 Set ``handle_signals=False`` (``RECALLTRACE_HANDLE_SIGNALS=0``) to leave signals alone; then
 call ``recalltrace.shutdown()`` from the framework's own hook (FastAPI's lifespan, gunicorn's
 ``worker_exit``).
@@ -24,10 +32,12 @@ call ``recalltrace.shutdown()`` from the framework's own hook (FastAPI's lifespa
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -39,6 +49,16 @@ _previous: dict[int, Any] = {}
 _drain: Callable[[str, bool], None] | None = None
 _eager: Callable[[], None] | None = None
 _watching = False
+_enabled = False
+# Set while the process's last drain runs; stopping signals received meanwhile wait in _deferred.
+_final_running = False
+_deferred: list[int] = []
+# The gunicorn ``init_signals`` methods already wrapped (in this process).
+_wrapped: set[Any] = set()
+# Set when _handle first runs; the write end of the wakeup pipe watched for missed signals.
+_handling = threading.Event()
+_wakeup_fd = -1
+_RESENDS = 5
 
 
 def install(drain: Callable[[str, bool], None], eager: Callable[[], None]) -> bool:
@@ -49,8 +69,9 @@ def install(drain: Callable[[str, bool], None], eager: Callable[[], None]) -> bo
     cannot be handled here (not the main thread). Installing again keeps the handlers already
     chained to and only refreshes the callbacks.
     """
-    global _drain, _eager
+    global _drain, _eager, _enabled
     _drain, _eager = drain, eager
+    _enabled = True
     if threading.current_thread() is not threading.main_thread():
         return False
     for signum in HANDLED:
@@ -63,8 +84,22 @@ def install(drain: Callable[[str, bool], None], eager: Callable[[], None]) -> bo
     return True
 
 
+def keep_off_this_thread() -> None:
+    """Block SIGTERM and SIGINT in the calling thread (one of the tracer's own).
+
+    Python runs signal handlers in the main thread only. A signal sent to the process may be
+    delivered by the kernel to any thread that does not block it; delivered to one of the
+    tracer's threads, it would leave a main thread waiting in a C call (a pool worker waiting
+    for its next task) uninterrupted, and the process would not stop. Blocked here, it goes to
+    the main thread."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(HANDLED))
+
+
 def uninstall() -> None:
     """Give each signal back the handler it had before :func:`install`, if ours is still set."""
+    global _enabled
+    _enabled = False
     if threading.current_thread() is not threading.main_thread():
         return
     for signum, previous in list(_previous.items()):
@@ -74,9 +109,14 @@ def uninstall() -> None:
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
+    _handling.set()
     previous = _previous.get(signum, signal.SIG_DFL)
     name = signal.Signals(signum).name
     if previous is signal.SIG_IGN:
+        return
+    if _final_running:
+        # The last drain is running (this handler interrupted it): let it finish first.
+        _deferred.append(signum)
         return
     if callable(previous) and previous is not signal.default_int_handler:
         if _eager is not None:
@@ -115,7 +155,6 @@ def _watch_for_reraise() -> None:
     global _watching
     if _watching or sys.getprofile() is not None:
         return
-    import os
 
     endings = (*_ENDINGS, os.kill, os._exit, os.abort)
 
@@ -126,3 +165,138 @@ def _watch_for_reraise() -> None:
 
     _watching = True
     sys.setprofile(watch)
+
+
+@contextmanager
+def final_drain() -> Iterator[None]:
+    """Mark the process's last drain: a SIGTERM or SIGINT arriving meanwhile is delivered, as it
+    would have been, once the drain is over."""
+    global _final_running
+    if _final_running:
+        yield
+        return
+    _final_running = True
+    try:
+        yield
+    finally:
+        _final_running = False
+        pending = list(dict.fromkeys(_deferred))
+        _deferred.clear()
+        for signum in pending:
+            _deliver(signum)
+
+
+def _deliver(signum: int) -> None:
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, None)
+    elif previous is not signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+
+def after_fork_in_child() -> None:
+    """In a forked child: forget the parent's stopping state, and when the parent is a gunicorn
+    master, put the handler back in front once the worker set up its own."""
+    global _watching, _final_running, _wakeup_fd, _handling
+    _watching = False
+    _final_running = False
+    _deferred.clear()
+    _handling = threading.Event()
+    if _wakeup_fd != -1:
+        # The parent's pipe: its watcher would take this child's signals for its own.
+        if threading.current_thread() is threading.main_thread():
+            try:
+                if signal.set_wakeup_fd(-1) != _wakeup_fd:
+                    signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                pass
+        _wakeup_fd = -1
+    if not _enabled:
+        return
+    base = getattr(sys.modules.get("gunicorn.workers.base"), "Worker", None)
+    if isinstance(base, type):
+        _follow_worker_signals(base)
+
+
+def _follow_worker_signals(base: type) -> None:
+    classes: list[type] = [base]
+    for cls in classes:
+        subclasses: list[type] = cls.__subclasses__()
+        classes.extend(sub for sub in subclasses if sub not in classes)
+    for cls in classes:
+        original = cls.__dict__.get("init_signals")
+        if original is None or original in _wrapped:
+            continue
+        wrapper = _after_init_signals(original)
+        _wrapped.add(wrapper)
+        type.__setattr__(cls, "init_signals", wrapper)
+
+
+def _after_init_signals(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    def init_signals(worker: Any) -> None:
+        original(worker)
+        if not _enabled or _drain is None or _eager is None:
+            return
+        server_handles_term = callable(signal.getsignal(signal.SIGTERM))
+        install(_drain, _eager)
+        if server_handles_term and hasattr(signal, "siginterrupt"):
+            # gunicorn keeps SIGTERM from interrupting system calls of running requests;
+            # setting a handler resets that, so it is set again.
+            signal.siginterrupt(signal.SIGTERM, False)
+
+    return init_signals
+
+
+def watch_for_missed_signals() -> None:
+    """In a multiprocessing child, make sure a SIGTERM or SIGINT reaches the handler.
+
+    CPython runs a Python signal handler only when the main thread returns to Python code. A
+    pool worker waits for its next task in a C call that a signal interrupts only once it is
+    waiting: a signal arriving just before (``Pool.terminate()`` right after the last task) is
+    taken but its handler never runs, and the worker, and the parent joining it, wait forever.
+    The signal module writes each signal's number to a wakeup file descriptor; a thread
+    watching it sends the signal again to the main thread (now waiting, so interrupted) until
+    the handler ran, a few times at most. Nothing is done when the wakeup descriptor is
+    someone else's (an event loop's)."""
+    global _wakeup_fd
+    if not _enabled or _wakeup_fd != -1 or not hasattr(signal, "pthread_kill"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return
+    _wakeup_fd = write_end
+    main = threading.main_thread().ident
+    threading.Thread(
+        target=_resend_missed, args=(read_end, main), name="recalltrace-signals", daemon=True
+    ).start()
+
+
+def _resend_missed(read_end: int, main: int | None) -> None:
+    keep_off_this_thread()
+    while True:
+        try:
+            received = os.read(read_end, 64)
+        except OSError:
+            return
+        if not received:
+            return
+        stopping = [signum for signum in received if signum in HANDLED]
+        if not stopping or _handling.is_set():
+            continue
+        signum = stopping[0]
+        for _ in range(_RESENDS):
+            if _handling.wait(1.0) or signal.getsignal(signum) is not _handle or main is None:
+                break
+            signal.pthread_kill(main, signum)

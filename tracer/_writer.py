@@ -11,7 +11,6 @@ this state and starts its own thread on first use.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -21,7 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
+from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child
 from recalltrace.tracer._metrics import TracerStats
+from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ class _Orphan:
 _cycle_hooks: list[Callable[[], None]] = []
 
 
+# Every writer of this process, reset in a forked child by the tracer's one fork hook.
+_writers: weakref.WeakSet[BatchWriter] = weakref.WeakSet()
+
+
 def add_cycle_hook(hook: Callable[[], None]) -> None:
     """Run ``hook`` at the start of every writer cycle and flush (once, however often added)."""
     if hook not in _cycle_hooks:
@@ -82,6 +87,12 @@ def _run_cycle_hooks() -> None:
             hook()
         except Exception:
             logger.exception("recalltrace writer: handing over finished work failed")
+
+
+def _reset_writers_in_child() -> None:
+    # The parent's queue is the parent's to store; its thread does not exist here.
+    for writer in list(_writers):
+        writer._after_fork_in_child()
 
 
 class BatchWriter:
@@ -116,15 +127,7 @@ class BatchWriter:
         self._inherited_sinks: list[Any] = []
         self._reset()
         stats.queue_size = self.queue_size
-        self_ref = weakref.ref(self)
-
-        def after_fork() -> None:
-            writer = self_ref()
-            if writer is not None:
-                writer._after_fork_in_child()
-
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=after_fork)
+        _writers.add(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -333,6 +336,7 @@ class BatchWriter:
             return True
 
     def _run(self) -> None:
+        keep_off_this_thread()
         while True:
             timeout = self._next_timeout()
             if timeout > 0:
@@ -568,3 +572,6 @@ class BatchWriter:
     def _finish_orphan(self, orphan: _Orphan) -> None:
         if not orphan.released:
             self._complete(1)
+
+
+at_fork_in_child(FORK_WRITERS, _reset_writers_in_child)
