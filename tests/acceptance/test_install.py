@@ -201,3 +201,117 @@ def test_a_script_inside_a_checkout_imports_the_whole_package(venv: Path, tmp_pa
     python = venv / "bin" / "python"
     out = _run([str(python), "app.py"], cwd=clone)
     assert out.strip() == str(clone / "tracer" / "__init__.py")
+
+
+def test_the_compose_stack_scores_a_trace_from_its_own_files(venv: Path, tmp_path: Path) -> None:
+    """``deploy/compose.yml`` as it runs, without a container engine (none runs here): the
+    worker service's image is the wheel built from the repository (as ``deploy/Dockerfile``
+    builds it: the ``venv`` fixture), its environment and its command are read from the compose
+    file and run as written, against a scratch database of the test Postgres instead of the
+    ``postgres`` service, and a real Prometheus reads the stack's ``prometheus.yml`` (its
+    ``worker`` target pointed at the worker's port) with the shipped rules: a stored trace is
+    scored, and Prometheus scrapes the worker and evaluates the rules."""
+    import shutil
+    import socket
+    import time
+    import urllib.parse
+    import urllib.request
+
+    import yaml
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from recalltrace.storage.db import create_engine_from_url
+    from tests.support.factories import make_repository, make_trace
+    from tests.support.postgres import admin_engine, base_url, require_postgres
+
+    require_postgres()
+    deploy = ROOT / "deploy"
+    dockerfile = (deploy / "Dockerfile").read_text(encoding="utf-8")
+    assert "pip wheel" in dockerfile and "recalltrace-*.whl)[judge]" in dockerfile
+    compose = yaml.safe_load((deploy / "compose.yml").read_text(encoding="utf-8"))
+    worker = compose["services"]["worker"]
+    assert worker["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+    assert (deploy / worker["build"]["context"] / worker["build"]["dockerfile"]).is_file()
+    assert worker["entrypoint"] == ["sh", "-c"]
+    (script,) = worker["command"]
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    database = f"rt_compose_{os.getpid()}"
+    admin = admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{database}"'))
+    url = make_url(base_url()).set(database=database).render_as_string(hide_password=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLTRACE_", "OTEL_"))}
+    env.update({k: str(v) for k, v in (worker.get("environment") or {}).items()})
+    # The compose project's names, resolved as the engine would here.
+    env["RECALLTRACE_DATABASE_URL"] = url
+    env["RECALLTRACE_JUDGE_MODEL"] = ""
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    command = script.replace("--prometheus-port 9464", f"--prometheus-port {port}")
+    service = subprocess.Popen(
+        ["sh", "-c", command], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    prometheus_config = yaml.safe_load((deploy / "prometheus" / "prometheus.yml").read_text())
+    rules = deploy / "prometheus" / "recalltrace-rules.yml"
+    shutil.copy(rules, tmp_path / rules.name)
+    prometheus_config["rule_files"] = [str(tmp_path / rules.name)]
+    prometheus_config["global"]["scrape_interval"] = "1s"
+    prometheus_config["global"]["evaluation_interval"] = "1s"
+    (scrape,) = prometheus_config["scrape_configs"]
+    assert scrape["static_configs"][0]["targets"] == ["worker:9464"]
+    scrape["static_configs"][0]["targets"] = [f"127.0.0.1:{port}"]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        web = probe.getsockname()[1]
+    prometheus_bin = shutil.which("prometheus")
+    assert prometheus_bin, "prometheus is not installed (apt-get install prometheus)"
+    prometheus = subprocess.Popen(
+        [prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{web}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def query(expr: str) -> list[dict[str, object]]:
+        address = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(address, timeout=5) as reply:
+                return list(json.loads(reply.read())["data"]["result"])
+        except OSError:
+            return []
+
+    engine = create_engine_from_url(url)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not query('up{job="recalltrace_worker"} == 1'):
+            assert service.poll() is None, "the worker service exited"
+            time.sleep(0.5)
+        assert query('up{job="recalltrace_worker"} == 1'), "Prometheus never scraped the worker"
+        repo = make_repository(engine, metrics=["id_based_context_recall"])
+        repo.write_traces([make_trace(reference_context_ids=["doc_0"]) for _ in range(3)])
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                scored = conn.execute(text("SELECT count(*) FROM scores")).scalar_one()
+            if scored >= 3 and query("rag_context_recall_count"):
+                break
+            time.sleep(0.5)
+        assert scored >= 3, scored
+        assert query("rag_context_recall_count"), "the scores never reached Prometheus"
+        # The shipped recording rules evaluate on the stack's own configuration.
+        while time.monotonic() < deadline and not query("rag:context_recall:mean5m"):
+            time.sleep(0.5)
+        assert query("rag:context_recall:mean5m"), "the shipped rules never evaluated"
+    finally:
+        service.terminate()
+        prometheus.terminate()
+        service.wait(timeout=60)
+        prometheus.wait(timeout=60)
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
