@@ -188,19 +188,41 @@ def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: P
         assert wheel in lines[0], lines[0]
 
 
-def test_a_script_inside_a_checkout_imports_the_whole_package(venv: Path, tmp_path: Path) -> None:
-    """The README's quick start saved in a clone: the clone's ``recalltrace/`` folder comes first
-    on ``sys.path`` there, and must find its parts (``tracer/``, ...) beside it."""
+def test_the_readme_first_command_and_quick_start_in_a_fresh_clone(
+    venv: Path, tmp_path: Path
+) -> None:
+    """A newcomer's first minutes: clone, the README's first command as written (``pip install
+    . && recalltrace demo``), then the quick start saved as ``app.py`` and run inside the clone
+    (where the clone's ``recalltrace/`` folder comes first on ``sys.path`` and must find its
+    parts beside it) and from another folder."""
+    import re
+
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
-    (clone / "app.py").write_text(
-        "import recalltrace, recalltrace.tracer, recalltrace.storage, recalltrace.scorers\n"
-        "import recalltrace.migrations\n"
-        "print(recalltrace.tracer.__file__)\n"
-    )
-    python = venv / "bin" / "python"
-    out = _run([str(python), "app.py"], cwd=clone)
-    assert out.strip() == str(clone / "tracer" / "__init__.py")
+    readme = (clone / "README.md").read_text(encoding="utf-8")
+    first = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)[0].splitlines()[0]
+    command = first.split("#", 1)[0].strip()
+    assert command == "pip install . && recalltrace demo", command
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLTRACE_", "PYTHON"))}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        ["sh", "-c", command.replace("pip install .", "pip install -q .")],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    quick_start = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for folder in (clone, elsewhere):
+        (folder / "app.py").write_text(quick_start, encoding="utf-8")
+        ran = subprocess.run(
+            [str(venv / "bin" / "python"), "app.py"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert ran.returncode == 0, (folder, ran.stderr[-3000:])
+        assert ran.stdout.startswith("Refunds are available within 30 days"), ran.stdout
+        assert (folder / "recalltrace.db").exists()
 
 
 def test_the_compose_stack_scores_a_trace_from_its_own_files(venv: Path, tmp_path: Path) -> None:
