@@ -373,11 +373,13 @@ def test_metrics_names_units_attributes_and_events(sqlite_url: str, judge: Judge
 def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) -> None:
     repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace() for _ in range(4)])
-    with JudgeServer(latency=10.0) as server:
+    # The judge answers after a minute: a worker that waited for its calls (or for their
+    # timeout) would take far longer than the bound below, which leaves a loaded machine room.
+    with JudgeServer(latency=60.0) as server:
         worker = worker_for(
             database_url,
             metrics=["judge_context_recall"],
-            judge=judge_config(server, timeout_s=30.0),
+            judge=judge_config(server, timeout_s=120.0),
             grace_period_s=0.3,
         )
         timer = threading.Timer(1.0, worker.request_stop)
@@ -386,7 +388,7 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
         stats = asyncio.run(worker.run())
         elapsed = time.monotonic() - started
         worker.close()
-    assert elapsed < 5
+    assert elapsed < 30
     assert stats.released == 4
     assert job_counts(database_url) == {JobStatus.QUEUED: 4}
     repo.dispose()
@@ -445,12 +447,14 @@ def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
     repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace()])
     sweeps: list[int] = []
-    with JudgeServer(latency=2.0) as server:
+    # The call outlasts its lease four times over; the lease is extended every third of it
+    # (a second here, so a loaded machine does not let it lapse between two extensions).
+    with JudgeServer(latency=12.0) as server:
         worker = worker_for(
             database_url,
             metrics=["judge_context_recall"],
-            judge=judge_config(server),
-            lease_s=0.6,
+            judge=judge_config(server, timeout_s=60.0),
+            lease_s=3.0,
         )
         stop = threading.Event()
 
