@@ -83,6 +83,10 @@ class Ledger:
         if self.values_not_read:
             values = ", ".join(f"{r} {n}" for r, n in sorted(self.values_not_read.items()))
             text += f"; application values left out of stored records: {values}"
+        if self.other_dropped:
+            text += (
+                f"; other records dropped (late references, unusable spans): {self.other_dropped}"
+            )
         return text
 
 
@@ -199,6 +203,12 @@ class TracerStats:
             reasons,
             DROPPED,
         )
+
+    def forget_unreported(self) -> None:
+        """The drops not reported yet were said another way (the ledger's line at exit)."""
+        with self._lock:
+            self._unreported = {}
+            self._last_drop_log = time.monotonic()
 
     def dropped_total(self, reason: str | None = None) -> int:
         """Dropped records so far, of one reason or all."""

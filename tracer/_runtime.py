@@ -383,12 +383,16 @@ def _drain_final(why: str) -> None:
         return
     with _signals.final_drain():
         try:
-            runtime.writer.shutdown(runtime.config.shutdown_timeout)
+            # What the drain gives up is said once, in the ledger's line below.
+            runtime.writer.shutdown(runtime.config.shutdown_timeout, report=False)
         except Exception:
             logger.exception("recalltrace: draining the queue (%s) failed", why)
     counts = _stats.ledger()
     if counts.dropped_total or counts.pending or counts.unaccounted:
         logger.warning("recalltrace at exit: %s", counts.line())
+        _stats.forget_unreported()
+    else:
+        _stats.report_drops()  # late references only: not requests
 
 
 def flush(timeout: float | None = None) -> bool:

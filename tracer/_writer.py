@@ -253,8 +253,9 @@ class BatchWriter:
             with self._lock:
                 self._flush_waiters -= 1
 
-    def shutdown(self, timeout: float | None = None) -> bool:
-        """Flush, stop the thread, and count what could not be stored as dropped."""
+    def shutdown(self, timeout: float | None = None, *, report: bool = True) -> bool:
+        """Flush, stop the thread, and count what could not be stored as dropped (said in one
+        line; ``report=False`` leaves the line to the caller, who says it with the ledger)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         flushed = self.flush(timeout)
         with self._lock:
@@ -264,7 +265,7 @@ class BatchWriter:
         if thread is not None and thread is not threading.current_thread():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(remaining)
-        self._drop_leftovers("shutdown")
+        self._drop_leftovers("shutdown", report=report)
         sink, self._sink = self._sink, None
         if (
             sink is not None
@@ -277,7 +278,7 @@ class BatchWriter:
                 logger.debug("closing the storage connection failed", exc_info=True)
         return flushed
 
-    def _drop_leftovers(self, reason: str) -> None:
+    def _drop_leftovers(self, reason: str, *, report: bool = True) -> None:
         with self._lock:
             states = list(self._queue)
             self._queue.clear()
@@ -306,7 +307,8 @@ class BatchWriter:
             self._completed = self._accepted
             self._held = 0
             self._progress.notify_all()
-        self._stats.report_drops()
+        if report:
+            self._stats.report_drops()
         lost = len(states) + references + len(ready) + len(orphans)
         if lost and self._schema_missing:
             # The line above says how many; this one says what to run.

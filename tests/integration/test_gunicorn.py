@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from recalltrace.storage.models import Trace
+from tests.support.ledger import said_dropped
 
 pytest.importorskip("gunicorn")
 pytest.importorskip("uvicorn")
@@ -76,7 +76,6 @@ WORKERS = {
     "sync": ["app:wsgi"],
     "uvicorn": ["app:asgi", "-k", "uvicorn.workers.UvicornWorker"],
 }
-DROP_LINE = re.compile(r"recalltrace dropped (\d+) trace record")
 CLIENTS = 4
 PER_CLIENT = 150
 
@@ -117,7 +116,7 @@ def ledger(engine: Engine, stderr: str) -> tuple[int, int]:
     each said in its one drop line, with the exact number."""
     with engine.connect() as conn:
         stored = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
-    return stored, sum(int(n) for n in DROP_LINE.findall(stderr))
+    return stored, said_dropped(stderr)
 
 
 @pytest.mark.parametrize("worker", sorted(WORKERS))

@@ -23,10 +23,12 @@ from sqlalchemy import Engine, func, select
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace
+from tests.support.ledger import said_dropped
 
 PROGRAM = Path(__file__).with_name("fork_program.py")
 ROOT = PROGRAM.parents[2]
-DROP_LINE = re.compile(r"recalltrace dropped (\d+) trace record")
+# What a child gave up at its exit is said once, in its ledger line.
+DROP_LINE = re.compile(r"recalltrace at exit: \d+ request\(s\) seen: [^;]*? (\d+) dropped")
 
 FORK_SCENARIOS = [
     "with",
@@ -48,7 +50,7 @@ def ledger(engine: Engine, report: dict[str, int], stderr: str) -> tuple[int, in
     the exact numbers each child said in its one drop line (a child's counts end with it)."""
     with engine.connect() as conn:
         stored = int(conn.scalar(select(func.count()).select_from(Trace)) or 0)
-    said = sum(int(n) for n in DROP_LINE.findall(stderr))
+    said = said_dropped(stderr)
     return stored, int(report["dropped"]) + said
 
 

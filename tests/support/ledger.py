@@ -8,6 +8,7 @@ the rows the database gained.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from sqlalchemy import bindparam, text
@@ -70,3 +71,15 @@ class LedgerCheck:
             f"the ledger says {counts.stored} stored, the database gained {rows} rows: {counts}"
         )
         return counts
+
+
+_SAID = re.compile(
+    r"recalltrace dropped (\d+) trace record"
+    r"|recalltrace at exit: \d+ request\(s\) seen: [^;]*? (\d+) dropped"
+)
+
+
+def said_dropped(stderr: str) -> int:
+    """The records a process said it dropped, from its drop lines and its ledger line at exit
+    (what an exit drain gives up is said in the ledger line only)."""
+    return sum(int(during or at_exit) for during, at_exit in _SAID.findall(stderr))
