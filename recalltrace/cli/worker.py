@@ -160,10 +160,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-progress", action="store_true", help="no progress bar even on a terminal"
     )
     worker.add_argument(
-        "--database-wait", type=_non_negative_float, default=DATABASE_WAIT_S, metavar="S",
+        "--database-wait", type=_non_negative_float, default=None, metavar="S",
         help="at start, wait this long for a database server that does not answer (starting, "
         "restarting), saying so once a minute, then exit 2; a database that answers but "
-        f"refuses (no such database, wrong password) exits 2 at once (default {DATABASE_WAIT_S:g})",
+        "refuses (no such database, wrong password) exits 2 at once (default "
+        f"{DATABASE_WAIT_S:g}; 0 with --once, which a scheduler runs again)",
     )  # fmt: skip
     add_judge_arguments(worker)
     worker.set_defaults(handler=_cmd_worker)
@@ -226,8 +227,9 @@ def wait_for_database(url: str, limit_s: float, *, pause_s: float = 2.0) -> None
                 waited = now - started
                 if waited >= limit_s:
                     raise CommandError(
-                        f"the database at {shown} did not answer for {waited:.0f} s ({detail}); "
-                        "the worker did not start (--database-wait sets how long it waits)"
+                        f"cannot reach the database at {shown} ({detail}; waited "
+                        f"{waited:.0f} s); the worker did not start (--database-wait sets how "
+                        "long it waits)"
                     ) from None
                 if said_at is None or now - said_at >= 60:
                     print(
@@ -300,7 +302,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     logging.getLogger("recalltrace").setLevel(logging.INFO)
     url = resolve_database_url(args.database_url)
     check_sqlite_target(url, creating=False)
-    wait_for_database(url, args.database_wait)
+    wait = args.database_wait
+    if wait is None:
+        wait = 0.0 if args.once else DATABASE_WAIT_S
+    wait_for_database(url, wait)
     require_current_schema(url)
     metrics = _metrics_arg(args.metric)
     judge = judge_config_from_args(args, args.concurrency)

@@ -183,7 +183,7 @@ def test_a_worker_waits_for_a_database_that_does_not_answer_then_exits() -> None
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr  # one "waiting" line (a minute did not pass), one error
     assert lines[0].startswith("waiting for the database at"), lines
-    assert "did not answer for" in lines[1] and "the worker did not start" in lines[1], lines
+    assert "cannot reach the database" in lines[1] and "the worker did not start" in lines[1], lines
 
 
 def _count_traces(url: str) -> int:

@@ -590,7 +590,9 @@ def test_jobs_list_and_retry(seeded: Seeded) -> None:
     # The known failed job is queued again; the unknown id makes the command fail, in one line.
     assert by_id.returncode == 2
     assert by_id.stdout == "queued again: 1 failed job\n"
-    assert "1 of the given job ids was not failed" in one_line_error(by_id)
+    assert "not queued again (only failed jobs are): job 999999 does not exist" in one_line_error(
+        by_id
+    )
     assert ok(other_app) == "queued again: 0 failed jobs\n"
     narrowed = run(
         "jobs", "retry", "--metric", "context_entity_recall", "--app", "docs-search", url=seeded.url
