@@ -362,8 +362,11 @@ def main() -> None:
         f"  {local['records']:.0f} of {local['expected']:.0f} records written "
         f"(writer drained {local['drain_s']:.2f} s after the last request)"
     )
+    # A missed target fails the run (checked at the end, after every figure is printed).
+    lost = args.sample_rate >= 1 and local["records"] < local["expected"]
+    missed = local["cpu_ratio"] > 1.30 or lost
     if args.skip_collect:
-        return
+        raise SystemExit(1 if missed else 0)
     remote = over_otlp(args.requests, args.batch)
     print(
         f"collect: {args.requests} requests ({args.requests * SPANS_PER_REQUEST} spans) in "
@@ -372,11 +375,12 @@ def main() -> None:
         f"{remote['records']:.0f} records stored, {remote['refused']:.0f} batches refused "
         f"(503) and resent\n  {remote['summary']}"
     )
+    missed = missed or remote["records"] < args.requests
     if args.skip_phoenix:
-        return
+        raise SystemExit(1 if missed else 0)
     if not os.path.exists(args.phoenix):
         print(f"Phoenix: not measured ({args.phoenix} does not exist; see --phoenix)")
-        return
+        raise SystemExit(1 if missed else 0)
     peer = phoenix_peer(args.requests, args.batch, args.phoenix)
     print(
         f"Phoenix: the same batches sent in {peer['send_s']:.2f} s, stored in "
@@ -384,6 +388,8 @@ def main() -> None:
         f"({peer['stored']:.0f} of {peer['expected']:.0f} spans stored)\n"
         f"collect / Phoenix: {remote['spans_per_s'] / peer['spans_per_s']:.2f}x (target >= 3)"
     )
+    missed = missed or remote["spans_per_s"] / peer["spans_per_s"] < 3
+    raise SystemExit(1 if missed else 0)
 
 
 if __name__ == "__main__":

@@ -322,10 +322,15 @@ def main() -> None:
             f"{round_ratios[name]:>23.2f}"
         )
     print(f"records written by the sink: {sink.written}; dropped: {dropped}")
+    missed = 0
     for name, target in (("recalltrace@1", 1.3), ("recalltrace@0", 1.1)):
         ratio = medians[name] / medians["otel"]
         verdict = "OK" if ratio <= target else "MISSED"
+        missed += verdict == "MISSED"
         print(f"target {name} median <= {target:.2f}x otel: {ratio:.2f}x {verdict}")
+    if missed:
+        # A regression shows the day it lands: a missed target fails the run.
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
