@@ -23,9 +23,6 @@ STORED = "rag.traces.stored"
 VALUES_NOT_READ = "rag.tracer.values.not_read"
 QUEUE_SIZE = "rag.tracer.queue.size"
 
-EXIT_WITHOUT_FLUSH = "exit_without_flush"
-"""The drop reason of records still queued when a process ended without any exit path
-running (counted by whoever can see it afterwards)."""
 
 
 @dataclass(frozen=True)
