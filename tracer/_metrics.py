@@ -24,7 +24,6 @@ VALUES_NOT_READ = "rag.tracer.values.not_read"
 QUEUE_SIZE = "rag.tracer.queue.size"
 
 
-
 @dataclass(frozen=True)
 class Ledger:
     """Where every request the tracer saw ended, since the process started.
