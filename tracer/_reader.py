@@ -409,7 +409,11 @@ def _read_reference_ids(state: Any, pending: _Pending, notes: list[str]) -> None
 
         def place_all(ok: bool, result: Any) -> None:
             if ok and result is not _LEFT_OUT:
-                state.reference_context_ids = result
+                state.reference_context_ids, unprintable = result
+                if unprintable:
+                    notes.append(
+                        f"reference_context_ids: {unprintable} id(s) left out: printing them raised"
+                    )
             elif not ok:
                 notes.append(
                     f"reference_context_ids not captured: reading them raised "
@@ -435,16 +439,17 @@ def _read_reference_ids(state: Any, pending: _Pending, notes: list[str]) -> None
     state.reference_context_ids = ids
 
 
-def _id_list(value: Any) -> list[str]:
-    """Ids of an iterable the application gave (each printed); one whose printing raises is
-    left out."""
+def _id_list(value: Any) -> tuple[list[str], int]:
+    """Ids of an iterable the application gave (each printed), and how many were left out
+    because printing them raised (the caller notes them)."""
     ids: list[str] = []
+    unprintable = 0
     for item in value:
         try:
             ids.append(str(item))
         except Exception:
-            continue
-    return ids
+            unprintable += 1
+    return ids, unprintable
 
 
 def _id_placer(ids: list[Any], index: int, notes: list[str]) -> Callable[[bool, Any], None]:

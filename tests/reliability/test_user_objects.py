@@ -324,6 +324,24 @@ def test_a_reference_id_that_cannot_be_printed_is_left_out(traced: Traced) -> No
     assert check.assert_balanced().stored == 1
 
 
+def test_a_reference_id_that_cannot_be_printed_in_a_generator_is_noted(traced: Traced) -> None:
+    """Ids given as a set or a generator are read on the reader thread as a whole: one that
+    cannot be printed is left out with a note, like one in a list."""
+    check = LedgerCheck()
+
+    @recalltrace.rag("bad-id-generator", reference_context_ids_param="ids")
+    def ask(question: str, ids: Any) -> str:
+        return "ok"
+
+    ask("q", (item for item in ["doc-1", UnprintableId(), "doc-3"]))
+    (record,) = traced.records()
+    assert record.reference_context_ids == ["doc-1", "doc-3"]
+    assert "reference_context_ids: 1 id(s) left out: printing them raised" in record.notes, (
+        record.notes
+    )
+    assert check.assert_balanced().stored == 1
+
+
 @recalltrace.retrieval
 def nan_search(query: str) -> list[dict[str, Any]]:
     return [
