@@ -375,12 +375,23 @@ def _at_exit() -> None:
     _drain_final("the process is exiting")
 
 
+_drained: tuple[int, int] | None = None
+"""(pid, runtime) whose final drain ran: the exit paths that reach it (multiprocessing's exit
+function, ``atexit``, a stopping signal) drain and say the ledger once between them."""
+
+
 def _drain_final(why: str) -> None:
     """The process is ending: store what is queued within ``shutdown_timeout`` and count the
     rest as dropped (``shutdown``, said in one line with the exact number)."""
+    global _drained
     runtime = current
     if runtime is None:
         return
+    key = (os.getpid(), id(runtime))
+    if _drained == key:
+        _stats.report_drops()  # what was dropped since (nothing, as a rule) is still said
+        return
+    _drained = key
     with _signals.final_drain():
         try:
             # What the drain gives up is said once, in the ledger's line below.

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -101,9 +102,14 @@ APP_SCRIPT = textwrap.dedent(
 )
 
 
-def test_what_was_not_stored_is_said_in_one_line_at_exit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("multiprocessing", [False, True], ids=["plain", "multiprocessing"])
+def test_what_was_not_stored_is_said_in_one_line_at_exit(
+    tmp_path: Path, multiprocessing: bool
+) -> None:
+    """Also in a process that imported multiprocessing, whose own exit path drains the queue
+    before ``atexit`` does: the line is said once."""
     script = tmp_path / "app.py"
-    script.write_text(APP_SCRIPT)
+    script.write_text(("import multiprocessing.util\n" if multiprocessing else "") + APP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(script)],
