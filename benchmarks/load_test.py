@@ -77,7 +77,7 @@ def main() -> int:
     for label, value in rows:
         print(f"| {label} | {value} |")
     print("p99 (ms) by second:", traced["p99_ms_by_second"])
-    print("RSS (s, MiB):", traced["rss_mib"])
+    print("RSS (s, MiB, calls):", traced["rss_mib"])
     if args.json:
         Path(args.json).write_text(json.dumps({"traced": traced, "baseline": baseline}))
     problems = []

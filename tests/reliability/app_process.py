@@ -178,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     latencies = array.array("d")
     wrong = 0
     errors = 0
-    rss: list[tuple[float, float]] = []
+    # (seconds in, RSS in MiB, calls made so far): on a busy host the calls lag the clock, and
+    # memory follows the calls (queues and buffers fill to their bounds), not the seconds.
+    rss: list[tuple[float, float, int]] = []
+    made = [0]
     stop_sampling = threading.Event()
     started = time.monotonic()
 
     def sample_rss() -> None:
         while not stop_sampling.wait(0.5):
-            rss.append((round(time.monotonic() - started, 1), round(current_rss_mib(), 1)))
+            seconds = round(time.monotonic() - started, 1)
+            rss.append((seconds, round(current_rss_mib(), 1), made[0]))
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
+        made[0] = index
         question = f"question {index}"
         expected = _answer_text(question, DOCUMENTS, "Open Settings > Security.")
         begin = time.perf_counter()

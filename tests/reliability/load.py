@@ -92,10 +92,18 @@ def run_load(
     return summary
 
 
-def rss_growth_mib(summary: dict[str, Any], after_s: float) -> float:
-    """RSS at the end of the run minus RSS ``after_s`` seconds in (start-up excluded)."""
+def rss_growth_mib(
+    summary: dict[str, Any], *, after_calls: int | None = None, after_s: float | None = None
+) -> float:
+    """RSS at the end of the run minus RSS at the first sample taken once ``after_calls`` calls
+    were made (or ``after_s`` seconds in): start-up and the filling of bounded queues and
+    buffers excluded. Counting calls rather than seconds keeps the check the same on a busy
+    host, where the calls (and the memory that follows them) lag the clock."""
     samples = summary["rss_mib"]
-    later = [mib for t, mib in samples if t >= after_s]
+    if after_calls is not None:
+        later = [mib for _t, mib, calls in samples if calls >= after_calls]
+    else:
+        later = [mib for t, mib, _calls in samples if t >= (after_s or 0.0)]
     if len(later) < 2:
         return 0.0
     return float(later[-1] - later[0])

@@ -46,7 +46,9 @@ def test_bound_reached_under_load_counts_every_drop(postgres_url: str) -> None:
     )
     assert summary["hangs"] == 1
     check_load(summary, max_queue_size=1000)
-    assert rss_growth_mib(summary, after_s=2.0) < 25, summary["rss_mib"]
+    # Memory is flat once the queue and the span buffers have filled to their bounds (half the
+    # calls in: on a busy host that takes longer than on a quiet one, in seconds, not in calls).
+    assert rss_growth_mib(summary, after_calls=summary["calls"] // 2) < 25, summary["rss_mib"]
 
 
 @pytest.mark.slow
