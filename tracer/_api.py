@@ -60,6 +60,7 @@ def configure(
     sink: TraceSink | None = None,
     enabled: bool | None = None,
     capture_spans: bool | None = None,
+    genai_span_attributes: bool | None = None,
 ) -> TracerConfig:
     """Configure the tracer for this process and return the configuration in effect.
 

@@ -228,6 +228,16 @@ class TracerConfig:
         factory=ScrubbingOptions, env=[("RECALLTRACE_SCRUBBING", _scrubbing_switch)]
     )
     """Scrubbing options, or ``False`` to store text unchanged (``RECALLTRACE_SCRUBBING=0``)."""
+    genai_span_attributes: bool = option(
+        False, env=[("RECALLTRACE_GENAI_SPAN_ATTRIBUTES", _truthy)]
+    )
+    """Also put the OpenTelemetry GenAI conventions' content attributes on the decorators'
+    spans (``gen_ai.retrieval.query.text``, ``gen_ai.retrieval.documents``,
+    ``gen_ai.input.messages``/``output.messages``, ``gen_ai.response.model``,
+    ``gen_ai.usage.*``) beside OpenInference's, for a backend that reads those. Off by default:
+    every attribute costs the request path, and OpenInference's carry the same content.
+    ``gen_ai.operation.name`` (and the ``data_source``/``model`` given to the decorators) are
+    always set."""
     max_queue_size: int = option(2048, env=[("RECALLTRACE_MAX_QUEUE_SIZE", _int)])
     """Bound of the in-memory queue of records waiting for storage, including records kept for
     a retry while storage is down. Beyond it records are dropped and counted; the caller is

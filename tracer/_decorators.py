@@ -28,8 +28,10 @@ from recalltrace.tracer._extract import (
     Doc,
     Usage,
     document_list,
+    flat_json,
     is_plain_data,
     metadata_json,
+    quote_json,
     read_answer,
     read_chunk_text,
     read_document,
@@ -75,6 +77,7 @@ GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 # OpenInference's llm.input_messages.N.message.{role,content} and in gen_ai.input.messages
 # (input.value keeps the whole prompt).
 MAX_SPAN_MESSAGES = 32
+_FIRST_MESSAGE_ROLE = "llm.input_messages.0.message.role"
 DOCUMENTS_TOTAL = "recalltrace.retrieval.documents"
 DOCUMENTS_ON_SPAN = "recalltrace.retrieval.documents_on_span"
 
@@ -344,7 +347,7 @@ def _start(spec: _Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Ca
             ctx = otel.set_span_in_context(span, parent)
             outermost = False
         call = _Call(spec, runtime, span, state, ctx, outermost, span.is_recording())
-        if attributes is not spec.attributes and GEN_AI_INPUT_MESSAGES in attributes:
+        if attributes is not spec.attributes and _FIRST_MESSAGE_ROLE in attributes:
             call.chat = True
         if state.sampled:
             if spec.kind == RAG and outermost:
@@ -434,8 +437,8 @@ def _with_input(runtime: Any, attributes: dict[str, Any], value: Any, spec: _Spe
         if spec.kind == GENERATION:
             pairs = _chat_messages(value)
             if pairs is not None:
-                _message_attributes(pairs, attributes, runtime.span_scrub)
-    elif spec.kind == RETRIEVAL:
+                _message_attributes(pairs, attributes, runtime.span_scrub, runtime.genai_attributes)
+    elif spec.kind == RETRIEVAL and runtime.genai_attributes:
         attributes[GEN_AI_QUERY_TEXT] = text
     return attributes
 
@@ -585,16 +588,37 @@ def _finish_documents(call: _Call, docs: list[Doc], total: int, room: int | None
         if shown < total:
             attributes[DOCUMENTS_TOTAL] = total
             attributes[DOCUMENTS_ON_SPAN] = shown
-        if shown:
+        if shown and call.runtime.genai_attributes:
             attributes[GEN_AI_DOCUMENTS] = _genai_documents(docs[:shown], call.runtime.span_scrub)
         call.span.set_attributes(attributes)
     if call.sampled and docs:
+        # The documents' metadata is not copied: like the documents past what the span holds,
+        # it is read when the record is assembled (a retriever hands out its results; it does
+        # not change them after).
         call.state.contexts.extend(docs)
 
 
 def _genai_documents(docs: list[Doc], scrub: Any) -> str:
     """The GenAI conventions' ``gen_ai.retrieval.documents``: a JSON list of ``{id, score}``
-    in rank order (the content is on the OpenInference attributes beside it)."""
+    in rank order (the content is on the OpenInference attributes beside it), written
+    directly (the same text as the JSON encoder's)."""
+    entries: list[str] = []
+    for doc in docs:
+        doc_id, score = doc[1], doc[2]
+        if doc_id is None:
+            entry = ""
+        else:
+            entry = '"id": ' + quote_json(doc_id if scrub is None else scrub(doc_id))
+        if score is not None:
+            number = flat_json({"score": score})
+            if number is None:
+                return _genai_documents_encoded(docs, scrub)
+            entry = number[1:-1] if not entry else entry + ", " + number[1:-1]
+        entries.append("{" + entry + "}")
+    return "[" + ", ".join(entries) + "]"
+
+
+def _genai_documents_encoded(docs: list[Doc], scrub: Any) -> str:
     entries: list[dict[str, Any]] = []
     for doc in docs:
         entry: dict[str, Any] = {}
@@ -636,10 +660,10 @@ def _chat_messages(value: Any) -> list[tuple[str, str]] | None:
 
 
 def _message_attributes(
-    pairs: list[tuple[str, str]], attributes: dict[str, Any], scrub: Any
+    pairs: list[tuple[str, str]], attributes: dict[str, Any], scrub: Any, genai: bool
 ) -> None:
-    """A chat prompt on a generation span: OpenInference's flattened messages and the GenAI
-    conventions' ``gen_ai.input.messages``."""
+    """A chat prompt on a generation span: OpenInference's flattened messages and (``genai``)
+    the GenAI conventions' ``gen_ai.input.messages``."""
     messages: list[dict[str, Any]] = []
     for index, (role, text) in enumerate(pairs):
         if scrub is not None:
@@ -647,36 +671,43 @@ def _message_attributes(
         prefix = f"llm.input_messages.{index}.message."
         attributes[prefix + "role"] = role
         attributes[prefix + "content"] = text
-        messages.append({"role": role, "parts": [{"type": "text", "content": text}]})
-    attributes[GEN_AI_INPUT_MESSAGES] = to_text(messages)
+        if genai:
+            messages.append({"role": role, "parts": [{"type": "text", "content": text}]})
+    if genai:
+        attributes[GEN_AI_INPUT_MESSAGES] = to_text(messages)
 
 
 def _finish_generation(
     call: _Call, text: str | None, model: str | None, usage: Usage | None
 ) -> None:
     if call.recording:
+        genai = call.runtime.genai_attributes
         attributes: dict[str, Any] = {}
         if text is not None:
             scrub = call.runtime.span_scrub
             output = text if scrub is None else scrub(text)
+            # Text output: no ``output.mime_type`` (OpenInference reads a missing one as text).
             attributes[OUTPUT_VALUE] = output
-            attributes[OUTPUT_MIME_TYPE] = "text/plain"
             if call.chat:
                 attributes["llm.output_messages.0.message.role"] = "assistant"
                 attributes["llm.output_messages.0.message.content"] = output
-                attributes[GEN_AI_OUTPUT_MESSAGES] = to_text(
-                    [{"role": "assistant", "parts": [{"type": "text", "content": output}]}]
-                )
+                if genai:
+                    attributes[GEN_AI_OUTPUT_MESSAGES] = to_text(
+                        [{"role": "assistant", "parts": [{"type": "text", "content": output}]}]
+                    )
         if model is not None:
             attributes[LLM_MODEL_NAME] = model
-            attributes[GEN_AI_RESPONSE_MODEL] = model
+            if genai:
+                attributes[GEN_AI_RESPONSE_MODEL] = model
         if usage is not None:
             if usage.prompt is not None:
                 attributes[LLM_PROMPT_TOKENS] = usage.prompt
-                attributes[GEN_AI_INPUT_TOKENS] = usage.prompt
+                if genai:
+                    attributes[GEN_AI_INPUT_TOKENS] = usage.prompt
             if usage.completion is not None:
                 attributes[LLM_COMPLETION_TOKENS] = usage.completion
-                attributes[GEN_AI_OUTPUT_TOKENS] = usage.completion
+                if genai:
+                    attributes[GEN_AI_OUTPUT_TOKENS] = usage.completion
             if usage.total is not None:
                 attributes[LLM_TOTAL_TOKENS] = usage.total
         if attributes:
@@ -689,12 +720,7 @@ def _finish_generation(
 def _finish_rag(call: _Call, answer: str | None) -> None:
     if answer is not None and call.recording:
         scrub = call.runtime.span_scrub
-        call.span.set_attributes(
-            {
-                OUTPUT_VALUE: answer if scrub is None else scrub(answer),
-                OUTPUT_MIME_TYPE: "text/plain",
-            }
-        )
+        call.span.set_attribute(OUTPUT_VALUE, answer if scrub is None else scrub(answer))
     if call.outermost and call.sampled and answer is not None:
         call.state.response = answer
 

@@ -78,12 +78,14 @@ def _as_score(value: Any) -> float | None:
 
 
 def _as_metadata(value: Any) -> dict[str, Any]:
+    """A document's metadata as a dict, not copied (a retriever does not change the results it
+    handed out; the record reads the metadata when it is assembled)."""
     if not value:
         return _EMPTY
-    if isinstance(value, dict):
-        return snapshot(value)
+    if type(value) is dict:
+        return value
     if isinstance(value, Mapping):
-        return snapshot(dict(value))
+        return dict(value)
     return _EMPTY
 
 
@@ -120,8 +122,17 @@ def snapshot(value: Any, budget: int = SNAPSHOT_BUDGET) -> Any:
     them, 20 levels deep), so that a later change by the application does not change the
     record; other objects are kept as they are and read later, with a time bound. Cheap for
     the common case: a string, a number, or a small flat dict."""
-    if type(value) in _LEAF_TYPES:
+    kind = type(value)
+    if kind in _LEAF_TYPES:
         return value
+    if kind is dict:
+        # The common case, a flat dict of plain values (a document's metadata): one C-level
+        # copy, no walk.
+        for inner in value.values():
+            if type(inner) not in _LEAF_TYPES:
+                break
+        else:
+            return value.copy()
     left = [budget]
 
     def copy(item: Any, depth: int) -> Any:
@@ -181,7 +192,7 @@ def _doc_from_search_hit(obj: Mapping[str, Any], source: Mapping[str, Any]) -> D
 
 def _doc_from_mapping(obj: Any) -> Doc:
     source = obj.get("_source")
-    if isinstance(source, Mapping):
+    if source is not None and isinstance(source, Mapping):
         return _doc_from_search_hit(obj, source)
     content: Any = obj.get("content")
     if content is None:
@@ -539,8 +550,46 @@ def to_id_list(value: Any) -> list[str] | None:
 _ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
 
 
+quote_json: Callable[[str], str] = json.encoder.encode_basestring
+"""A string as a JSON string literal (C speed)."""
+_quote = quote_json
+_INFINITE = frozenset({float("inf"), float("-inf")})
+
+
+def flat_json(metadata: Mapping[str, Any]) -> str | None:
+    """The JSON text of a flat dict of strings, integers, finite floats, booleans and ``None``
+    under string keys, written directly (the same text as ``json.dumps(..., ensure_ascii=
+    False)``, without building an encoder); None for anything else."""
+    if type(metadata) is not dict:
+        return None
+    parts: list[str] = []
+    for key, value in metadata.items():
+        if type(key) is not str:
+            return None
+        kind = type(value)
+        if kind is str:
+            text = _quote(value)
+        elif kind is int:
+            text = int.__repr__(value)
+        elif kind is float:
+            if value != value or value in _INFINITE:
+                return None  # NaN and infinities: the encoder's spelling
+            text = float.__repr__(value)
+        elif kind is bool:
+            text = "true" if value else "false"
+        elif value is None:
+            text = "null"
+        else:
+            return None
+        parts.append(_quote(key) + ": " + text)
+    return "{" + ", ".join(parts) + "}"
+
+
 def metadata_json(metadata: Mapping[str, Any]) -> str:
     """Metadata as the JSON string OpenInference puts in ``document.metadata``."""
+    text = flat_json(metadata)
+    if text is not None:
+        return text
     try:
         return _ENCODER.encode(metadata)
     except Exception:

@@ -144,6 +144,7 @@ class Runtime:
         self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
+        self.genai_attributes = config.genai_span_attributes
         self.stats = _stats
         # App names label the metrics; one taken from a received span name is user text.
         _stats.label = self.scrubber.scrub_label if self.scrubber is not None else str

@@ -134,7 +134,7 @@ class BatchWriter:
         self._progress = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._queue: deque[TraceState] = deque()
-        self._unwritten: dict[str, TraceState] = {}
+        self._unwritten: dict[int, TraceState] = {}  # by record id
         self._references: deque[ReferenceUpdate] = deque()
         self._held = 0  # records the writer holds (assembling, in flight, awaiting a retry)
         self._accepted = 0
@@ -186,7 +186,7 @@ class BatchWriter:
                 reason = "queue_full"
             else:
                 self._queue.append(state)
-                self._unwritten[state.hex_id()] = state
+                self._unwritten[state.trace_id] = state
                 self._accepted += 1
                 queued = len(self._queue)
         if reason is not None:
@@ -203,7 +203,7 @@ class BatchWriter:
         with self._lock:
             state = open_state if open_state is not None and not open_state.closed else None
             if state is None:
-                state = self._unwritten.get(update.trace_id)
+                state = self._unwritten.get(_record_number(update.trace_id))
             if state is not None:
                 state.merge_reference(update)
                 return
@@ -413,7 +413,7 @@ class BatchWriter:
             states = list(self._queue)
             self._queue.clear()
             for state in states:
-                self._unwritten.pop(state.hex_id(), None)
+                self._unwritten.pop(state.trace_id, None)
             self._held += len(states)
         orphans = {orphan.update.trace_id: orphan for orphan in self._orphans}
         slice_end = time.perf_counter() + _SLICE
@@ -577,3 +577,11 @@ class BatchWriter:
 
 
 at_fork_in_child(FORK_WRITERS, _reset_writers_in_child)
+
+
+def _record_number(hex_id: str) -> int:
+    """A record id given as hex digits, as the number it is (-1 when it is not one)."""
+    try:
+        return int(hex_id, 16)
+    except (TypeError, ValueError):
+        return -1

@@ -57,12 +57,19 @@ def run_app(env: dict[str, str], *blocked: str) -> subprocess.CompletedProcess[s
 
 def test_the_endpoint_alone_exports_the_decorators_spans(tmp_path: Path) -> None:
     with OTLPReceiver() as receiver:
-        done = run_app(clean_env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint))
+        env = clean_env(
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            RECALLTRACE_GENAI_SPAN_ATTRIBUTES="1",
+        )
+        done = run_app(env)
         spans = receiver.spans()
     assert done.returncode == 0, done.stderr
     assert "14 days." in done.stdout and "stored: True" in done.stdout
     kinds = {span.name: attributes(span.attributes) for span in spans}
     assert kinds["support-bot"]["openinference.span.kind"] == "CHAIN"
+    assert kinds["search"]["retrieval.documents.0.document.id"] == "kb-1"
+    # The GenAI conventions' content attributes, asked for from the environment.
     assert kinds["search"]["gen_ai.retrieval.documents"] == '[{"id": "kb-1", "score": 0.8}]'
 
 

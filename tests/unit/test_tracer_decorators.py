@@ -649,7 +649,13 @@ def test_current_trace_id_inside_and_outside(traced: Traced) -> None:
 # -- spans ---------------------------------------------------------------------------------------
 
 
-def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
+@pytest.mark.parametrize("genai", [False, True], ids=["openinference", "with-genai"])
+def test_span_attributes_follow_openinference_and_genai(traced: Traced, genai: bool) -> None:
+    """OpenInference's attributes (and ``gen_ai.operation.name``) by default; the GenAI
+    conventions' content attributes beside them on request (``genai_span_attributes``)."""
+    if genai:
+        traced = make_traced(genai_span_attributes=True)
+
     class Completion:
         def __init__(self) -> None:
             self.model = "gpt-4o-mini-2024"
@@ -674,33 +680,37 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
         "openinference.span.kind": "CHAIN",
         "input.value": "capital?",
         "output.value": "Paris.",
-        "output.mime_type": "text/plain",
+    }
+    search_genai = {
+        "gen_ai.retrieval.query.text": "capital?",
+        "gen_ai.retrieval.documents": '[{"id": "d1", "score": 0.5}]',
     }
     assert dict(traced.span("search").attributes) == {
         "openinference.span.kind": "RETRIEVER",
         "gen_ai.operation.name": "retrieval",
         "input.value": "capital?",
-        "gen_ai.retrieval.query.text": "capital?",
         "retrieval.documents.0.document.id": "d1",
         "retrieval.documents.0.document.content": "Paris...",
         "retrieval.documents.0.document.score": 0.5,
         "retrieval.documents.0.document.metadata": '{"page": 3}',
-        "gen_ai.retrieval.documents": '[{"id": "d1", "score": 0.5}]',
+        **(search_genai if genai else {}),
+    }
+    generate_genai = {
+        "gen_ai.response.model": "gpt-4o-mini-2024",
+        "gen_ai.usage.input_tokens": 12,
+        "gen_ai.usage.output_tokens": 3,
     }
     assert dict(traced.span("generate").attributes) == {
         "openinference.span.kind": "LLM",
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "gpt-4o-mini",
-        "gen_ai.response.model": "gpt-4o-mini-2024",
         "llm.model_name": "gpt-4o-mini-2024",
         "input.value": "capital?",
         "output.value": "Paris.",
-        "output.mime_type": "text/plain",
         "llm.token_count.prompt": 12,
         "llm.token_count.completion": 3,
         "llm.token_count.total": 15,
-        "gen_ai.usage.input_tokens": 12,
-        "gen_ai.usage.output_tokens": 3,
+        **(generate_genai if genai else {}),
     }
     record = traced.record()
     assert record.metadata["llm"] == [
@@ -714,6 +724,8 @@ def test_span_attributes_follow_openinference_and_genai(traced: Traced) -> None:
 
 
 def test_chat_prompts_and_data_sources_follow_both_conventions(traced: Traced) -> None:
+    traced = make_traced(genai_span_attributes=True)
+
     @recalltrace.retrieval(data_source="kb-prod")
     def search(query: str) -> list[dict[str, Any]]:
         return [{"content": "no id, no score"}, {"id": 7, "content": "x", "score": 0.25}]
@@ -754,7 +766,25 @@ def test_chat_prompts_and_data_sources_follow_both_conventions(traced: Traced) -
         {"role": "assistant", "parts": [{"type": "text", "content": "Paris."}]}
     ]
     assert span["input.mime_type"] == "application/json"
-    assert span["output.mime_type"] == "text/plain"
+    assert "output.mime_type" not in span  # text: OpenInference's default
+
+
+def test_chat_prompts_without_genai_attributes_keep_openinference_messages(
+    traced: Traced,
+) -> None:
+    @recalltrace.generation(prompt_param="messages")
+    def generate(messages: list[dict[str, Any]]) -> str:
+        return "Paris."
+
+    @recalltrace.rag
+    def answer(question: str) -> str:
+        return generate([{"role": "user", "content": question}])
+
+    answer("capital?")
+    span = traced.span("generate").attributes
+    assert span["llm.input_messages.0.message.content"] == "capital?"
+    assert span["llm.output_messages.0.message.content"] == "Paris."
+    assert not [key for key in span if key.startswith("gen_ai.") and key != "gen_ai.operation.name"]
 
 
 def test_prompts_that_are_not_chat_messages_add_no_messages(traced: Traced) -> None:
@@ -782,7 +812,10 @@ def test_prompts_that_are_not_chat_messages_add_no_messages(traced: Traced) -> N
 
 
 def test_chat_messages_are_scrubbed_on_spans() -> None:
-    traced = make_traced(scrubbing=recalltrace.ScrubbingOptions(scrub_span_attributes=True))
+    traced = make_traced(
+        scrubbing=recalltrace.ScrubbingOptions(scrub_span_attributes=True),
+        genai_span_attributes=True,
+    )
     try:
 
         @recalltrace.generation(prompt_param="messages")

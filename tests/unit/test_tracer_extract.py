@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ import recalltrace
 from recalltrace.storage.records import ContextRecord
 from recalltrace.tracer._extract import (
     Usage,
+    flat_json,
+    metadata_json,
     read_answer,
     read_chunk_text,
     read_document,
@@ -372,3 +375,29 @@ def test_documents_of_an_unknown_shape_are_noted_on_the_record() -> None:
         ), record.notes
     finally:
         recalltrace.shutdown(2)
+
+
+# -- JSON written directly -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {},
+        {"source": 'handbook/é"quoted"\n\u2028\x00', "page": 3, "ratio": 0.1},
+        {"yes": True, "no": False, "none": None, "big": 10**30, "tiny": -1.5e-300},
+        {"emoji": "\U0001f600", "tab": "\t", "slash": "a/b\\c"},
+    ],
+)
+def test_metadata_json_writes_what_the_encoder_writes(metadata: dict[str, Any]) -> None:
+    assert flat_json(metadata) == json.dumps(metadata, ensure_ascii=False)
+    assert metadata_json(metadata) == json.dumps(metadata, ensure_ascii=False)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{"nan": float("nan")}, {"inf": float("inf")}, {"nested": {"a": 1}}, {"list": [1]}, {1: "a"}],
+)
+def test_metadata_json_leaves_other_shapes_to_the_encoder(metadata: dict[Any, Any]) -> None:
+    assert flat_json(metadata) is None
+    assert metadata_json(metadata) == json.dumps(metadata, ensure_ascii=False, default=str)
