@@ -173,6 +173,45 @@ def _record(**fields: Any) -> TraceRecord:
     return TraceRecord(**base)
 
 
+def test_contents_found_clean_are_remembered_and_never_hide_a_secret() -> None:
+    """Retrieved contents found clean are not gated again (the same documents come back
+    request after request), and the memory never lets a secret through: a content is known
+    clean only as the very text that was found clean."""
+    scrubber = Scrubber(recalltrace.ScrubbingOptions())
+    clean = "Refunds take 14 days from the day the parcel arrives."
+    secret = "contact dave@example.org for refunds"
+    first = _record(retrieved_contexts=[ContextRecord(clean, id="a")])
+    scrubber.scrub_record(first)
+    assert first.retrieved_contexts[0].content == clean
+    assert clean in scrubber._clean_contents
+    # Beside a remembered clean document, a new one holding a secret is scrubbed.
+    second = _record(
+        retrieved_contexts=[ContextRecord(clean, id="a"), ContextRecord(secret, id="b")]
+    )
+    scrubber.scrub_record(second)
+    assert [c.content for c in second.retrieved_contexts] == [clean, f"contact {R} for refunds"]
+    assert second.notes == ["scrubbed email in retrieved_contexts[1].content"]
+    assert secret not in scrubber._clean_contents
+    # The clean text with a secret appended is another text: scrubbed, not remembered.
+    third = _record(retrieved_contexts=[ContextRecord(clean + " key sk-abcdefghijklmnopqrstu")])
+    scrubber.scrub_record(third)
+    assert third.retrieved_contexts[0].content == f"{clean} key {R}"
+    # A secret seen twice is scrubbed twice.
+    fourth = _record(retrieved_contexts=[ContextRecord(secret)])
+    scrubber.scrub_record(fourth)
+    assert fourth.retrieved_contexts[0].content == f"contact {R} for refunds"
+
+
+def test_contents_are_gated_every_time_with_custom_patterns() -> None:
+    options = recalltrace.ScrubbingOptions(extra_patterns=[r"TICKET-\d+"])
+    scrubber = Scrubber(options)
+    for _ in range(2):
+        record = _record(retrieved_contexts=[ContextRecord("see TICKET-42 for the answer")])
+        scrubber.scrub_record(record)
+        assert record.retrieved_contexts[0].content == f"see {R} for the answer"
+    assert not scrubber._clean_contents
+
+
 def test_record_scrubbing_covers_every_field_and_notes_paths() -> None:
     record = _record(
         user_input="I am bob@example.org",

@@ -117,6 +117,10 @@ _SENSITIVE_KEY = (
 
 # Short document strings (ids, metadata keys and values) remembered as clean, at most.
 _CLEAN_LIMIT = 8192
+_CLEAN_CONTENT_CHARS = 8 * 1024 * 1024
+"""Characters of retrieved documents' contents remembered as clean (found clean before: not
+gated again); past it the memory is emptied and refilled."""
+_CLEAN_CONTENT_LONGEST = 64 * 1024
 
 # Metadata keys the tracer writes itself; their values are model names and token counts.
 _OWN_METADATA_KEYS = frozenset({"llm"})
@@ -181,6 +185,11 @@ class Scrubber:
         self._names: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self._labels: dict[str, str] = {}
         self._clean: set[str] = set()  # short document strings in which no rule found anything
+        # Retrieved contents in which no rule found anything: the same documents come back
+        # request after request. Kept as the strings themselves (an exact match, no hash
+        # trusted), within a character budget.
+        self._clean_contents: set[str] = set()
+        self._clean_content_chars = 0
         anchored = {
             self._password[1]: P.ANCHORS["password"],
             self._assignment[1]: P.ANCHORS["api_key"],
@@ -559,9 +568,7 @@ class Scrubber:
                 if len(clean) + len(short) > _CLEAN_LIMIT:
                     clean.clear()
                 clean.update(text for text in short if len(text) <= 256)
-            content_rules = self._group_rules(
-                "\n".join(context.content for context in record.retrieved_contexts)
-            )
+            content_rules = self._content_rules(record)
             if record.metadata:
                 # Its strings (keys and values) joined, not its repr: the colons and quotes a
                 # repr adds would pass the assignment gates for every key named like a token.
@@ -620,6 +627,30 @@ class Scrubber:
         # says why): whatever reached them is scrubbed too, without notes of its own.
         if notes:
             record.notes = [self.scrub_text(note, "notes", None) for note in notes]
+
+    def _content_rules(self, record: TraceRecord) -> _Rules:
+        """The rules that find something in the record's retrieved contents, gating only the
+        contents not found clean before (all of them with custom patterns or a callback,
+        whose decisions the gates do not cover); contents found clean are remembered."""
+        contents = [context.content for context in record.retrieved_contexts]
+        if self._custom:
+            return self._group_rules("\n".join(contents))
+        known = self._clean_contents
+        unknown = [text for text in contents if text not in known]
+        if not unknown:
+            return []
+        rules = self._group_rules("\n".join(unknown))
+        if not rules:
+            for text in unknown:
+                if len(text) > _CLEAN_CONTENT_LONGEST:
+                    continue
+                if self._clean_content_chars + len(text) > _CLEAN_CONTENT_CHARS:
+                    known.clear()
+                    self._clean_content_chars = 0
+                if text not in known:
+                    known.add(text)
+                    self._clean_content_chars += len(text)
+        return rules
 
     def _scrub_name(self, name: str, path: str, notes: list[str]) -> str:
         """``scrub_text`` for a name that recurs from record to record, remembered (without a
