@@ -1,0 +1,200 @@
+"""A FastAPI service at full speed: requests per second with the tracer against hand-written spans.
+
+One uvicorn process (one worker) serves ``benchmarks.saturation_app``; ``hey`` (Debian's package,
+``apt-get install hey``) keeps ``--connections`` requests in flight for ``--seconds`` and reports
+the throughput. Variants, alternated in rotated order over ``--repetitions`` rounds so that drift
+of the machine affects all of them alike: no tracing; OpenTelemetry spans written by hand; the
+decorators at sample rate 0; at 0.1 and at 1 storing the sampled requests to Postgres. Each
+throughput is compared with the hand-written spans' in the same round; the median of the rounds'
+ratios is checked against the targets, and the run exits 1 when one is missed. After every
+traced run the service's ledger is read: a request seen but neither stored, sampled out nor
+counted as dropped fails the run.
+
+Everything shares the machine's cores (the server, ``hey``, Postgres and the tracer's writer
+thread), as in a deployment where the database or a sidecar lives on the same host.
+
+Run: ``python -m benchmarks.saturation [--seconds 10] [--connections 32] [--repetitions 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks._pg import scratch_database
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate1")
+TARGETS = {"rate0": 0.95, "rate0.1": 0.95, "rate1": 0.85}
+"""Least share of the hand-written spans' throughput (issue figures; benchmarks/README.md)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode} before answering")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the server did not answer {url} within {timeout:.0f} s")
+
+
+def _hey(url: str, seconds: float, connections: int) -> float:
+    done = subprocess.run(
+        ["hey", "-z", f"{seconds}s", "-c", str(connections), url],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"hey failed: {done.stderr.strip()[:300]}")
+    match = re.search(r"Requests/sec:\s+([0-9.]+)", done.stdout)
+    statuses = re.findall(r"\[(\d{3})\]\s+(\d+) responses", done.stdout)
+    bad = {code: int(n) for code, n in statuses if code != "200"}
+    if match is None or bad:
+        raise SystemExit(f"hey: no throughput or failed responses {bad}:\n{done.stdout[-800:]}")
+    return float(match.group(1))
+
+
+def run_variant(
+    variant: str, database_url: str, *, seconds: float, connections: int, warmup: float
+) -> dict[str, Any]:
+    port = _free_port()
+    env = dict(os.environ)
+    env.update(
+        SATURATION_VARIANT=variant,
+        SATURATION_DATABASE_URL=database_url,
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    for name in [key for key in env if key.startswith(("RECALLTRACE_", "OTEL_"))]:
+        del env[name]
+    command = [
+        sys.executable, "-m", "uvicorn", "benchmarks.saturation_app:app",
+        "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{base}/ask?q=ready", proc)
+        if warmup > 0:
+            _hey(f"{base}/ask", warmup, connections)
+        rps = _hey(f"{base}/ask", seconds, connections)
+        with urllib.request.urlopen(f"{base}/ledger", timeout=90) as response:
+            ledger = json.loads(response.read())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {"variant": variant, "rps": rps, "ledger": ledger}
+
+
+def _ledger_problem(ledger: dict[str, Any]) -> str | None:
+    if not ledger:
+        return None
+    dropped = sum(ledger["dropped"].values())
+    accounted = ledger["stored"] + ledger["sampled_out"] + dropped + ledger["pending"]
+    if accounted != ledger["seen"]:
+        return f"{ledger['seen'] - accounted} request(s) unaccounted for"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per run")
+    parser.add_argument("--connections", type=int, default=32, help="requests in flight")
+    parser.add_argument("--repetitions", type=int, default=3, help="alternating rounds")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
+    )
+    args = parser.parse_args()
+    if shutil.which("hey") is None:
+        raise SystemExit("hey is not installed: apt-get install hey (the load generator)")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or "otel" not in variants:
+        raise SystemExit(f"--variants: unknown {unknown}, or 'otel' (the baseline) missing")
+
+    rounds: list[dict[str, dict[str, Any]]] = []
+    with scratch_database("recalltrace_bench_saturation") as url:
+        for index in range(args.repetitions):
+            shift = index % len(variants)
+            results: dict[str, dict[str, Any]] = {}
+            for variant in variants[shift:] + variants[:shift]:
+                result = run_variant(
+                    variant,
+                    url,
+                    seconds=args.seconds,
+                    connections=args.connections,
+                    warmup=args.warmup,
+                )
+                results[variant] = result
+                print(
+                    f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s"
+                    + (f"  ledger {result['ledger']}" if result["ledger"] else ""),
+                    flush=True,
+                )
+            rounds.append(results)
+
+    print(
+        f"\n{args.connections} connections, {args.seconds:g} s per run after {args.warmup:g} s "
+        f"warm-up, {args.repetitions} alternating rounds (one uvicorn worker)"
+    )
+    print(f"{'variant':<10}{'req/s (median)':>16}{'share of by-hand (per round)':>34}")
+    missed = 0
+    for variant in variants:
+        rps = statistics.median(r[variant]["rps"] for r in rounds)
+        shares = [r[variant]["rps"] / r["otel"]["rps"] for r in rounds]
+        share = statistics.median(shares)
+        listed = " / ".join(f"{s:.2f}" for s in shares)
+        line = f"{variant:<10}{rps:>16.1f}{share:>10.2f}  ({listed})"
+        target = TARGETS.get(variant)
+        if target is not None:
+            verdict = "OK" if share >= target else "MISSED"
+            missed += verdict == "MISSED"
+            line += f"  target >= {target:.2f}: {verdict}"
+        print(line)
+    problems = [
+        f"{variant} round {i + 1}: {problem}"
+        for i, r in enumerate(rounds)
+        for variant, result in r.items()
+        if (problem := _ledger_problem(result["ledger"])) is not None
+    ]
+    for problem in problems:
+        print(f"ledger: {problem}")
+    drops = {
+        variant: sum(sum(r[variant]["ledger"]["dropped"].values()) for r in rounds)
+        for variant in variants
+        if rounds[0][variant]["ledger"]
+    }
+    print(f"dropped (counted) over all rounds: {drops}")
+    if missed or problems:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

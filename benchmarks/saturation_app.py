@@ -1,0 +1,79 @@
+"""The FastAPI application of ``benchmarks.saturation``, run by uvicorn in its own process.
+
+``GET /ask?q=...`` answers one RAG request: a root calling a retriever (10 documents of 300
+characters with id, score and metadata, as in ``benchmarks.tracer_overhead``) and a generator.
+``SATURATION_VARIANT`` chooses how it is traced:
+
+- ``plain``: not traced;
+- ``otel``: OpenTelemetry spans with the same attributes written by hand;
+- ``rate0``: the recalltrace decorators at sample rate 0 (spans only);
+- ``rate0.1`` / ``rate1``: the decorators at sample rate 0.1 / 1, the sampled requests stored
+  in the database at ``SATURATION_DATABASE_URL`` by the tracer's writer thread.
+
+Every traced variant uses one SDK provider with a batch processor and an exporter that discards
+(the figures are the tracing and storing cost, not an exporter's). ``GET /ledger`` answers the
+tracer's account of what it saw (after a flush), for the benchmark to check that nothing went
+missing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import FastAPI
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+import recalltrace
+from benchmarks.tracer_overhead import (
+    DiscardingExporter,
+    otel_answer,
+    plain_answer,
+    rt_answer,
+)
+
+VARIANT = os.environ.get("SATURATION_VARIANT", "plain")
+
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
+trace.set_tracer_provider(provider)
+
+answer: Any = plain_answer
+if VARIANT == "otel":
+    answer = otel_answer
+elif VARIANT.startswith("rate"):
+    rate = float(VARIANT[len("rate") :])
+    recalltrace.configure(
+        tracer_provider=provider,
+        database_url=os.environ.get("SATURATION_DATABASE_URL"),
+        sample_rate=rate,
+        service_name="saturation",
+        handle_signals=True,
+    )
+    answer = rt_answer
+elif VARIANT != "plain":
+    raise SystemExit(f"unknown SATURATION_VARIANT {VARIANT!r}")
+
+app = FastAPI()
+
+
+@app.get("/ask")
+def ask(q: str = "How does the tracer measure context recall in production?") -> dict[str, str]:
+    return {"answer": answer(q)}
+
+
+@app.get("/ledger")
+def ledger() -> dict[str, Any]:
+    if not VARIANT.startswith("rate"):
+        return {}
+    recalltrace.flush(60)
+    account = recalltrace.ledger()
+    return {
+        "seen": account.seen,
+        "stored": account.stored,
+        "sampled_out": account.sampled_out,
+        "dropped": dict(account.dropped),
+        "pending": account.pending,
+    }
