@@ -32,6 +32,7 @@ from recalltrace.cli._args import (
     EXIT_USAGE,
     CommandError,
     Handler,
+    version_misplaced,
 )
 from recalltrace.cli._render import inert
 
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if extras:
         where: argparse.ArgumentParser = getattr(args, "command_parser", parser)
-        where.error(_unknown_options(where, extras))
+        where.error(version_misplaced(where, extras) or _unknown_options(where, extras))
     if getattr(args, "database_url", None) is None and args.global_database_url is not None:
         args.database_url = args.global_database_url
     logging.basicConfig(
