@@ -216,7 +216,7 @@ def run_demo(
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
-    logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
+    logging.getLogger("recalltrace.scorers").setLevel(logging.ERROR)
     worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
     import asyncio
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
+from tests.support.product import product_modules
 
 # folder -> the installed name of each part it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -84,15 +85,6 @@ def test_no_part_imports_the_composition_root() -> None:
     assert wrong == []
 
 
-# folder -> the installed package it is mapped to (``recalltrace/`` holds the composition root)
-PRODUCT = {
-    "recalltrace": "recalltrace",
-    "tracer": "recalltrace.tracer",
-    "scorers": "recalltrace.scorers",
-    "storage": "recalltrace.storage",
-    "migrations": "recalltrace.migrations",
-}
-
 # Strongly connected groups of modules that import each other in a circle today. Each one MUST
 # GO: the test fails on any other cycle, and on an entry here that is no longer a cycle (remove
 # it then).
@@ -101,19 +93,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     # (the runtime installs capture; capture reads the runtime's state). Being broken now.
     frozenset({"recalltrace.tracer._capture", "recalltrace.tracer._runtime"}),
 }
-
-
-def product_modules() -> dict[str, Path]:
-    """Every product module by its installed dotted name."""
-    found: dict[str, Path] = {}
-    for folder, package in PRODUCT.items():
-        base = ROOT / folder
-        for path in sorted(base.rglob("*.py")):
-            parts = path.relative_to(base).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join((package, *parts))] = path
-    return found
 
 
 def _type_checking_only(node: ast.If) -> bool:

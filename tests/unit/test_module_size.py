@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support import ROOT
+from tests.support.product import PRODUCT
 
 MAX_LINES = 800
-PRODUCT_FOLDERS = ("recalltrace", "tracer", "scorers", "storage", "migrations")
+
 
 # The modules over the limit when the rule came in, each being split now, with its length then
 # as a ceiling. The list can only shrink: a module here may not grow, and one that is back
@@ -23,7 +24,7 @@ OVER_THE_LIMIT_TODAY: dict[str, int] = {
 
 def module_lengths() -> dict[str, int]:
     lengths = {}
-    for folder in PRODUCT_FOLDERS:
+    for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):
             name = path.relative_to(ROOT).as_posix()
             lengths[name] = len(Path(path).read_text(encoding="utf-8").splitlines())
