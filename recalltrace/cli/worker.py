@@ -441,9 +441,7 @@ def _push_baseline(setup: Any, url: str) -> None:
         )
     except Exception as exc:
         # The push at the end says it (exit 5); scoring goes on.
-        logging.getLogger(__name__).debug(
-            "the baseline push to the Pushgateway failed: %s", exc
-        )
+        logging.getLogger(__name__).debug("the baseline push to the Pushgateway failed: %s", exc)
 
 
 _START_MESSAGES = frozenset(
