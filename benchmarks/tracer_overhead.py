@@ -293,9 +293,8 @@ def main() -> None:
             recalltrace.flush(30)
     recalltrace.shutdown(30)
 
-    from recalltrace.tracer._runtime import stats
-
-    dropped = stats().dropped_total()
+    ledger = recalltrace.ledger()
+    dropped = ledger.dropped_total + sum(ledger.other_dropped.values())
     medians = {name: statistics.median(values) / 1000 for name, values in samples.items()}
     p99s = {name: _p99(values) for name, values in samples.items()}
     # The median over rounds of each round's ratio: robust to other load on the machine, which

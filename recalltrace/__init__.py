@@ -21,7 +21,10 @@ neither OpenTelemetry's SDK, nor SQLAlchemy, nor LiteLLM.
 """
 
 # First: in a checkout, the parts are found beside this folder (see _checkout).
-from recalltrace import _checkout  # noqa: F401  (extends this package's __path__)
+from recalltrace._checkout import checkout_root as _checkout_root
+
+if (_root := _checkout_root()) is not None:
+    __path__.append(_root)
 from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-logger = logging.getLogger("recalltrace.collect")
+logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 PROTOBUF = "application/x-protobuf"

@@ -13,7 +13,6 @@ a judge model is given (``--judge-model``, any LiteLLM model string).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -21,9 +20,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import recalltrace
+
+if TYPE_CHECKING:
+    from recalltrace.scorers import JudgeConfig
 
 APP_NAME = "lumen-help-desk"
 _WORD = re.compile(r"[a-z0-9]+")
@@ -134,28 +136,29 @@ class HelpDesk:
         return self.compose(question, self.search(question))
 
 
-def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``recalltrace demo``."""
-    from recalltrace.cli._args import int_range
-    from recalltrace.cli.worker import add_judge_arguments
+@dataclass(frozen=True)
+class DemoOutcome:
+    """How a demo run ended (the command line turns it into an exit code)."""
 
-    parser.add_argument(
-        "--top-k",
-        type=int_range(1, 100),
-        default=3,
-        help="articles retrieved per question (default 3)",
-    )
-    add_judge_arguments(parser)
+    stopped_by: str | None
+    """The signal that interrupted the scoring (``"SIGINT"``, ``"SIGTERM"``), or ``None``."""
+    judge_paused: int
+    """How many times the judge was paused: the LLM variants did not score when not 0."""
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Trace the demo app's requests, score them once, print the summary and the worst."""
+def run_demo(
+    *, database_url: str | None = None, top_k: int = 3, judge: JudgeConfig | None = None
+) -> DemoOutcome:
+    """Trace the demo app's requests, score them once, print the summary and the worst.
+
+    ``database_url`` defaults to ``sqlite:///./recalltrace.db`` (never the exported
+    ``RECALLTRACE_DATABASE_URL``); without a ``judge`` only the non-LLM variants score.
+    """
     import logging
     from datetime import datetime, timedelta, timezone
 
     from rich.console import Console
 
-    from recalltrace.cli.worker import judge_config_from_args
     from recalltrace.storage.db import (
         DATABASE_URL_ENV,
         DEFAULT_DATABASE_URL,
@@ -167,25 +170,20 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     # The demo writes its own traces and scores whatever is due where it writes: it never
     # follows an exported RECALLTRACE_DATABASE_URL (a real deployment's database) unasked.
-    url = resolve_database_url(args.database_url or DEFAULT_DATABASE_URL)
+    url = resolve_database_url(database_url or DEFAULT_DATABASE_URL)
     exported = os.environ.get(DATABASE_URL_ENV)
-    if args.database_url is None and exported:
+    if database_url is None and exported:
         console.print(
             f"Not using {DATABASE_URL_ENV} ({redact_url(resolve_database_url(exported))}): the "
             "demo writes to its own file; pass --database-url to choose the database."
         )
-    judge = judge_config_from_args(args, concurrency=8)
-    if judge is not None:
-        # Before anything is traced: a judge that cannot be reached would only be found after
-        # every call's retries, with the LLM variants scoring nothing.
-        check_judge_reachable(judge.model, judge.api_base)
     upgrade(url)
     console.print(f"[bold]recalltrace demo[/] on {redact_url(url)}")
 
     started = datetime.now(timezone.utc) - timedelta(seconds=1)
     data = load_dataset()
     app = HelpDesk([Article(d["id"], d["title"], d["text"]) for d in data["documents"]],
-                   top_k=args.top_k)  # fmt: skip
+                   top_k=top_k)  # fmt: skip
     recalltrace.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
     late: list[tuple[str, dict[str, Any]]] = []
     for number, item in enumerate(data["questions"]):
@@ -218,7 +216,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
-    logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
+    logging.getLogger("recalltrace.scorers").setLevel(logging.ERROR)
     worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
     import asyncio
 
@@ -232,68 +230,19 @@ def run_demo(args: argparse.Namespace) -> int:
             f"Interrupted by {worker.stopped_by}: scored {stats.scored} before stopping; "
             "the rest stays queued for `recalltrace worker`."
         )
-        return 130 if worker.stopped_by == "SIGINT" else 143
+        return DemoOutcome(stopped_by=worker.stopped_by, judge_paused=stats.paused)
     console.print(
         f"Scored {stats.scored} results ({stats.skipped} skipped, {stats.failed} failed)."
     )
     _print_results(console, url, started, worker.not_configured, list(CATALOG))
     if stats.paused:
         # The last line, and the exit code, say that the LLM variants did not score.
-        from recalltrace.cli.worker import EXIT_JUDGE_PAUSED
-
         console.print(
             f"The judge was paused {stats.paused} time(s) (see the JUDGE PAUSED line above): "
             "the LLM variants are not scored; their jobs stay queued for `recalltrace worker`.",
             soft_wrap=True,
         )
-        return EXIT_JUDGE_PAUSED
-    return 0
-
-
-JUDGE_PROBE_TIMEOUT_S = 5.0
-"""How long the demo waits for a judge's server to accept a connection."""
-
-
-def judge_endpoint(model: str, api_base: str | None) -> str | None:
-    """The base URL the judge is called at: ``api_base``, or the default LiteLLM knows for a
-    local provider (Ollama); ``None`` for hosted providers, whose address is not checked."""
-    if api_base:
-        return api_base
-    if model.startswith("ollama"):
-        return "http://localhost:11434"  # LiteLLM's default for its Ollama providers
-    try:
-        import litellm
-
-        default = litellm.get_llm_provider(model)[3]
-    except Exception:  # an unknown provider is LiteLLM's to refuse, on the first call
-        default = None
-    return str(default) if default else None
-
-
-def check_judge_reachable(model: str, api_base: str | None) -> None:
-    """Refuse, in one line, a judge whose server does not accept a connection."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from recalltrace.cli import CommandError
-
-    endpoint = judge_endpoint(model, api_base)
-    if endpoint is None:
-        return
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise CommandError(f"--judge-api-base {endpoint!r} has no valid port") from None
-    host = parts.hostname or "localhost"
-    try:
-        socket.create_connection((host, port), timeout=JUDGE_PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise CommandError(
-            f"cannot reach the judge {model} at {endpoint} ({reason}): start it (for Ollama: "
-            "`ollama serve`), set --judge-api-base, or run the demo without --judge-model"
-        ) from None
+    return DemoOutcome(stopped_by=None, judge_paused=stats.paused)
 
 
 def _print_results(

@@ -27,7 +27,7 @@ from recalltrace.scorers._errors import (
     nothing_answered,
 )
 
-logger = logging.getLogger("scorers.judge")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # ``asyncio.timeout`` exists from Python 3.11 on; 3.10 falls back to ``asyncio.wait_for``.

@@ -24,7 +24,7 @@ from typing import Any
 
 from recalltrace.scorers._result import ScoreResult
 
-logger = logging.getLogger("recalltrace.worker")
+logger = logging.getLogger(__name__)
 
 #: The annotation identifier: a newer score of the same variant replaces the older one.
 IDENTIFIER = "recalltrace"

@@ -25,7 +25,7 @@ from recalltrace.scorers._result import ScoreResult
 if TYPE_CHECKING:
     from recalltrace.storage.contracts import QueueStats
 
-logger = logging.getLogger("recalltrace.worker")
+logger = logging.getLogger(__name__)
 
 #: Explicit buckets of the recall histogram: one every 0.1.
 SCORE_BUCKETS: tuple[float, ...] = tuple(round(i / 10, 1) for i in range(11))

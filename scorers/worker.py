@@ -52,7 +52,7 @@ from recalltrace.scorers.telemetry import WorkerTelemetry
 from recalltrace.storage.contracts import NOTIFY_CHANNEL, JobStore, QueueStats
 from recalltrace.storage.errors import is_database_unavailable
 
-logger = logging.getLogger("recalltrace.worker")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

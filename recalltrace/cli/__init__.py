@@ -1,5 +1,6 @@
-"""The ``recalltrace`` command line, one module per command group: :mod:`.db`, :mod:`.scores`
-(with ``check``), :mod:`.trace`, :mod:`.jobs` (with ``backfill``) and :mod:`.worker`; shared
+"""The ``recalltrace`` command line, one module per command group: :mod:`.db`, :mod:`.demo`,
+:mod:`.scores` (one ``scores_*`` module per action), :mod:`.check`, :mod:`.trace`, :mod:`.jobs`
+(with ``backfill``), :mod:`.worker`, :mod:`.collect`, :mod:`.doctor` and :mod:`.labels`; shared
 argument parsing in :mod:`._args`, rendering in :mod:`._render`, charts in :mod:`._charts`.
 
 Every subcommand imports what it needs when it runs, so ``recalltrace --help`` stays fast and
@@ -13,22 +14,29 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from recalltrace.cli import (
+    check,
+    collect,
+    db,
+    demo,
+    doctor,
+    jobs,
+    labels,
+    scores,
+    trace,
+    worker,
+)
 from recalltrace.cli._args import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
     Handler,
+    version_misplaced,
 )
 from recalltrace.cli._render import inert
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_OK", "EXIT_USAGE", "CommandError", "build_parser", "main"]
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from recalltrace.demo import run_demo
-
-    return run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,26 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--database-url, which wins when both are given)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    from recalltrace.cli import collect, db, doctor, jobs, labels, scores, trace, worker
-
+    # One line per command group, in the order of `recalltrace --help`.
     db.register(sub)
-    demo = sub.add_parser(
-        "demo", help="run a small traced RAG app on the embedded database and score it"
-    )
-    demo.add_argument(
-        "--database-url",
-        metavar="URL",
-        default=None,
-        help="database URL (default: sqlite:///./recalltrace.db; the demo does not follow "
-        "$RECALLTRACE_DATABASE_URL)",
-    )
-    from recalltrace.demo import add_demo_arguments
-
-    add_demo_arguments(demo)
-    demo.set_defaults(handler=_cmd_demo)
-
+    demo.register(sub)
     scores.register(sub)
+    check.register(sub)
     trace.register(sub)
     jobs.register(sub)
     worker.register(sub)
@@ -173,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if extras:
         where: argparse.ArgumentParser = getattr(args, "command_parser", parser)
-        where.error(_unknown_options(where, extras))
+        where.error(version_misplaced(where, extras) or _unknown_options(where, extras))
     if getattr(args, "database_url", None) is None and args.global_database_url is not None:
         args.database_url = args.global_database_url
     logging.basicConfig(

@@ -79,12 +79,23 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
     _add_version(parser)
 
 
+def version_misplaced(parser: argparse.ArgumentParser, extras: list[str]) -> str | None:
+    """The one-line error for ``--version`` given after a command (it is recalltrace's own
+    version, asked before any command), or ``None`` when ``extras`` has no ``--version``."""
+    if not any(item.partition("=")[0] == "--version" for item in extras):
+        return None
+    own = "--version is recalltrace's own version: run `recalltrace --version`"
+    has_metric_version = any("--metric-version" in a.option_strings for a in parser._actions)
+    if has_metric_version:
+        return f"{own}; the version of a metric is --metric-version V"
+    return f"{own} (before any command)"
+
+
 def _add_version(parser: argparse.ArgumentParser) -> None:
-    # ``recalltrace --version`` is recalltrace's own version; after a command, ``--version`` is a
-    # metric's, and ``--metric-version`` says so by its name.
+    # ``--version`` is recalltrace's own version only (``recalltrace --version``); a metric's is
+    # ``--metric-version`` (its old spelling ``--version V`` is refused by ``version_misplaced``).
     parser.add_argument(
         "--metric-version",
-        "--version",
         dest="metric_version",
         type=_stored_text,
         default=None,
@@ -331,18 +342,18 @@ def _metric(value: str | None) -> str | None:
 
 
 def _metric_version(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """``--metric`` and ``--version``, checked by History's own rule, in the flags' words."""
+    """``--metric`` and ``--metric-version``, checked by History's own rule, in the flags' words."""
     from recalltrace.scorers.catalog import current_versions
     from recalltrace.storage.history import metric_versions
 
     metric = _metric(args.metric)
     version: str | None = args.metric_version
     if version is not None and metric is None:
-        raise CommandError("--version needs --metric: versions are numbered per metric")
+        raise CommandError("--metric-version needs --metric: versions are numbered per metric")
     try:
         metric_versions(current_versions(), metric, version)
     except ValueError as exc:
-        raise CommandError(f"--version: {exc}") from None
+        raise CommandError(f"--metric-version: {exc}") from None
     return metric, version
 
 

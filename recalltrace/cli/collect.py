@@ -45,7 +45,7 @@ from recalltrace._collect_server import (
 )
 from recalltrace.cli._args import EXIT_OK, CommandError
 
-logger = logging.getLogger("recalltrace.collect")
+logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "RECALLTRACE_COLLECT_TOKEN"
 # Seconds a trace whose root span arrived waits for late spans (exporters send spans

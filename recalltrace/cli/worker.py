@@ -357,7 +357,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             flush=True,
         )
     # The worker logs both facts when it starts; said above, they are said once.
-    logging.getLogger("recalltrace.worker").addFilter(_said_at_start)
+    logging.getLogger("recalltrace.scorers.worker").addFilter(_said_at_start)
     import asyncio
 
     if args.pushgateway is not None:
@@ -441,9 +441,7 @@ def _push_baseline(setup: Any, url: str) -> None:
         )
     except Exception as exc:
         # The push at the end says it (exit 5); scoring goes on.
-        logging.getLogger("recalltrace.worker").debug(
-            "the baseline push to the Pushgateway failed: %s", exc
-        )
+        logging.getLogger(__name__).debug("the baseline push to the Pushgateway failed: %s", exc)
 
 
 _START_MESSAGES = frozenset(

@@ -7,6 +7,7 @@ problem, never a traceback, never a hang."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -93,8 +94,13 @@ def test_a_metric_version_has_a_name_of_its_own(stored: tuple[str, list[int], st
     url, _jobs, _trace = stored
     metric = ["--metric", "id_based_context_recall", "--format", "json"]
     by_name = cli("scores", "summary", *metric, "--metric-version", "1", "--database-url", url)
-    as_before = cli("scores", "summary", *metric, "--version", "1", "--database-url", url)
-    assert by_name[0] == 0 and by_name[1] == as_before[1]
+    assert by_name[0] == 0 and json.loads(by_name[1]), by_name
+    # The old spelling is refused, in one line naming the new one: --version is the program's.
+    old_code, old_out, old_err = cli(
+        "scores", "summary", *metric, "--version", "1", "--database-url", url
+    )
+    assert old_code == 2 and old_out == ""
+    assert "the version of a metric is --metric-version V" in error_lines(old_err)[0]
     code, out, _err = cli("--version")
     assert code == 0 and out.startswith("recalltrace "), out
 

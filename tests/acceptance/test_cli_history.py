@@ -545,16 +545,16 @@ def test_check_exit_codes(seeded: Seeded) -> None:
     assert "0 scored traces" in empty.stderr
 
 
-def test_version_reads_one_version_of_a_metric(seeded: Seeded) -> None:
+def test_metric_version_reads_one_version_of_a_metric(seeded: Seeded) -> None:
     summary = ("scores", "summary", "--since", "2d", "--format", "json")
     metric = ("--metric", "llm_context_recall")
     default, current, old, no_metric, check_old, worst_old = run_all(
         (*summary, *metric),
-        (*summary, *metric, "--version", "1"),
-        (*summary, *metric, "--version", "0"),
-        (*summary, "--version", "1"),
-        ("check", *metric, "--version", "0", "--since", "2d", "--min", "0.1"),
-        ("scores", "worst", *metric, "--version", "0", "--format", "json"),
+        (*summary, *metric, "--metric-version", "1"),
+        (*summary, *metric, "--metric-version", "0"),
+        (*summary, "--metric-version", "1"),
+        ("check", *metric, "--metric-version", "0", "--since", "2d", "--min", "0.1"),
+        ("scores", "worst", *metric, "--metric-version", "0", "--format", "json"),
         url=seeded.url,
     )
     rows = json.loads(ok(default))
@@ -563,7 +563,7 @@ def test_version_reads_one_version_of_a_metric(seeded: Seeded) -> None:
     assert json.loads(ok(old)) == []
     assert json.loads(ok(worst_old)) == []
     assert no_metric.returncode == 2
-    assert "--version needs --metric" in one_line_error(no_metric)
+    assert "--metric-version needs --metric" in one_line_error(no_metric)
     assert check_old.returncode == 1
     assert "0 scored traces" in check_old.stderr and "version 0" in check_old.stderr
     assert ok(run("--version")).startswith("recalltrace ")  # the program's own, untouched
@@ -612,7 +612,7 @@ def test_an_unknown_app_or_version_names_what_exists(seeded: Seeded) -> None:
         ("scores", "summary", "--since", "2d", "--app", "suport-bot", "--format", "json"),
         ("scores", "worst", "--app", "nobody"),
         ("check", "--metric", "llm_context_recall", "--min", "0.5", "--since", "2d", "--app", "x"),
-        ("scores", "summary", "--metric", "llm_context_recall", "--version", "7"),
+        ("scores", "summary", "--metric", "llm_context_recall", "--metric-version", "7"),
         url=seeded.url,
     )
     text = " ".join(ok(typo).split())

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import text, update
 
-from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers import ScoreResult
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import ScoringJob
 from recalltrace.storage.repository import Repository

@@ -18,7 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy import Engine
 
-from recalltrace.tracer._capture import SpanCapture, add_keeping_others
+from recalltrace.tracer import SpanCapture
+from recalltrace.tracer._capture import add_keeping_others
 from tests.support import ROOT
 from tests.support.capture import QUESTIONS, check_requests, stored
 from tests.support.otlp_receiver import OTLPReceiver

@@ -34,7 +34,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 import recalltrace
-from recalltrace.tracer._runtime import stats
 from tests.support.capture import ANSWERS, CORPUS, QUESTIONS, ranked
 
 mode, url = sys.argv[1:3]
@@ -81,7 +80,9 @@ else:
 assert recalltrace.flush(10)
 spans = exporter.get_finished_spans()
 roots = sorted(s.instrumentation_scope.name for s in spans if s.parent is None)
-print(json.dumps({"roots": roots, "same_request": stats().dropped_total("capture_same_request")}))
+ledger = recalltrace.ledger()
+same = sum(d.get("capture_same_request", 0) for d in (ledger.dropped, ledger.other_dropped))
+print(json.dumps({"roots": roots, "same_request": same}))
 """
 
 

@@ -19,7 +19,7 @@ import recalltrace
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace, TraceTag
-from recalltrace.tracer._config import TracerConfig
+from recalltrace.tracer import TracerConfig
 from tests.support.tracer_helpers import make_traced
 
 

@@ -549,7 +549,7 @@ def test_a_long_running_worker_says_what_it_does(
         maintenance_interval_s=0.05,
         status_interval_s=0.1,
     )
-    with caplog.at_level(logging.INFO, logger="recalltrace.worker"):
+    with caplog.at_level(logging.INFO, logger="recalltrace.scorers.worker"):
         thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
         thread.start()
         deadline = time.monotonic() + 30

@@ -30,7 +30,6 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 
 import recalltrace
-from recalltrace.tracer._runtime import stats
 
 DOCUMENTS = [
     {
@@ -216,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     stop_sampling.set()
     flushed = recalltrace.flush(args.flush_timeout)
-    snapshot = stats().snapshot()
+    ledger = recalltrace.ledger()
     dropped: dict[str, int] = {}
-    for (reason, _app), count in snapshot["dropped"].items():
-        dropped[reason] = dropped.get(reason, 0) + count
+    for counts in (ledger.dropped, ledger.other_dropped):
+        for reason, count in counts.items():
+            dropped[reason] = dropped.get(reason, 0) + count
     if args.ids_file and trace_ids is not None:
         with open(args.ids_file, "w", encoding="utf-8") as out:
             out.write("\n".join(trace_ids) + "\n")
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "p99_ms_by_second": per_second,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "rss_mib": rss,
-        "sampled": sum(snapshot["sampled"].values()),
+        "sampled": ledger.seen - ledger.sampled_out,
         "dropped": dropped,
         "flushed": flushed,
     }

@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 import recalltrace
-from recalltrace.tracer._runtime import stats
 
 URL, SCENARIO, METHOD = sys.argv[1], sys.argv[2], sys.argv[3]
 # Generous by default: a child's first write opens its own storage connection, on a busy machine.
@@ -81,4 +80,6 @@ def run(scenario: str, ctx: Any) -> int:
 
 if __name__ == "__main__":
     answered = run(SCENARIO, mp.get_context(METHOD))
-    print(json.dumps({"answered": answered, "dropped": stats().dropped_total()}))
+    ledger = recalltrace.ledger()
+    dropped = ledger.dropped_total + sum(ledger.other_dropped.values())
+    print(json.dumps({"answered": answered, "dropped": dropped}))

@@ -22,7 +22,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from recalltrace.cli import main
-from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers import ScoreResult
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Score, ScoringJob, Trace
 from recalltrace.storage.repository import Repository

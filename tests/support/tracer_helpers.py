@@ -154,6 +154,8 @@ def traced_session() -> Iterator[Traced]:
 
 def dropped(reason: str | None = None) -> int:
     """Records dropped so far in this process (of one reason, or all)."""
-    from recalltrace.tracer._runtime import stats
-
-    return stats().dropped_total(reason)
+    ledger = recalltrace.ledger()
+    counts = (ledger.dropped, ledger.other_dropped)
+    if reason is None:
+        return sum(sum(c.values()) for c in counts)
+    return sum(c.get(reason, 0) for c in counts)

@@ -13,7 +13,8 @@ import re
 import pytest
 
 import recalltrace
-from recalltrace.tracer._config import TracerConfig, env_sources
+from recalltrace.tracer import TracerConfig
+from recalltrace.tracer._config import env_sources
 from tests.support import ROOT
 
 # Options that are not configure() keywords: set on a TracerConfig only.

@@ -13,9 +13,9 @@ from email.utils import format_datetime
 import pytest
 
 from recalltrace import scorers
-from recalltrace.scorers import ScoreResult
-from recalltrace.scorers._cache import ReferenceCache, cache_key
-from recalltrace.scorers._judge import JudgeConfig, _within, classify_error, retry_after_seconds
+from recalltrace.scorers import JudgeConfig, ReferenceCache, ScoreResult
+from recalltrace.scorers._cache import cache_key
+from recalltrace.scorers._judge import _within, classify_error, retry_after_seconds
 from recalltrace.scorers._llm import InvalidAnswer, gather_all, normalise_entity, parse_json_object
 from recalltrace.scorers.catalog import CATALOG
 
