@@ -322,7 +322,14 @@ def main() -> None:
         )
     print(f"records written by the sink: {sink.written}; dropped: {dropped}")
     missed = 0
-    for name, target in (("recalltrace@1", 1.3), ("recalltrace@0", 1.1)):
+    # Targets (benchmarks/README.md): at 10 documents rate 0 within 5% and rate 1 within 10%
+    # of the hand-written spans; with more documents both within 10%.
+    targets = (
+        (("recalltrace@1", 1.10), ("recalltrace@0", 1.05))
+        if args.documents <= DOCUMENT_COUNT
+        else (("recalltrace@1", 1.10), ("recalltrace@0", 1.10))
+    )
+    for name, target in targets:
         ratio = medians[name] / medians["otel"]
         verdict = "OK" if ratio <= target else "MISSED"
         missed += verdict == "MISSED"
