@@ -53,6 +53,7 @@ from recalltrace.cli._render import (
     inert,
     print_keyed,
 )
+from recalltrace.cli.diagnose import register as register_diagnose
 from recalltrace.cli.worker import add_judge_arguments, judge_config_from_args
 from recalltrace.compare import MIN_LABELS, MIN_TRACES, compare_groups
 
@@ -177,6 +178,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_format(compare)
     compare.set_defaults(handler=_piped(_cmd_compare))
+    register_diagnose(scores_sub)
 
     cost = scores_sub.add_parser(
         "cost",
