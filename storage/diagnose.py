@@ -233,6 +233,8 @@ class Diagnosis:
     """Attributes not sliced for having more than ``max_values`` values, with their count."""
     significant: int
     """Slices with a q-value at most ``q``."""
+    significant_below: int
+    """Of those, the slices below the rest."""
     slices: list[SliceRow]
     """The slices shown, by impact: the significant ones below the rest, or every slice tested
     when asked."""
@@ -264,6 +266,7 @@ class Diagnosis:
             "slices_skipped_small": self.skipped_small,
             "attributes_skipped": dict(self.skipped_attributes),
             "slices_significant": self.significant,
+            "slices_significant_below": self.significant_below,
             "slices": [s.as_dict() for s in self.slices],
             "missed_references": None
             if self.missed is None
@@ -417,6 +420,7 @@ def diagnose(
         skipped_small=0,
         skipped_attributes={},
         significant=0,
+        significant_below=0,
         slices=[],
         missed=None,
         missed_total=0,
@@ -517,6 +521,11 @@ def diagnose(
             "skipped_small": skipped_small,
             "skipped_attributes": skipped_attributes,
             "significant": sum(1 for q_value in adjusted if q_value <= q),
+            "significant_below": sum(
+                1
+                for t, q_value in zip(tests, adjusted, strict=True)
+                if q_value <= q and t[3][0] < 0
+            ),
             "slices": rows,
             "missed": missed,
             "missed_total": missed_total,

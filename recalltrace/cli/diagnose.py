@@ -302,10 +302,11 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str) -> None:
     console = _console()
     head = f"{found.metric} (version {_safe(found.version)}), {_safe(window)}"
     if not found.scored:
-        console.print(f"No scored results of {head}.")
+        console.print(f"No scored results of {head}.", soft_wrap=True)
         return
     console.print(
-        f"[bold]Diagnosis of {head}[/]: {found.scored:,} scored traces, mean {found.mean:.3f}"
+        f"[bold]Diagnosis of {head}[/]: {found.scored:,} scored traces, mean {found.mean:.3f}",
+        soft_wrap=True,
     )
     # -- slices
     skipped = [
@@ -321,8 +322,10 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str) -> None:
         else ("slices significantly below the rest")
     )
     console.print(
-        f"\n[bold]Slices[/]: {found.significant} of {found.tested} tested are significant at "
-        f"a false-discovery rate of {found.q:g} (Benjamini-Hochberg); {'; '.join(skipped)}."
+        f"\n[bold]Slices[/]: {found.significant_below} of {found.tested} tested are "
+        f"significantly below the rest ({found.significant - found.significant_below} above), "
+        f"at a false-discovery rate of {found.q:g} (Benjamini-Hochberg); {'; '.join(skipped)}.",
+        soft_wrap=True,
     )
     commands: list[str] = []
     if found.slices:
