@@ -460,11 +460,11 @@ def diagnose(
     for attribute, sums in candidates.items():
         if sum(1 for _g in sums) < 2:
             continue  # every trace has the same value (or none): no rest to compare with
-        named = {value: g for value, g in sums.items() if value is not None and g.count}
+        present = {value: g for value, g in sums.items() if value is not None and g.count}
         # Two values splitting every trace between them: each is the other's rest, one
         # hypothesis (counted twice, it would loosen the control for every other slice).
-        mirrored = len(named) == 2 and sum(g.count for g in named.values()) == total[0]
-        for value, g in named.items():
+        mirrored = len(present) == 2 and sum(g.count for g in present.values()) == total[0]
+        for value, g in present.items():
             part = (g.count, g.total, g.total_squares)
             rest = (total[0] - g.count, total[1] - g.total, total[2] - g.total_squares)
             if part[0] < min_count or rest[0] < min_count:
@@ -693,16 +693,17 @@ def _missed_references(
         element = _elements(postgres, Score.details, "matches")
         index = _field(postgres, element.c.value, "reference_index")
         found = _field(postgres, element.c.value, "found")
+        reference: Any
         if postgres:
             reference = Trace.reference_contexts.op("->>")(cast(index, Integer))
-            hit = case((found == "true", 1), else_=0)
+            matched = case((found == "true", 1), else_=0)
         else:
             reference = func.json_extract(Trace.reference_contexts, func.printf("$[%d]", index))
-            hit = case((found == 1, 1), else_=0)
+            matched = case((found == 1, 1), else_=0)
         hits = (
             scope.select(
                 reference.label("ref"),
-                hit.label("hit"),
+                matched.label("hit"),
                 Score.trace_id.label("trace_id"),
                 Score.trace_started_at.label("started"),
                 trace=True,

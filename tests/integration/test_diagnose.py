@@ -176,3 +176,51 @@ def test_statistics() -> None:
     # Benjamini-Hochberg: the textbook example (q-values are monotone in the p-values).
     adjusted = benjamini_hochberg([0.01, 0.04, 0.03, 0.2])
     assert adjusted == pytest.approx([0.04, 0.04 * 4 / 3, 0.04 * 4 / 3, 0.2])
+
+
+def test_missed_reference_contexts_of_the_string_variant(database_url: str) -> None:
+    """``non_llm_context_recall``: the reference context never retrieved comes first, one
+    always retrieved is never listed, by the real scorer's matches."""
+    from recalltrace.scorers.variants.non_llm_context_recall import NonLLMContextRecall
+    from recalltrace.storage.records import ContextRecord
+
+    always = "Orders ship within two days from our warehouse in Lyon."
+    never = "The warranty lasts two years and covers parts and labour."
+    sometimes = "Returns are accepted for thirty days after delivery."
+    engine = create_engine_from_url(database_url)
+    repo = make_repository(engine, metrics=["non_llm_context_recall"])
+    rng = random.Random(5)
+    records = []
+    for index in range(80):
+        record = traffic(rng, 1, app="strings", planted=False)[0]
+        record.trace_id = f"{index + 1:032x}"
+        record.reference_contexts = [always, never, sometimes]
+        shown = [always] + ([sometimes] if index % 2 else [])
+        record.retrieved_contexts = [
+            ContextRecord(content=text, id=f"c{i}") for i, text in enumerate(shown)
+        ]
+        records.append(record)
+    repo.write_traces(records)
+    scorer = NonLLMContextRecall()
+    by_id = {r.trace_id: r for r in records}
+    jobs = repo.claim_jobs("t", limit=1000, lease=timedelta(minutes=5))
+    repo.finish_jobs(
+        [
+            (
+                job,
+                scorer.score(
+                    reference_contexts=by_id[job.trace_id].reference_contexts,
+                    retrieved_contexts=[c.content for c in by_id[job.trace_id].retrieved_contexts],
+                ),
+            )
+            for job in jobs
+        ]
+    )
+    found = make_history(engine).diagnose(metric="non_llm_context_recall", since=since())
+    engine.dispose()
+    assert found.scored == 80 and found.missed is not None
+    assert [(m.reference, m.needed, m.retrieved) for m in found.missed] == [
+        (never, 80, 0),
+        (sometimes, 80, 40),
+    ]
+    assert found.missed[0].kind == "context" and len(found.missed[0].example_trace_ids) == 3
