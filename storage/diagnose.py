@@ -7,7 +7,7 @@ Three sections over one metric's scored results in one window (and the history's
   ``source``, ``index`` or ``collection``; a trace is in the slice ``document.source=wiki``
   when any document it retrieved has that metadata) is tested against the rest of the window:
   its mean, the difference from the rest's mean with a 95% interval, a two-sided p-value
-  (Welch, normal approximation), and the Benjamini-Hochberg control of the false-discovery
+  (Welch, Student's t), and the Benjamini-Hochberg control of the false-discovery
   rate across every slice tested (:mod:`storage.diagnose_stats`). Ranked by impact, the
   requests' worth of recall the slice loses: ``count x (rest mean - slice mean)``.
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +57,13 @@ from sqlalchemy import (
     union_all,
 )
 
+from recalltrace.storage.diagnose_rows import (
+    Diagnosis,
+    MissedReference,
+    SliceRow,
+    UnsupportedClaim,
+)
 from recalltrace.storage.diagnose_stats import (
-    CONFIDENCE,
     DEFAULT_Q,
     MIN_SLICE_COUNT,
     benjamini_hochberg,
@@ -105,178 +109,6 @@ _ON_TRACES: dict[str, Any] = {
     "session_id": Trace.session_id,
     "service": Trace.service_name,
 }
-
-
-@dataclass(frozen=True)
-class SliceRow:
-    """One slice against the rest of the window."""
-
-    attribute: str
-    """A request attribute (``release``) or ``document.KEY`` for retrieved documents' metadata."""
-    value: str
-    count: int
-    """Scored traces in the slice."""
-    mean: float
-    rest_count: int
-    rest_mean: float
-    difference: float
-    """The slice's mean minus the rest's."""
-    interval: tuple[float, float]
-    """The difference's 95% interval (normal approximation)."""
-    p_value: float
-    q_value: float
-    """The Benjamini-Hochberg adjusted p-value over every slice tested."""
-    significant: bool
-    """``q_value`` is at most the diagnosis' ``q``."""
-    impact: float
-    """Requests' worth of recall the slice loses: ``count x (rest mean - mean)``."""
-    where: tuple[tuple[str, str], ...] | None
-    """The history filter selecting the slice (with the diagnosis' own); ``None`` for
-    document-metadata slices, which name example traces instead."""
-    example_trace_ids: tuple[str, ...] = ()
-    """For document-metadata slices: its lowest-scoring traces."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary."""
-        out = asdict(self)
-        out["interval"] = list(self.interval)
-        out["where"] = None if self.where is None else [list(w) for w in self.where]
-        out["example_trace_ids"] = list(self.example_trace_ids)
-        return out
-
-
-@dataclass(frozen=True)
-class MissedReference:
-    """One reference document (or reference context) and how often it was retrieved when a
-    request needed it."""
-
-    reference: str
-    """The document id, or the reference context's text."""
-    kind: str
-    """``id`` or ``context``."""
-    needed: int
-    """Scored requests whose reference includes it."""
-    retrieved: int
-    """Of those, the requests that retrieved it."""
-    needed_share: float
-    """``needed`` over every scored request of the window."""
-    retrieved_share: float
-    interval: tuple[float, float]
-    """Wilson 95% interval of ``retrieved_share``."""
-    example_trace_ids: tuple[str, ...]
-    """Recent requests that needed it and did not retrieve it."""
-
-    @property
-    def missed(self) -> int:
-        """Requests that needed it and did not retrieve it."""
-        return self.needed - self.retrieved
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary."""
-        out = asdict(self)
-        out["missed"] = self.missed
-        out["interval"] = list(self.interval)
-        out["example_trace_ids"] = list(self.example_trace_ids)
-        return out
-
-
-@dataclass(frozen=True)
-class UnsupportedClaim:
-    """One claim of the references, and how often the retrieved contexts did not support it."""
-
-    claim: str
-    """The statement (as first judged; grouped ignoring case and surrounding space)."""
-    unsupported: int
-    judged: int
-    unsupported_share: float
-    interval: tuple[float, float]
-    """Wilson 95% interval of ``unsupported_share``."""
-    reference: str | None
-    """The reference answer it came from (the most frequent among the examples)."""
-    expected_documents: tuple[str, ...]
-    """Reference document ids of the example traces: what should have supported it."""
-    example_trace_ids: tuple[str, ...]
-    """Recent traces where it was not supported."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary."""
-        out = asdict(self)
-        out["interval"] = list(self.interval)
-        out["expected_documents"] = list(self.expected_documents)
-        out["example_trace_ids"] = list(self.example_trace_ids)
-        return out
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """What :func:`diagnose` found."""
-
-    metric: str
-    version: str
-    since: datetime | None
-    until: datetime | None
-    app: str | None
-    where: tuple[tuple[str, str], ...]
-    scored: int
-    """Scored results of the metric in the window (after the filters)."""
-    mean: float | None
-    q: float
-    """The false-discovery rate the slices are controlled at."""
-    min_count: int
-    max_values: int
-    tested: int
-    """Slices tested (the two values of an attribute that splits every trace between them are
-    one hypothesis of the false-discovery control, each the other's rest)."""
-    skipped_small: int
-    """Slices not tested: fewer than ``min_count`` scored traces in them or in their rest."""
-    skipped_attributes: dict[str, int]
-    """Attributes not sliced for having more than ``max_values`` values, with their count."""
-    significant: int
-    """Slices with a q-value at most ``q``."""
-    significant_below: int
-    """Of those, the slices below the rest."""
-    slices: list[SliceRow]
-    """The slices shown, by impact: the significant ones below the rest, or every slice tested
-    when asked."""
-    missed: list[MissedReference] | None
-    """``None`` when the metric keeps no per-reference evidence."""
-    missed_total: int
-    """References missed at least once (``missed`` shows the first ``limit``)."""
-    claims: list[UnsupportedClaim] | None
-    """``None`` unless the metric is ``llm_context_recall``."""
-    confidence: float = CONFIDENCE
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary."""
-        return {
-            "metric": self.metric,
-            "version": self.version,
-            "since": None if self.since is None else self.since.isoformat(),
-            "until": None if self.until is None else self.until.isoformat(),
-            "app": self.app,
-            "where": [list(w) for w in self.where],
-            "scored": self.scored,
-            "mean": self.mean,
-            "q": self.q,
-            "confidence": self.confidence,
-            "min_count": self.min_count,
-            "max_values": self.max_values,
-            "slices_tested": self.tested,
-            "slices_skipped_small": self.skipped_small,
-            "attributes_skipped": dict(self.skipped_attributes),
-            "slices_significant": self.significant,
-            "slices_significant_below": self.significant_below,
-            "slices": [s.as_dict() for s in self.slices],
-            "missed_references": None
-            if self.missed is None
-            else [m.as_dict() for m in self.missed],
-            "missed_references_total": self.missed_total,
-            "unsupported_claims": None
-            if self.claims is None
-            else [c.as_dict() for c in self.claims],
-            "notes": list(self.notes),
-        }
 
 
 # -- filters -----------------------------------------------------------------------------------
@@ -442,6 +274,8 @@ def diagnose(
         if distinct.get(attribute, 0) > max_values:
             skipped_attributes[attribute] = distinct[attribute]
             continue
+        if attribute in distinct and distinct[attribute] < (2 if attribute == "service" else 1):
+            continue  # no value, or one service (never missing): no slice to test, no join
         sums = by_release if attribute == "release" else groups(attribute)
         named = sum(1 for g in sums if g is not None)
         if named > max_values:
