@@ -37,7 +37,8 @@ query per section, run by the database. Filter values travel as bound parameters
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Select,
+    String,
     case,
     cast,
     func,
@@ -54,8 +56,11 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    type_coerce,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy.engine import Connection
 
 from recalltrace.storage.diagnose_rows import (
     Diagnosis,
@@ -160,6 +165,26 @@ class _Scope:
         if self.joins or trace:
             stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
         return stmt.where(*self.conditions)
+
+
+@contextmanager
+def _reading(history: History) -> Iterator[Connection]:
+    """A connection for the diagnosis' aggregates; on Postgres without JIT compilation, which
+    costs more than these queries save from it (about 100 ms each at a million scores), and
+    with room to hash a window's distinct (trace, document metadata) pairs in memory rather
+    than sort them on disk."""
+    with history.engine.begin() as conn:
+        if history.dialect.postgres:
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        yield conn
+
+
+def _recent_examples(postgres: bool, trace_id: Any, started: Any, when: Any) -> Any:
+    """Postgres: the aggregate of the ``EXAMPLES`` most recent trace ids among the rows where
+    ``when`` holds (one pass, no second scan)."""
+    ordered = func.array_agg(aggregate_order_by(trace_id, started.desc(), trace_id)).filter(when)
+    return type_coerce(ordered, ARRAY(String))[1:EXAMPLES]
 
 
 def _elements(postgres: bool, column: Any, key: str) -> Any:
@@ -387,7 +412,7 @@ def _trace_cardinalities(
     if app is not None:
         conditions.append(Trace.app_name == app)
     stmt = select(*(func.count(_ON_TRACES[a].distinct()) for a in attributes)).where(*conditions)
-    with history.engine.connect() as conn:
+    with _reading(history) as conn:
         counts = conn.execute(stmt).one()
     return {a: int(n or 0) for a, n in zip(attributes, counts, strict=True)}
 
@@ -451,7 +476,7 @@ def _document_slices(
     stmt = select(keyed).where(or_(keyed.c["values"] <= max_values, keyed.c["rank"] == 1))
     slices: dict[str, dict[str | None, GroupSums]] = {}
     too_many: dict[str, int] = {}
-    with history.engine.connect() as conn:
+    with _reading(history) as conn:
         for row in conn.execute(stmt):
             if row.values > max_values:
                 too_many[row.k] = int(row.values)
@@ -490,7 +515,7 @@ def _with_document_examples(
         .subquery()
     )
     examples: dict[tuple[str, str], list[str]] = {}
-    with history.engine.connect() as conn:
+    with _reading(history) as conn:
         stmt = select(ranked.c.k, ranked.c.v, ranked.c.trace_id).where(ranked.c.rank <= EXAMPLES)
         for k, v, trace_id in conn.execute(stmt.order_by(ranked.c.k, ranked.c.v, ranked.c.rank)):
             examples.setdefault((k, str(v)), []).append(trace_id)
@@ -510,18 +535,38 @@ def _missed_references(
     postgres = history.dialect.postgres
     if metric == "id_based_context_recall":
         kind = "id"
-        parts = []
-        for key, hit in (("found_ids", 1), ("missing_ids", 0)):
-            element = _elements(postgres, Score.details, key)
-            parts.append(
+        if postgres:
+            # One pass over the evidence: found ids then missing ids, told apart by position.
+            empty: Any = literal_column("'[]'::jsonb")
+            found_ids = func.coalesce(Score.details.op("->")("found_ids"), empty)
+            both = found_ids.op("||")(func.coalesce(Score.details.op("->")("missing_ids"), empty))
+            element = func.jsonb_array_elements_text(both).table_valued(
+                "value", with_ordinality="ordinality"
+            )
+            hit = case((element.c.ordinality <= func.jsonb_array_length(found_ids), 1), else_=0)
+            hits = (
                 scope.select(
-                    _text_of(postgres, element.c.value).label("ref"),
-                    literal(hit).label("hit"),
+                    element.c.value.label("ref"),
+                    hit.label("hit"),
                     Score.trace_id.label("trace_id"),
                     Score.trace_started_at.label("started"),
-                ).join(element, true())
+                )
+                .join(element, true())
+                .subquery()
             )
-        hits = union_all(*parts).subquery()
+        else:
+            parts = []
+            for key, flag in (("found_ids", 1), ("missing_ids", 0)):
+                element = _elements(postgres, Score.details, key)
+                parts.append(
+                    scope.select(
+                        _text_of(postgres, element.c.value).label("ref"),
+                        literal(flag).label("hit"),
+                        Score.trace_id.label("trace_id"),
+                        Score.trace_started_at.label("started"),
+                    ).join(element, true())
+                )
+            hits = union_all(*parts).subquery()
     else:
         kind = "context"
         element = _elements(postgres, Score.details, "matches")
@@ -547,18 +592,25 @@ def _missed_references(
         )
     needed = func.count()
     retrieved = func.sum(hits.c.hit)
+    columns: list[Any] = [hits.c.ref, needed, retrieved]
+    if postgres:
+        columns.append(_recent_examples(postgres, hits.c.trace_id, hits.c.started, hits.c.hit == 0))
     stmt = (
-        select(hits.c.ref, needed, retrieved)
+        select(*columns)
         .where(hits.c.ref.is_not(None))
         .group_by(hits.c.ref)
         .having(needed > retrieved)
     )
-    with history.engine.connect() as conn:
-        groups = [(str(r[0]), int(r[1]), int(r[2])) for r in conn.execute(stmt)]
+    examples: dict[str, list[str]] = {}
+    with _reading(history) as conn:
+        groups = []
+        for row in conn.execute(stmt):
+            groups.append((str(row[0]), int(row[1]), int(row[2])))
+            if postgres:
+                examples[str(row[0])] = list(row[3] or ())
         groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
         shown = groups[:limit]
-        examples: dict[str, list[str]] = {}
-        if shown:
+        if shown and not postgres:
             ranked = (
                 select(
                     hits.c.ref,
@@ -614,18 +666,28 @@ def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[Uns
         .subquery()
     )
     unsupported = func.sum(claims.c.unsupported)
+    columns: list[Any] = [claims.c.claim, func.min(claims.c.statement), unsupported, func.count()]
+    if postgres:
+        unsupported_rows = claims.c.unsupported == 1
+        columns.append(
+            _recent_examples(postgres, claims.c.trace_id, claims.c.started, unsupported_rows)
+        )
     stmt = (
-        select(claims.c.claim, func.min(claims.c.statement), unsupported, func.count())
+        select(*columns)
         .where(claims.c.claim.is_not(None))
         .group_by(claims.c.claim)
         .having(unsupported > 0)
         .order_by(unsupported.desc(), func.count().desc(), claims.c.claim)
         .limit(limit)
     )
-    with history.engine.connect() as conn:
-        groups = [(r[0], str(r[1]), int(r[2]), int(r[3])) for r in conn.execute(stmt)]
-        examples: dict[str, list[tuple[str, str | None, list[str] | None]]] = {}
-        if groups:
+    examples: dict[str, list[tuple[str, str | None, list[str] | None]]] = {}
+    with _reading(history) as conn:
+        rows = conn.execute(stmt).all()
+        groups = [(r[0], str(r[1]), int(r[2]), int(r[3])) for r in rows]
+        ids_of: dict[str, list[str]] = {}
+        if postgres:
+            ids_of = {r[0]: list(r[4] or ()) for r in rows}
+        elif groups:
             ranked = (
                 select(
                     claims.c.claim,
@@ -640,14 +702,23 @@ def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[Uns
                 .where(claims.c.unsupported == 1, claims.c.claim.in_([g[0] for g in groups]))
                 .subquery()
             )
-            stmt2 = (
-                select(ranked.c.claim, Trace.trace_id, Trace.reference, Trace.reference_context_ids)
-                .join(Trace, Trace.trace_id == ranked.c.trace_id)
+            for claim, trace_id in conn.execute(
+                select(ranked.c.claim, ranked.c.trace_id)
                 .where(ranked.c.rank <= EXAMPLES)
                 .order_by(ranked.c.claim, ranked.c.rank)
+            ):
+                ids_of.setdefault(claim, []).append(trace_id)
+        wanted = [t for ids in ids_of.values() for t in ids]
+        traces = {
+            t: (reference, ids)
+            for t, reference, ids in conn.execute(
+                select(Trace.trace_id, Trace.reference, Trace.reference_context_ids).where(
+                    Trace.trace_id.in_(wanted)
+                )
             )
-            for claim, trace_id, reference, ids in conn.execute(stmt2):
-                examples.setdefault(claim, []).append((trace_id, reference, ids))
+        }
+        for claim, ids in ids_of.items():
+            examples[claim] = [(t, *traces.get(t, (None, None))) for t in ids]
     out = []
     for claim, first, n_unsupported, judged in groups:
         found = examples.get(claim, [])
