@@ -183,3 +183,36 @@ def test_as_a_new_process(url: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "tag=legacy" in done.stdout and "kb-never" in done.stdout
+
+
+def test_stored_text_stays_inert_in_every_format(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tags, document metadata and reference ids come from users' traffic: escape sequences in
+    them reach no terminal, and no CSV cell starts a formula."""
+
+    evil = "\x1b]0;pwned\x07\x1b[2J\u202e"
+    database = f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'h.db'}"
+    upgrade(database)
+    engine = create_engine_from_url(database)
+    repo = make_repository(engine, metrics=[ID_METRIC])
+    rng = random.Random(3)
+    records = traffic(rng, 80, app="=app", planted=True)
+    for index, record in enumerate(records):
+        record.tags = [f"=tag{evil}"] if index % 2 else ["+plain"]
+        for context in record.retrieved_contexts:
+            context.metadata = {"source": f"@src{evil}" if index % 2 else "-other"}
+        record.reference_context_ids = [f"=doc{evil}", *(record.reference_context_ids or [])]
+    score_all(repo, records, rng, planted=True)
+    engine.dispose()
+    for form in ("table", "json", "csv"):
+        out = diagnose(database, "--metric", ID_METRIC, "--all", "--min-count", "2",
+                       "--format", form)  # fmt: skip
+        assert "tag" in out and "doc" in out
+        for raw in ("\x1b", "\x07", "\u202e"):
+            assert raw not in out, (form, out[:2000])
+        if form == "csv":
+            for row in csv.reader(io.StringIO(out)):
+                for cell in row:
+                    try:
+                        float(cell)  # a number (a negative difference) is no formula
+                    except ValueError:
+                        assert not cell.startswith(("=", "+", "-", "@")), row
