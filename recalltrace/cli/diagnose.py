@@ -219,7 +219,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         if not found.scored:
             print(f"recalltrace: no scored results of {metric} for {window}", file=sys.stderr)
         return EXIT_OK
-    _print_tables(found, drill, window)
+    _print_tables(found, drill, window, every=args.all_slices)
     return EXIT_OK
 
 
@@ -296,7 +296,7 @@ def _q_text(value: float) -> str:
     return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
-def _print_tables(found: Diagnosis, drill: _Drill, window: str) -> None:
+def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) -> None:
     from rich.table import Table
 
     console = _console()
@@ -316,11 +316,7 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str) -> None:
     if found.skipped_attributes:
         listed = ", ".join(f"{_safe(a)} ({n})" for a, n in sorted(found.skipped_attributes.items()))
         skipped.append(f"not sliced, over {found.max_values} values: {listed}")
-    what = (
-        "every slice tested"
-        if any(not s.significant for s in found.slices)
-        else ("slices significantly below the rest")
-    )
+    what = "every slice tested" if every else "slices significantly below the rest"
     console.print(
         f"\n[bold]Slices[/]: {found.significant_below} of {found.tested} tested are "
         f"significantly below the rest ({found.significant - found.significant_below} above), "
@@ -349,7 +345,9 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str) -> None:
         console.print(table)
         _print_commands(console, commands)
     else:
-        console.print("No slice is significantly below the rest.")
+        console.print(
+            "No slice was tested." if every else "No slice is significantly below the rest."
+        )
     # -- missed references
     if found.missed is not None:
         kind = "documents" if found.metric == "id_based_context_recall" else "contexts"

@@ -133,6 +133,8 @@ def test_all_shows_every_slice_and_q_changes_the_rate(url: str) -> None:
     every = json.loads(diagnose(url, "--metric", ID_METRIC, "--all", "--limit", "100",
                                 "--format", "json"))  # fmt: skip
     assert len(every["slices"]) == every["slices_tested"] > 2
+    table = diagnose(url, "--metric", ID_METRIC, "--all", "--limit", "100")
+    assert "Every slice tested, by impact" in table and "tag=web" in table
     strict = json.loads(diagnose(url, "--metric", ID_METRIC, "--q", "1e-12", "--format", "json"))
     assert strict["q"] == 1e-12
     assert len(strict["slices"]) <= 2
