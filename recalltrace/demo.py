@@ -7,6 +7,11 @@ Every request goes through ``@recalltrace.rag`` / ``@recalltrace.retrieval`` /
 other half arrive later through ``recalltrace.set_reference``, as ground truth often does. Then one
 worker pass scores the traces and the command prints what a user would look at first.
 
+Two causes are planted for ``recalltrace scores diagnose`` to find: the mobile app's requests
+(tag ``mobile-app``) still search a stale snapshot of the help center (index
+``help-center-2025-03``, without the articles written since), and one article (``kb-031``) was
+published but never indexed, so no request that needs it retrieves it.
+
 Runs on the embedded SQLite default with no server and no API key; the LLM variants score when
 a judge model is given (``--judge-model``, any LiteLLM model string).
 """
@@ -28,6 +33,15 @@ if TYPE_CHECKING:
     from recalltrace.scorers import JudgeConfig
 
 APP_NAME = "lumen-help-desk"
+ROUNDS = 6
+"""Each question is asked this many times, alternately from the web and the mobile app."""
+CURRENT_INDEX = "help-center-v7"
+STALE_INDEX = "help-center-2025-03"
+STALE_MISSING = frozenset(f"kb-{n:03d}" for n in range(13, 31))
+"""Articles written after the stale snapshot was taken."""
+NEVER_INDEXED = "kb-031"
+"""Published, but in no index."""
+DIAGNOSED_METRIC = "id_based_context_recall"
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
     {
@@ -63,9 +77,18 @@ def load_dataset() -> dict[str, Any]:
 class HelpDesk:
     """A small RAG application: BM25 retrieval over the corpus, then an extractive answer."""
 
-    def __init__(self, articles: list[Article], *, top_k: int = 3) -> None:
+    def __init__(
+        self,
+        articles: list[Article],
+        *,
+        top_k: int = 3,
+        index: str = CURRENT_INDEX,
+        channel: str = "web",
+    ) -> None:
         self.articles = articles
         self.top_k = top_k
+        self.index = index
+        self.channel = channel
         self._docs = [_tokens(f"{a.title} {a.text}") for a in articles]
         self._avg_len = sum(len(d) for d in self._docs) / len(self._docs)
         frequency: Counter[str] = Counter()
@@ -96,7 +119,7 @@ class HelpDesk:
                 "id": a.id,
                 "content": a.text,
                 "score": round(s, 4),
-                "metadata": {"title": a.title},
+                "metadata": {"title": a.title, "index": self.index},
             }
             for s, a in scored[: self.top_k]
         ]
@@ -133,6 +156,7 @@ class HelpDesk:
     ) -> str:
         """Retrieve, then answer; the references, when given, are ground truth for scoring."""
         self.last_trace_id = recalltrace.current_trace_id()
+        recalltrace.set_attributes(tags=self.channel)
         return self.compose(question, self.search(question))
 
 
@@ -182,11 +206,19 @@ def run_demo(
 
     started = datetime.now(timezone.utc) - timedelta(seconds=1)
     data = load_dataset()
-    app = HelpDesk([Article(d["id"], d["title"], d["text"]) for d in data["documents"]],
-                   top_k=top_k)  # fmt: skip
+    articles = [Article(d["id"], d["title"], d["text"]) for d in data["documents"]]
+    indexed = [a for a in articles if a.id != NEVER_INDEXED]
+    web = HelpDesk(indexed, top_k=top_k)
+    mobile = HelpDesk([a for a in indexed if a.id not in STALE_MISSING], top_k=top_k,
+                      index=STALE_INDEX, channel="mobile-app")  # fmt: skip
     recalltrace.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
     late: list[tuple[str, dict[str, Any]]] = []
-    for number, item in enumerate(data["questions"]):
+    asked = [
+        (item, mobile if (round_ + position) % 2 else web)
+        for round_ in range(ROUNDS)
+        for position, item in enumerate(data["questions"])
+    ]
+    for number, (item, app) in enumerate(asked):
         references = {
             "reference": item["reference"],
             "reference_contexts": item["reference_contexts"],
@@ -209,8 +241,7 @@ def run_demo(
         )
     recalltrace.flush(30)
     console.print(
-        f"Traced {len(data['questions'])} help-desk requests "
-        f"({len(late)} with references attached afterwards)."
+        f"Traced {len(asked)} help-desk requests ({len(late)} with references attached afterwards)."
     )
 
     from recalltrace.scorers.catalog import CATALOG
@@ -290,4 +321,26 @@ def _print_results(
             "  recalltrace demo --judge-model ollama/llama3.1\n"
             "(any LiteLLM model string; hosted models read their usual API key variables)"
         )
+    _print_diagnosis(console, history, url, since)
     engine.dispose()
+
+
+def _print_diagnosis(console: Any, history: Any, url: str, since: Any) -> None:
+    """The last line: the ``scores diagnose`` command, and the planted causes it names."""
+    from recalltrace.storage.db import redact_url
+
+    found = history.diagnose(metric=DIAGNOSED_METRIC, since=since, app=APP_NAME)
+    command = f"recalltrace scores diagnose --metric {DIAGNOSED_METRIC} --since 1d"
+    if not url.startswith("sqlite:///./"):
+        command += f" --database-url '{redact_url(url)}'"
+    parts = [
+        f"{s.attribute}={s.value} (recall {s.mean:.2f} against {s.rest_mean:.2f} elsewhere, "
+        f"{s.count} requests)"
+        for s in found.slices[:2]
+    ]
+    never = [m for m in found.missed or [] if m.retrieved == 0]
+    if never:
+        listed = ", ".join(m.reference for m in never[:4]) + (" ..." if len(never) > 4 else "")
+        parts.append(f"{len(never)} documents needed and never retrieved ({listed})")
+    names = " and ".join(parts) if parts else "nothing significant this time"
+    console.print(f"Why: {command} names {names}.", soft_wrap=True)

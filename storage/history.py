@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -73,6 +73,9 @@ from recalltrace.storage.models import (
 from recalltrace.storage.summary_cache import as_utc
 from recalltrace.storage.timespec import TimeSpecError, parse_duration, parse_time
 from recalltrace.storage.workers import SERVED_WITHIN
+
+if TYPE_CHECKING:
+    from recalltrace.storage.diagnose import Diagnosis
 
 __all__ = [
     "ATTRIBUTES",
@@ -1457,6 +1460,14 @@ class History:
                     .order_by(Trace.started_at, Trace.trace_id)
                 )
             )
+
+    def diagnose(self, *, metric: str, **options: Any) -> Diagnosis:
+        """Which slices, reference documents and claims lose ``metric``'s recall in a window:
+        see :func:`storage.diagnose.diagnose` for the options (window, app, version, where,
+        q, min_count, max_values, all_slices, limit)."""
+        from recalltrace.storage.diagnose import diagnose
+
+        return diagnose(self, metric=metric, **options)
 
     def trace(self, trace_id: str) -> TraceDetail:
         """Everything stored about one record, by its id or by the OpenTelemetry trace id it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from recalltrace.cli import (
+    diagnose,
     scores_agreement,
     scores_compare,
     scores_cost,
@@ -27,5 +28,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scores_worst.register(scores_sub)
     scores_plot.register(scores_sub)
     scores_compare.register(scores_sub)
+    diagnose.register(scores_sub)
     scores_cost.register(scores_sub)
     scores_agreement.register(scores_sub)

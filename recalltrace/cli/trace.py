@@ -106,7 +106,12 @@ def _cmd_trace_show(args: argparse.Namespace) -> int:
         except TraceNotFound as exc:
             raise CommandError(str(exc)) from None
     if args.format == "json":
-        _print_json(detail.as_dict())
+        document = detail.as_dict()
+        document["reference_retrieval"] = [
+            {"id": doc, "retrieved": rank is not None, "rank": rank}
+            for doc, rank in reference_ranks(detail)
+        ]
+        _print_json(document)
         return EXIT_OK
     _render_trace(_console(), detail, max_chars=args.max_chars)
     return EXIT_OK
@@ -176,12 +181,19 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         ref.add_column(style="bold")
         ref.add_column()
         ref.add_row("answer", "(none)" if reference is None else _safe(reference))
+        matched = _context_matches(detail)
         if detail.reference_contexts is not None:
             for i, ctx in enumerate(detail.reference_contexts):
-                ref.add_row(f"context {i}", _safe(_shorten(ctx, max_chars)))
+                mark = "" if matched is None else f" [bold]({matched.get(i, 'not matched')})[/]"
+                ref.add_row(f"context {i}", _safe(_shorten(ctx, max_chars)) + mark)
         if detail.reference_context_ids is not None:
-            ids = ", ".join(detail.reference_context_ids) or "(none)"
-            ref.add_row("context ids", _safe(ids))
+            if not detail.reference_context_ids:
+                ref.add_row("context ids", "(none)")
+            for doc, rank in reference_ranks(detail):
+                where = (
+                    "NOT retrieved" if rank is None else f"retrieved at rank {rank} (#{rank - 1})"
+                )
+                ref.add_row("context id", f"{_safe(doc)}  [bold]{where}[/]")
         console.print(Panel(ref, title="Reference", title_align="left"))
 
     scored_metrics = {s.metric for s in detail.scores}
@@ -200,6 +212,30 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         console.print(jobs)
     if not detail.scores and not pending:
         console.print("No scores and no scoring jobs are stored for this trace.")
+
+
+def reference_ranks(detail: TraceDetail) -> list[tuple[str, int | None]]:
+    """Each distinct reference document id and the rank (1 = first) at which it was first
+    retrieved, ``None`` when it was not retrieved."""
+    ranks: dict[str, int] = {}
+    for rank, context in enumerate(sorted(detail.contexts, key=lambda c: c.position), 1):
+        if context.context_id is not None:
+            ranks.setdefault(context.context_id, rank)
+    return [(doc, ranks.get(doc)) for doc in dict.fromkeys(detail.reference_context_ids or ())]
+
+
+def _context_matches(detail: TraceDetail) -> dict[int, str] | None:
+    """Per reference context index, the retrieved context that matched it (from the stored
+    ``non_llm_context_recall`` evidence); ``None`` without that evidence."""
+    for score in detail.scores:
+        matches = score.details.get("matches") if score.metric == "non_llm_context_recall" else None
+        if isinstance(matches, list):
+            return {
+                m["reference_index"]: f"matched retrieved #{m['retrieved_index']}"
+                for m in matches
+                if isinstance(m, dict) and m.get("found") and m.get("retrieved_index") is not None
+            }
+    return None
 
 
 def _score_panel(score: ScoreDetail) -> RenderableType:

@@ -49,13 +49,21 @@ def score_counts(url: str, status: str = "scored") -> dict[str, int]:
 def test_demo_on_the_embedded_default_without_a_judge(tmp_path: Path) -> None:
     out = run_demo(cwd=tmp_path)
     assert (tmp_path / "recalltrace.db").exists()
-    assert "Traced 12 help-desk requests (6 with references attached afterwards)" in out
-    assert re.search(r"non_llm_context_recall\s+│\s+none\s+│\s+12\s+│\s+[01]\.\d\d", out), out
+    assert "Traced 72 help-desk requests (36 with references attached afterwards)" in out
+    assert re.search(r"non_llm_context_recall\s+│\s+none\s+│\s+72\s+│\s+[01]\.\d\d", out), out
     assert re.search(r"llm_context_recall\s+│\s+LLM\s+│\s+-\s+│\s+not configured", out), out
     assert "--judge-model" in out
     assert "Lowest-scoring traces" in out
     counts = score_counts(f"sqlite:///{tmp_path / 'recalltrace.db'}")
-    assert counts == {"traces": 12, "non_llm_context_recall": 12, "id_based_context_recall": 12}
+    assert counts == {"traces": 72, "non_llm_context_recall": 72, "id_based_context_recall": 72}
+    # The output ends with the diagnose line naming the planted causes: the mobile app's stale
+    # index and the article never indexed.
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(
+        "Why: recalltrace scores diagnose --metric id_based_context_recall --since 1d names "
+        "tag=mobile-app (recall 0.17 against 0.67 elsewhere, 36 requests)"
+    ), out[-1500:]
+    assert "never retrieved" in last and "kb-031" in last
     # The printed trace id is real: `trace show` finds it.
     trace_id = re.search(r"recalltrace trace show ([0-9a-f]{32})", out)
     assert trace_id
@@ -84,10 +92,11 @@ def test_demo_with_a_judge_scores_every_variant(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'recalltrace.db'}"
     counts = score_counts(url)
     skipped = score_counts(url, "skipped")
-    assert score_counts(url, "failed") == {"traces": 12}
-    assert counts["traces"] == 12
-    # Two questions retrieve nothing; chunk recall has no chunk to judge there and says so.
-    assert skipped == {"traces": 12, "chunk_context_recall": 2}
+    assert score_counts(url, "failed") == {"traces": 72}
+    assert counts["traces"] == 72
+    # Eighteen requests (four questions, mostly from the mobile app's stale index) retrieve
+    # nothing; chunk recall has no chunk to judge there and says so.
+    assert skipped == {"traces": 72, "chunk_context_recall": 18}
     counts["chunk_context_recall"] += skipped["chunk_context_recall"]
     for metric in (
         "llm_context_recall",
@@ -97,10 +106,11 @@ def test_demo_with_a_judge_scores_every_variant(tmp_path: Path) -> None:
         "chunk_context_recall",
         "judge_context_recall",
     ):
-        assert counts.get(metric) == 12, (metric, counts)
-    # One judge call per trace and LLM variant, except on the two traces that retrieved
-    # nothing: there only entity recall asks (about the reference alone).
-    assert calls == 10 * 4 + 2
+        assert counts.get(metric) == 72, (metric, counts)
+    # One judge call per trace and LLM variant, except on the 18 traces that retrieved
+    # nothing: there only entity recall asks (about the reference alone), once per distinct
+    # reference (four), whose entities the reference cache then keeps.
+    assert calls == 54 * 4 + 4
 
 
 @pytest.mark.postgres
@@ -112,8 +122,9 @@ def test_demo_on_postgres(tmp_path: Path, postgres_url: str) -> None:
     assert "postgresql+psycopg://" in out
     assert not (tmp_path / "recalltrace.db").exists()
     counts = score_counts(postgres_url)
-    assert counts["traces"] == 12
-    assert counts["id_based_context_recall"] == 12
+    assert counts["traces"] == 72
+    assert counts["id_based_context_recall"] == 72
+    assert "names tag=mobile-app" in out.strip().splitlines()[-1]
 
 
 def test_the_demo_does_not_follow_an_exported_database_url(tmp_path: Path) -> None:

@@ -1,0 +1,755 @@
+"""``scores diagnose``: from "recall dropped" to which requests, which documents, which claims.
+
+Three sections over one metric's scored results in one window (and the history's filters):
+
+- **slices**: each value of a low-cardinality request attribute (release, environment, tag,
+  app, service, user id, session id) and of the retrieved documents' metadata (a key such as
+  ``source``, ``index`` or ``collection``; a trace is in the slice ``document.source=wiki``
+  when any document it retrieved has that metadata) is tested against the rest of the window:
+  its mean, the difference from the rest's mean with a 95% interval, a two-sided p-value
+  (Welch, Student's t), and the Benjamini-Hochberg control of the false-discovery
+  rate across every slice tested (:mod:`storage.diagnose_stats`). Ranked by impact, the
+  requests' worth of recall the slice loses: ``count x (rest mean - slice mean)``.
+
+  Cardinality bounds: an attribute or metadata key with more than :data:`MAX_SLICE_VALUES`
+  distinct values in the window is not sliced (it is named, with its count, among the skipped
+  attributes); the traces' own attributes (user, session, service) are counted among the
+  window's traces before any join. The traces without an attribute are part of every rest, not
+  a slice. A slice or a rest with fewer than ``min_count`` scored traces is not tested (the
+  number skipped is reported). Metadata values longer than :data:`MAX_METADATA_CHARS` and
+  nested values are left out.
+
+- **missed references**: per reference document id (``id_based_context_recall``, from the
+  ``found_ids``/``missing_ids`` evidence) or reference context (``non_llm_context_recall``,
+  from its ``matches``), how many scored requests needed it and how many retrieved it, with a
+  Wilson interval of the share retrieved; only references missed at least once, the most
+  missed first.
+
+- **unsupported claims** (``llm_context_recall``): per claim statement (case and surrounding
+  space ignored), how often it was judged and how often not supported, with the reference it
+  came from and the reference documents that should have supported it (from example traces).
+
+On Postgres the request-attribute sums come from the history's hourly rollups where they serve
+(release, environment, tag: ``History.group_summaries``); everything else is one aggregate
+query per section, run by the database. Filter values travel as bound parameters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    true,
+    tuple_,
+    type_coerce,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy.engine import Connection
+
+from recalltrace.storage.diagnose_rows import (
+    Diagnosis,
+    MissedReference,
+    SliceRow,
+    UnsupportedClaim,
+)
+from recalltrace.storage.diagnose_stats import (
+    DEFAULT_Q,
+    MIN_SLICE_COUNT,
+    benjamini_hochberg,
+    mean_and_variance,
+    welch,
+    wilson,
+)
+from recalltrace.storage.models import RetrievedContext, Score, Trace, TraceTag
+
+if TYPE_CHECKING:
+    from recalltrace.storage.history import History
+    from recalltrace.storage.history_rows import GroupSums
+
+MAX_SLICE_VALUES = 50
+"""An attribute or metadata key with more distinct values than this in the window is not
+sliced."""
+
+MAX_METADATA_CHARS = 200
+"""Document metadata values longer than this are not slice values."""
+
+DEFAULT_LIMIT = 10
+"""Rows per section unless asked otherwise."""
+
+EXAMPLES = 3
+"""Example trace ids per row."""
+
+REQUEST_ATTRIBUTES = ("release", "environment", "tag", "app", "service", "user_id", "session_id")
+"""The request attributes sliced, in this order."""
+
+DOCUMENT_PREFIX = "document."
+"""Slices of retrieved documents' metadata are named ``document.KEY``."""
+
+MISSED_REFERENCE_METRICS = ("id_based_context_recall", "non_llm_context_recall")
+CLAIM_METRICS = ("llm_context_recall",)
+
+_ON_SCORES: dict[str, Any] = {
+    "release": Score.release,
+    "environment": Score.environment,
+    "app": Score.app_name,
+}
+_ON_TRACES: dict[str, Any] = {
+    "user_id": Trace.user_id,
+    "session_id": Trace.session_id,
+    "service": Trace.service_name,
+}
+
+
+# -- filters -----------------------------------------------------------------------------------
+class _Scope:
+    """The scored results a diagnosis reads: conditions on the scores, and whether they need
+    the traces joined."""
+
+    def __init__(
+        self,
+        metric: str,
+        version: str,
+        since: datetime | None,
+        until: datetime | None,
+        app: str | None,
+        where: Sequence[tuple[str, str]],
+    ) -> None:
+        conditions: list[ColumnElement[bool]] = [
+            Score.metric == metric,
+            Score.version == version,
+            Score.status == "scored",
+        ]
+        if app is not None:
+            conditions.append(Score.app_name == app)
+        if since is not None:
+            conditions.append(Score.trace_started_at >= since)
+        if until is not None:
+            conditions.append(Score.trace_started_at < until)
+        self.joins = False
+        for name, value in where:
+            if name == "tag":
+                conditions.append(
+                    Score.trace_id.in_(select(TraceTag.trace_id).where(TraceTag.tag == value))
+                )
+            elif name in _ON_SCORES:
+                conditions.append(_ON_SCORES[name] == value)
+            elif name in _ON_TRACES:
+                conditions.append(_ON_TRACES[name] == value)
+                self.joins = True
+            else:
+                raise ValueError(
+                    f"unknown attribute {name!r}; use one of: {', '.join(REQUEST_ATTRIBUTES)}"
+                )
+        self.conditions = conditions
+
+    def select(self, *columns: Any, trace: bool = False) -> Select[Any]:
+        """``SELECT columns FROM scores`` (joined to traces when a filter or ``trace`` needs
+        it) under the scope's conditions."""
+        stmt = select(*columns).select_from(Score)
+        if self.joins or trace:
+            stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
+        return stmt.where(*self.conditions)
+
+
+@contextmanager
+def _reading(history: History) -> Iterator[Connection]:
+    """A connection for the diagnosis' aggregates; on Postgres without JIT compilation, which
+    costs more than these queries save from it (about 100 ms each at a million scores), and
+    with room to hash a window's distinct (trace, document metadata) pairs in memory rather
+    than sort them on disk."""
+    with history.engine.begin() as conn:
+        if history.dialect.postgres:
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        yield conn
+
+
+def _recent_examples(postgres: bool, trace_id: Any, started: Any, when: Any) -> Any:
+    """Postgres: the aggregate of the ``EXAMPLES`` most recent trace ids among the rows where
+    ``when`` holds (one pass, no second scan)."""
+    ordered = func.array_agg(aggregate_order_by(trace_id, started.desc(), trace_id)).filter(when)
+    return type_coerce(ordered, ARRAY(String))[1:EXAMPLES]
+
+
+def _elements(postgres: bool, column: Any, key: str) -> Any:
+    """The elements of the JSON array ``column[key]`` as a table with a ``value`` column
+    (text for strings, a JSON object for objects)."""
+    if postgres:
+        return func.jsonb_array_elements(column.op("->")(key)).table_valued("value")
+    return func.json_each(column, f"$.{key}").table_valued("value")
+
+
+def _field(postgres: bool, element: Any, key: str) -> Any:
+    """``element[key]`` of a JSON object element, as text (Postgres) or its SQL value (SQLite)."""
+    if postgres:
+        return element.op("->>")(key)
+    return func.json_extract(element, f"$.{key}")
+
+
+def _text_of(postgres: bool, element: Any) -> Any:
+    """A JSON string element as text."""
+    return element.op("#>>")(literal_column("'{}'")) if postgres else element
+
+
+# -- the diagnosis -----------------------------------------------------------------------------
+def diagnose(
+    history: History,
+    *,
+    metric: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    app: str | None = None,
+    version: str | None = None,
+    where: Sequence[tuple[str, str]] = (),
+    q: float = DEFAULT_Q,
+    min_count: int = MIN_SLICE_COUNT,
+    max_values: int = MAX_SLICE_VALUES,
+    all_slices: bool = False,
+    limit: int = DEFAULT_LIMIT,
+) -> Diagnosis:
+    """Diagnose ``metric`` (at its current version, or ``version``) over ``[since, until)``
+    among the traces of ``app`` matching every ``(attribute, value)`` of ``where``.
+
+    Slices are tested (two-sided) at false-discovery rate ``q``; only the significant ones
+    below the rest are returned unless ``all_slices`` (then every slice tested, better ones
+    too). Each section holds at most ``limit`` rows."""
+    from recalltrace.storage.history import check_filter_text
+
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must lie strictly between 0 and 1, not {q!r}")
+    if min_count < 2:
+        raise ValueError("min_count must be at least 2")
+    if max_values < 1 or limit < 1:
+        raise ValueError("max_values and limit must be at least 1")
+    metric_version = history.metric_versions(metric, version)[metric]
+    where = tuple((name, check_filter_text(name, value)) for name, value in where)
+    if app is not None:
+        check_filter_text("app", app)
+    scope = _Scope(metric, metric_version, since, until, app, where)
+
+    def groups(by: str) -> Mapping[str | None, GroupSums]:
+        return history.group_summaries(
+            metric=metric,
+            by=by,
+            since=since,
+            until=until,
+            app=app,
+            version=version,
+            where=where,
+            max_values=0,
+        )
+
+    by_release = groups("release")
+    total = (
+        sum(g.count for g in by_release.values()),
+        sum(g.total for g in by_release.values()),
+        sum(g.total_squares for g in by_release.values()),
+    )
+    empty = Diagnosis(
+        metric=metric,
+        version=metric_version,
+        since=since,
+        until=until,
+        app=app,
+        where=where,
+        scored=total[0],
+        mean=None,
+        q=q,
+        min_count=min_count,
+        max_values=max_values,
+        tested=0,
+        skipped_small=0,
+        skipped_attributes={},
+        significant=0,
+        significant_below=0,
+        slices=[],
+        missed=None,
+        missed_total=0,
+        claims=None,
+    )
+    if total[0] == 0:
+        return empty
+
+    # -- slices
+    filtered = {name for name, _value in where}
+    candidates: dict[str, Mapping[str | None, GroupSums]] = {}
+    skipped_attributes: dict[str, int] = {}
+    distinct = _trace_cardinalities(
+        history, [a for a in _ON_TRACES if a not in filtered], since, until, app
+    )
+    for attribute in REQUEST_ATTRIBUTES:
+        if attribute in filtered:
+            continue  # one value: nothing to compare
+        if distinct.get(attribute, 0) > max_values:
+            skipped_attributes[attribute] = distinct[attribute]
+            continue
+        if attribute in distinct and distinct[attribute] < (2 if attribute == "service" else 1):
+            continue  # no value, or one service (never missing): no slice to test, no join
+        sums = by_release if attribute == "release" else groups(attribute)
+        named = sum(1 for g in sums if g is not None)
+        if named > max_values:
+            skipped_attributes[attribute] = named
+            continue
+        candidates[attribute] = sums
+    documents, too_many = _document_slices(history, scope, max_values)
+    skipped_attributes.update({DOCUMENT_PREFIX + key: n for key, n in too_many.items()})
+    for key, sums in documents.items():
+        candidates[DOCUMENT_PREFIX + key] = sums
+
+    tests: list[tuple[str, str, tuple[int, float, float], tuple[float, tuple[float, float], float]]]
+    tests = []
+    hypotheses: list[tuple[str, str]] = []
+    skipped_small = 0
+    for attribute, sums in candidates.items():
+        if sum(1 for _g in sums) < 2:
+            continue  # every trace has the same value (or none): no rest to compare with
+        present = {value: g for value, g in sums.items() if value is not None and g.count}
+        # Two values splitting every trace between them: each is the other's rest, one
+        # hypothesis (counted twice, it would loosen the control for every other slice).
+        mirrored = len(present) == 2 and sum(g.count for g in present.values()) == total[0]
+        for value, g in present.items():
+            part = (g.count, g.total, g.total_squares)
+            rest = (total[0] - g.count, total[1] - g.total, total[2] - g.total_squares)
+            if part[0] < min_count or rest[0] < min_count:
+                skipped_small += 1
+                continue
+            tests.append((attribute, value, part, welch(part, rest)))
+            hypotheses.append((attribute, "" if mirrored else value))
+    unique = list(dict.fromkeys(hypotheses))
+    p_of = {h: t[3][2] for h, t in zip(hypotheses, tests, strict=True)}
+    q_of = dict(zip(unique, benjamini_hochberg([p_of[h] for h in unique]), strict=True))
+    adjusted = [q_of[h] for h in hypotheses]
+    rows: list[SliceRow] = []
+    for (attribute, value, part, (difference, interval, p)), q_value in zip(
+        tests, adjusted, strict=True
+    ):
+        mean, _var = mean_and_variance(*part)
+        rest_count = total[0] - part[0]
+        rest_mean = (total[1] - part[1]) / rest_count
+        significant = q_value <= q
+        if not all_slices and not (significant and difference < 0):
+            continue
+        rows.append(
+            SliceRow(
+                attribute=attribute,
+                value=value,
+                count=part[0],
+                mean=mean,
+                rest_count=rest_count,
+                rest_mean=rest_mean,
+                difference=difference,
+                interval=interval,
+                p_value=p,
+                q_value=q_value,
+                significant=significant,
+                impact=part[0] * (rest_mean - mean),
+                where=None
+                if attribute.startswith(DOCUMENT_PREFIX)
+                else (*where, (attribute, value)),
+            )
+        )
+    rows.sort(key=lambda r: (-r.impact, r.attribute, r.value))
+    rows = _with_document_examples(history, scope, rows[:limit])
+
+    missed: list[MissedReference] | None = None
+    missed_total = 0
+    if metric in MISSED_REFERENCE_METRICS:
+        missed, missed_total = _missed_references(history, scope, metric, total[0], limit)
+    claims = _unsupported_claims(history, scope, limit) if metric in CLAIM_METRICS else None
+    return Diagnosis(
+        **{
+            **empty.__dict__,
+            "mean": total[1] / total[0],
+            "tested": len(tests),
+            "skipped_small": skipped_small,
+            "skipped_attributes": skipped_attributes,
+            "significant": sum(1 for q_value in adjusted if q_value <= q),
+            "significant_below": sum(
+                1
+                for t, q_value in zip(tests, adjusted, strict=True)
+                if q_value <= q and t[3][0] < 0
+            ),
+            "slices": rows,
+            "missed": missed,
+            "missed_total": missed_total,
+            "claims": claims,
+        }
+    )
+
+
+def _trace_cardinalities(
+    history: History,
+    attributes: Sequence[str],
+    since: datetime | None,
+    until: datetime | None,
+    app: str | None,
+) -> dict[str, int]:
+    """Distinct values of the traces' own ``attributes`` among the window's traces (one scan of
+    the window's traces, before any join to the scores)."""
+    if not attributes:
+        return {}
+    conditions: list[ColumnElement[bool]] = []
+    if since is not None:
+        conditions.append(Trace.started_at >= since)
+    if until is not None:
+        conditions.append(Trace.started_at < until)
+    if app is not None:
+        conditions.append(Trace.app_name == app)
+    stmt = select(*(func.count(_ON_TRACES[a].distinct()) for a in attributes)).where(*conditions)
+    with _reading(history) as conn:
+        counts = conn.execute(stmt).one()
+    return {a: int(n or 0) for a, n in zip(attributes, counts, strict=True)}
+
+
+def _metadata_pairs(history: History, scope: _Scope) -> Any:
+    """The distinct (trace, value, metadata key, metadata value) of the scope's scored traces'
+    retrieved documents, as a CTE (scalar values of at most MAX_METADATA_CHARS only)."""
+    postgres = history.dialect.postgres
+    scored = scope.select(Score.trace_id.label("trace_id"), Score.value.label("score")).cte(
+        "scored"
+    )
+    if postgres:
+        pairs = func.jsonb_each_text(RetrievedContext.metadata_).table_valued("key", "value")
+        scalar: ColumnElement[bool] = func.jsonb_typeof(
+            RetrievedContext.metadata_.op("->")(pairs.c.key)
+        ).in_(("string", "number", "boolean"))
+    else:
+        pairs = func.json_each(RetrievedContext.metadata_).table_valued("key", "value", "type")
+        scalar = pairs.c.type.in_(("text", "integer", "real", "true", "false"))
+    value = cast(pairs.c.value, RetrievedContext.context_id.type)
+    return (
+        select(
+            scored.c.trace_id,
+            scored.c.score,
+            pairs.c.key.label("k"),
+            value.label("v"),
+        )
+        .select_from(scored)
+        .join(RetrievedContext, RetrievedContext.trace_id == scored.c.trace_id)
+        .join(pairs, true())
+        .where(scalar, func.length(value) <= MAX_METADATA_CHARS)
+        .distinct()
+        .cte("pairs")
+    )
+
+
+def _document_slices(
+    history: History, scope: _Scope, max_values: int
+) -> tuple[dict[str, dict[str | None, GroupSums]], dict[str, int]]:
+    """Per metadata key with at most ``max_values`` values: each value's sums (over distinct
+    traces); and the keys with more, with their number of values."""
+    from recalltrace.storage.history_rows import GroupSums
+
+    pairs = _metadata_pairs(history, scope)
+    grouped = (
+        select(
+            pairs.c.k,
+            pairs.c.v,
+            func.count().label("n"),
+            func.sum(pairs.c.score).label("s"),
+            func.sum(pairs.c.score * pairs.c.score).label("ss"),
+        )
+        .group_by(pairs.c.k, pairs.c.v)
+        .cte("grouped")
+    )
+    keyed = select(
+        grouped,
+        func.count().over(partition_by=grouped.c.k).label("values"),
+        func.row_number().over(partition_by=grouped.c.k, order_by=grouped.c.v).label("rank"),
+    ).subquery()
+    stmt = select(keyed).where(or_(keyed.c["values"] <= max_values, keyed.c["rank"] == 1))
+    slices: dict[str, dict[str | None, GroupSums]] = {}
+    too_many: dict[str, int] = {}
+    with _reading(history) as conn:
+        for row in conn.execute(stmt):
+            if row.values > max_values:
+                too_many[row.k] = int(row.values)
+            else:
+                slices.setdefault(row.k, {})[str(row.v)] = GroupSums(
+                    int(row.n), float(row.s), float(row.ss), 0
+                )
+    # A key some traces' documents lack: those traces are in every rest (never a slice).
+    return {k: {**v, None: GroupSums(0, 0.0, 0.0, 0)} for k, v in sorted(slices.items())}, (
+        too_many
+    )
+
+
+def _with_document_examples(
+    history: History, scope: _Scope, rows: list[SliceRow]
+) -> list[SliceRow]:
+    """``rows`` with the lowest-scoring traces of each document-metadata slice."""
+    wanted = [
+        (r.attribute.removeprefix(DOCUMENT_PREFIX), r.value)
+        for r in rows
+        if r.attribute.startswith(DOCUMENT_PREFIX)
+    ]
+    if not wanted:
+        return rows
+    pairs = _metadata_pairs(history, scope)
+    ranked = (
+        select(
+            pairs.c.k,
+            pairs.c.v,
+            pairs.c.trace_id,
+            func.row_number()
+            .over(partition_by=(pairs.c.k, pairs.c.v), order_by=(pairs.c.score, pairs.c.trace_id))
+            .label("rank"),
+        )
+        .where(tuple_(pairs.c.k, pairs.c.v).in_(wanted))
+        .subquery()
+    )
+    examples: dict[tuple[str, str], list[str]] = {}
+    with _reading(history) as conn:
+        stmt = select(ranked.c.k, ranked.c.v, ranked.c.trace_id).where(ranked.c.rank <= EXAMPLES)
+        for k, v, trace_id in conn.execute(stmt.order_by(ranked.c.k, ranked.c.v, ranked.c.rank)):
+            examples.setdefault((k, str(v)), []).append(trace_id)
+    out = []
+    for r in rows:
+        if r.attribute.startswith(DOCUMENT_PREFIX):
+            found = examples.get((r.attribute.removeprefix(DOCUMENT_PREFIX), r.value), [])
+            r = SliceRow(**{**r.__dict__, "example_trace_ids": tuple(found)})
+        out.append(r)
+    return out
+
+
+# -- missed references -------------------------------------------------------------------------
+def _missed_references(
+    history: History, scope: _Scope, metric: str, scored: int, limit: int
+) -> tuple[list[MissedReference], int]:
+    postgres = history.dialect.postgres
+    if metric == "id_based_context_recall":
+        kind = "id"
+        if postgres:
+            # One pass over the evidence: found ids then missing ids, told apart by position.
+            empty: Any = literal_column("'[]'::jsonb")
+            found_ids = func.coalesce(Score.details.op("->")("found_ids"), empty)
+            both = found_ids.op("||")(func.coalesce(Score.details.op("->")("missing_ids"), empty))
+            element = func.jsonb_array_elements_text(both).table_valued(
+                "value", with_ordinality="ordinality"
+            )
+            hit = case((element.c.ordinality <= func.jsonb_array_length(found_ids), 1), else_=0)
+            hits = (
+                scope.select(
+                    element.c.value.label("ref"),
+                    hit.label("hit"),
+                    Score.trace_id.label("trace_id"),
+                    Score.trace_started_at.label("started"),
+                )
+                .join(element, true())
+                .subquery()
+            )
+        else:
+            parts = []
+            for key, flag in (("found_ids", 1), ("missing_ids", 0)):
+                element = _elements(postgres, Score.details, key)
+                parts.append(
+                    scope.select(
+                        _text_of(postgres, element.c.value).label("ref"),
+                        literal(flag).label("hit"),
+                        Score.trace_id.label("trace_id"),
+                        Score.trace_started_at.label("started"),
+                    ).join(element, true())
+                )
+            hits = union_all(*parts).subquery()
+    else:
+        kind = "context"
+        element = _elements(postgres, Score.details, "matches")
+        index = _field(postgres, element.c.value, "reference_index")
+        found = _field(postgres, element.c.value, "found")
+        reference: Any
+        if postgres:
+            reference = Trace.reference_contexts.op("->>")(cast(index, Integer))
+            matched = case((found == "true", 1), else_=0)
+        else:
+            reference = func.json_extract(Trace.reference_contexts, func.printf("$[%d]", index))
+            matched = case((found == 1, 1), else_=0)
+        hits = (
+            scope.select(
+                reference.label("ref"),
+                matched.label("hit"),
+                Score.trace_id.label("trace_id"),
+                Score.trace_started_at.label("started"),
+                trace=True,
+            )
+            .join(element, true())
+            .subquery()
+        )
+    needed = func.count()
+    retrieved = func.sum(hits.c.hit)
+    columns: list[Any] = [hits.c.ref, needed, retrieved]
+    if postgres:
+        columns.append(_recent_examples(postgres, hits.c.trace_id, hits.c.started, hits.c.hit == 0))
+    stmt = (
+        select(*columns)
+        .where(hits.c.ref.is_not(None))
+        .group_by(hits.c.ref)
+        .having(needed > retrieved)
+    )
+    examples: dict[str, list[str]] = {}
+    with _reading(history) as conn:
+        groups = []
+        for row in conn.execute(stmt):
+            groups.append((str(row[0]), int(row[1]), int(row[2])))
+            if postgres:
+                examples[str(row[0])] = list(row[3] or ())
+        groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
+        shown = groups[:limit]
+        if shown and not postgres:
+            ranked = (
+                select(
+                    hits.c.ref,
+                    hits.c.trace_id,
+                    func.row_number()
+                    .over(
+                        partition_by=hits.c.ref,
+                        order_by=(hits.c.started.desc(), hits.c.trace_id),
+                    )
+                    .label("rank"),
+                )
+                .where(hits.c.hit == 0, hits.c.ref.in_([g[0] for g in shown]))
+                .subquery()
+            )
+            for ref, trace_id in conn.execute(
+                select(ranked.c.ref, ranked.c.trace_id)
+                .where(ranked.c.rank <= EXAMPLES)
+                .order_by(ranked.c.ref, ranked.c.rank)
+            ):
+                examples.setdefault(str(ref), []).append(trace_id)
+    rows = [
+        MissedReference(
+            reference=ref,
+            kind=kind,
+            needed=n,
+            retrieved=k,
+            needed_share=n / scored,
+            retrieved_share=k / n,
+            interval=wilson(k, n),
+            example_trace_ids=tuple(examples.get(ref, ())),
+        )
+        for ref, n, k in shown
+    ]
+    return rows, len(groups)
+
+
+# -- unsupported claims ------------------------------------------------------------------------
+def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[UnsupportedClaim]:
+    postgres = history.dialect.postgres
+    element = _elements(postgres, Score.details, "claims")
+    statement = _field(postgres, element.c.value, "statement")
+    attributed = _field(postgres, element.c.value, "attributed")
+    unsupported_flag = attributed.in_(("0",)) if postgres else attributed == 0
+    claims = (
+        scope.select(
+            func.lower(func.trim(statement)).label("claim"),
+            statement.label("statement"),
+            case((unsupported_flag, 1), else_=0).label("unsupported"),
+            Score.trace_id.label("trace_id"),
+            Score.trace_started_at.label("started"),
+        )
+        .join(element, true())
+        .subquery()
+    )
+    unsupported = func.sum(claims.c.unsupported)
+    columns: list[Any] = [claims.c.claim, func.min(claims.c.statement), unsupported, func.count()]
+    if postgres:
+        unsupported_rows = claims.c.unsupported == 1
+        columns.append(
+            _recent_examples(postgres, claims.c.trace_id, claims.c.started, unsupported_rows)
+        )
+    stmt = (
+        select(*columns)
+        .where(claims.c.claim.is_not(None))
+        .group_by(claims.c.claim)
+        .having(unsupported > 0)
+        .order_by(unsupported.desc(), func.count().desc(), claims.c.claim)
+        .limit(limit)
+    )
+    examples: dict[str, list[tuple[str, str | None, list[str] | None]]] = {}
+    with _reading(history) as conn:
+        rows = conn.execute(stmt).all()
+        groups = [(r[0], str(r[1]), int(r[2]), int(r[3])) for r in rows]
+        ids_of: dict[str, list[str]] = {}
+        if postgres:
+            ids_of = {r[0]: list(r[4] or ()) for r in rows}
+        elif groups:
+            ranked = (
+                select(
+                    claims.c.claim,
+                    claims.c.trace_id,
+                    func.row_number()
+                    .over(
+                        partition_by=claims.c.claim,
+                        order_by=(claims.c.started.desc(), claims.c.trace_id),
+                    )
+                    .label("rank"),
+                )
+                .where(claims.c.unsupported == 1, claims.c.claim.in_([g[0] for g in groups]))
+                .subquery()
+            )
+            for claim, trace_id in conn.execute(
+                select(ranked.c.claim, ranked.c.trace_id)
+                .where(ranked.c.rank <= EXAMPLES)
+                .order_by(ranked.c.claim, ranked.c.rank)
+            ):
+                ids_of.setdefault(claim, []).append(trace_id)
+        wanted = [t for ids in ids_of.values() for t in ids]
+        traces = {
+            t: (reference, ids)
+            for t, reference, ids in conn.execute(
+                select(Trace.trace_id, Trace.reference, Trace.reference_context_ids).where(
+                    Trace.trace_id.in_(wanted)
+                )
+            )
+        }
+        for claim, ids in ids_of.items():
+            examples[claim] = [(t, *traces.get(t, (None, None))) for t in ids]
+    out = []
+    for claim, first, n_unsupported, judged in groups:
+        found = examples.get(claim, [])
+        references = Counter(r for _t, r, _i in found if r)
+        documents = list(dict.fromkeys(str(d) for _t, _r, ids in found for d in ids or ()))
+        out.append(
+            UnsupportedClaim(
+                claim=first,
+                unsupported=n_unsupported,
+                judged=judged,
+                unsupported_share=n_unsupported / judged,
+                interval=wilson(n_unsupported, judged),
+                reference=references.most_common(1)[0][0] if references else None,
+                expected_documents=tuple(documents),
+                example_trace_ids=tuple(t for t, _r, _i in found),
+            )
+        )
+    return out
+
+
+__all__ = [
+    "CLAIM_METRICS",
+    "DEFAULT_LIMIT",
+    "DOCUMENT_PREFIX",
+    "MAX_METADATA_CHARS",
+    "MAX_SLICE_VALUES",
+    "MISSED_REFERENCE_METRICS",
+    "REQUEST_ATTRIBUTES",
+    "Diagnosis",
+    "MissedReference",
+    "SliceRow",
+    "UnsupportedClaim",
+    "diagnose",
+]
