@@ -228,9 +228,8 @@ def diagnose(
 
     Slices are tested (two-sided) at false-discovery rate ``q``; only the significant ones
     below the rest are returned unless ``all_slices`` (then every slice tested, better ones
-    too). Each section holds at most ``limit`` rows."""
-    from recalltrace.storage.history import check_filter_text
-
+    too). Each section holds at most ``limit`` rows. ``app`` and ``where`` come checked
+    (``History.diagnose``: text the database can hold)."""
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must lie strictly between 0 and 1, not {q!r}")
     if min_count < 2:
@@ -238,9 +237,7 @@ def diagnose(
     if max_values < 1 or limit < 1:
         raise ValueError("max_values and limit must be at least 1")
     metric_version = history.metric_versions(metric, version)[metric]
-    where = tuple((name, check_filter_text(name, value)) for name, value in where)
-    if app is not None:
-        check_filter_text("app", app)
+    where = tuple(where)
     scope = _Scope(metric, metric_version, since, until, app, where)
 
     def groups(by: str) -> Mapping[str | None, GroupSums]:

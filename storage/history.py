@@ -1467,6 +1467,10 @@ class History:
         q, min_count, max_values, all_slices, limit)."""
         from recalltrace.storage.diagnose import diagnose
 
+        where = options.get("where") or ()
+        options["where"] = tuple((name, check_filter_text(name, value)) for name, value in where)
+        if options.get("app") is not None:
+            check_filter_text("app", options["app"])
         return diagnose(self, metric=metric, **options)
 
     def trace(self, trace_id: str) -> TraceDetail:

@@ -20,7 +20,7 @@ import random
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from recalltrace.scorers._result import ScoreResult
+from recalltrace.scorers import ScoreResult
 from recalltrace.scorers.variants.id_based_context_recall import IDBasedContextRecall
 from recalltrace.storage.records import ContextRecord, TraceRecord
 from recalltrace.storage.repository import Repository
