@@ -215,11 +215,17 @@ def run_demo(args: argparse.Namespace) -> int:
         f"({len(late)} with references attached afterwards)."
     )
 
+    from recalltrace import _wiring
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
     logging.getLogger("recalltrace.worker").setLevel(logging.ERROR)
-    worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
+    repository = _wiring.open_repository(url)
+    worker = Worker(
+        WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8),
+        repository=repository,
+        warm=_wiring.summary_warmer(repository),
+    )
     import asyncio
 
     try:
