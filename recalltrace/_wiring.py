@@ -8,7 +8,7 @@ inside a function: importing this module costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -71,17 +71,6 @@ def history(engine: Engine) -> History:
     from recalltrace.storage.history import History
 
     return History(engine, current_versions())
-
-
-def summary_warmer(repository: Repository) -> Callable[[], None]:
-    """What a worker on ``repository`` calls in the background to store the history summaries
-    of buckets that have ended (see ``History.warm_summaries``), so no query computes them."""
-    engine = repository.engine
-
-    def warm() -> None:
-        history(engine).warm_summaries()
-
-    return warm
 
 
 def open_history(url: str | None = None) -> History:

@@ -224,7 +224,7 @@ def run_demo(args: argparse.Namespace) -> int:
     worker = Worker(
         WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8),
         repository=repository,
-        warm=_wiring.summary_warmer(repository),
+        warm=_wiring.history(repository.engine).warm_summaries,
     )
     import asyncio
 

@@ -324,7 +324,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             options,
             repository=repository,
             telemetry=telemetry,
-            warm=_wiring.summary_warmer(repository),
+            warm=_wiring.history(repository.engine).warm_summaries,
         )
     except ValueError as exc:
         repository.dispose()

@@ -5,15 +5,20 @@ period ends."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Literal
 
 from recalltrace.scorers._result import ScoreResult
 from recalltrace.scorers.budget import JudgeBudget
 from recalltrace.scorers.worker._decisions import JudgeHold
+from recalltrace.scorers.worker._presence import describe
+
+logger = logging.getLogger("recalltrace.worker")
 
 Verdict = Literal["under", "resumed", "reached", "still reached"]
 """What a spend held against the budget means: under it, under it again after a reached
@@ -82,3 +87,50 @@ class BudgetGate:
             return "still reached"
         self._said = start
         return "reached"
+
+    async def check(
+        self,
+        read_spend: Callable[[str, datetime], Awaitable[tuple[int, float]]],
+        unwritten: Callable[[], Iterable[ScoreResult]],
+        hold: JudgeHold,
+    ) -> tuple[Verdict, float] | None:
+        """Read the model's spend this period (``read_spend(model, period start)``, storage's
+        count of every worker's results), add ``unwritten()`` results and this worker's
+        possibly billed calls, and hold it against the budget in ``hold``, saying when the
+        variants pause and resume. Returns the verdict and the spend; ``None`` when nothing
+        was read (already held back until the period ends, or the read failed)."""
+        now_m = time.monotonic()
+        if hold.over_budget(now_m):
+            return None
+        budget = self.budget
+        now = datetime.now(timezone.utc)
+        start = budget.period_start(now)
+        try:
+            tokens, usd = await read_spend(self.model, start)
+        except Exception as exc:
+            logger.error("reading the judge's spend failed (%s); trying again", describe(exc))
+            return None
+        spent = self.spent(tokens, usd, unwritten(), start)
+        verdict = self.assess(spent, now=now, now_m=now_m, hold=hold)
+        if verdict == "resumed":
+            logger.warning(
+                "judge budget: a new %s began (%s spent of %s); LLM variants resume",
+                budget.period,
+                _amount(spent, budget.unit),
+                budget.describe(),
+            )
+        elif verdict == "reached":
+            logger.error(
+                "JUDGE BUDGET REACHED: %s spent of %s by %s (every worker on this database); "
+                "LLM variants are not claimed until %s UTC, jobs already claimed finish; "
+                "non-LLM variants go on.",
+                _amount(spent, budget.unit),
+                budget.describe(),
+                self.model,
+                budget.period_end(now).strftime("%Y-%m-%d %H:%M"),
+            )
+        return verdict, spent
+
+
+def _amount(value: float, unit: str) -> str:
+    return f"{value:,.0f} tokens" if unit == "tokens" else f"{value:.4f} USD"

@@ -40,6 +40,7 @@ from recalltrace.scorers.worker._options import WorkerOptions
 from recalltrace.scorers.worker._outcomes import Outcomes
 from recalltrace.scorers.worker._presence import Presence, StatusLine, combined, describe
 from recalltrace.scorers.worker._stats import Finished, WorkerStats
+from recalltrace.scorers.worker._warming import Warming
 from recalltrace.scorers.worker._writer import ScoreWriter, failed_result
 from recalltrace.storage.contracts import ClaimedJob, JobStore, TraceInputs
 
@@ -63,9 +64,10 @@ def default_worker_id() -> str:
 class Worker:
     """An asyncio scoring worker over any :class:`~recalltrace.storage.contracts.JobStore`.
 
-    ``warm`` is called every ``summaries_interval_s`` in the database threads to store what
-    later queries would otherwise compute (the command line hands in the history summaries'
-    warming); ``None`` warms nothing.
+    ``warm`` is called every ``summaries_interval_s`` in a database thread to store what later
+    queries would otherwise compute: ``recalltrace worker`` hands in
+    ``History.warm_summaries`` (in Python: ``warm=recalltrace.open_history(url).warm_summaries``);
+    ``None`` stores nothing, and queries compute the summaries they read.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class Worker:
         repository: JobStore | None = None,
         telemetry: WorkerTelemetry | None = None,
         on_progress: Callable[[WorkerStats], None] | None = None,
-        warm: Callable[[], None] | None = None,
+        warm: Callable[[], object] | None = None,
     ) -> None:
         self.options = options or WorkerOptions()
         if repository is None:
@@ -86,7 +88,7 @@ class Worker:
                 self.options.database_url, specs=job_specs(), metrics=metrics_from_env()
             )
         self.repo: JobStore = repository
-        self._warm = warm
+        self._warming = Warming(warm, self.options.summaries_interval_s)
         self._reference_ttl = (
             None
             if self.options.reference_ttl_s is None
@@ -108,8 +110,6 @@ class Worker:
             BudgetGate(budget, judge.model) if budget is not None and judge is not None else None
         )
         self._budget_stale = False
-        self._next_summaries = 0.0
-        self._summaries_failing = False
         self._once = False
         # A one-shot run claims a job that failed transiently once only (the judge client has
         # retried it already); the next run takes it again.
@@ -210,39 +210,17 @@ class Worker:
         gate = self._budget
         if gate is None or not any(k not in NON_LLM_METRICS for k in self._scorers):
             return
-        now_m = time.monotonic()
-        if self._hold.over_budget(now_m):
-            return
-        budget = gate.budget
-        now = datetime.now(timezone.utc)
-        start = budget.period_start(now)
-        try:
-            tokens, usd = await self._db_call(self.repo.judge_spend, gate.model, start)
-        except Exception as exc:
-            logger.error("reading the judge's spend failed (%s); trying again", describe(exc))
-            return
-        unwritten = [entry.result for entry in self._writer.pending]
-        spent = gate.spent(tokens, usd, unwritten, start)
-        verdict = gate.assess(spent, now=now, now_m=now_m, hold=self._hold)
-        if verdict == "resumed":
-            logger.warning(
-                "judge budget: a new %s began (%s spent of %s); LLM variants resume",
-                budget.period,
-                _amount(spent, budget.unit),
-                budget.describe(),
-            )
-        elif verdict == "reached":
+
+        async def read_spend(model: str, since: datetime) -> tuple[int, float]:
+            return await self._db_call(self.repo.judge_spend, model, since)
+
+        checked = await gate.check(
+            read_spend, lambda: [entry.result for entry in self._writer.pending], self._hold
+        )
+        if checked is not None and checked[0] == "reached":
             self.stats.budget_reached += 1
-            self.telemetry.record_budget_reached(gate.model, budget.unit, spent, budget.amount)
-            logger.error(
-                "JUDGE BUDGET REACHED: %s spent of %s by %s (every worker on this database); "
-                "LLM variants are not claimed until %s UTC, jobs already claimed finish; "
-                "non-LLM variants go on.",
-                _amount(spent, budget.unit),
-                budget.describe(),
-                gate.model,
-                budget.period_end(now).strftime("%Y-%m-%d %H:%M"),
-            )
+            budget = gate.budget
+            self.telemetry.record_budget_reached(gate.model, budget.unit, checked[1], budget.amount)
 
     # -- plumbing -----------------------------------------------------------------------
     async def _db_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -730,30 +708,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.options.maintenance_interval_s)
             await self._maintain_once()
-            await self._warm_when_due()
-
-    async def _warm_when_due(self) -> None:
-        """Call ``warm`` every ``summaries_interval_s`` (workers on one database share the
-        work: a bucket stored by one is found stored by the others)."""
-        interval = self.options.summaries_interval_s
-        warm = self._warm
-        if interval is None or warm is None or time.monotonic() < self._next_summaries:
-            return
-        self._next_summaries = time.monotonic() + interval
-        try:
-            await self._db_call(warm)
-        except Exception as exc:
-            if not self._summaries_failing:
-                logger.warning(
-                    "storing history summaries failed (%s); queries compute them until it "
-                    "works again (said once)",
-                    describe(exc),
-                )
-            self._summaries_failing = True
-            return
-        if self._summaries_failing:
-            logger.info("storing history summaries works again")
-        self._summaries_failing = False
+            await self._warming.when_due(self._db_call)
 
     def close(self) -> None:
         """Release the database connections."""
@@ -763,19 +718,16 @@ class Worker:
         self.repo.dispose()
 
 
-def _amount(value: float, unit: str) -> str:
-    return f"{value:,.0f} tokens" if unit == "tokens" else f"{value:.4f} USD"
-
-
 def run_worker(
     options: WorkerOptions | None = None,
     *,
     once: bool = False,
     telemetry: WorkerTelemetry | None = None,
     on_progress: Callable[[WorkerStats], None] | None = None,
-    warm: Callable[[], None] | None = None,
+    warm: Callable[[], object] | None = None,
 ) -> WorkerStats:
-    """Run a worker in this process until stopped (or until nothing is due, with ``once``)."""
+    """Run a worker in this process until stopped (or until nothing is due, with ``once``);
+    ``warm`` as for :class:`Worker`."""
     worker = Worker(options, telemetry=telemetry, on_progress=on_progress, warm=warm)
     try:
         return asyncio.run(worker.run(once=once))

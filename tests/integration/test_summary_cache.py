@@ -161,7 +161,6 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
     computing them; the buckets still filling are never stored."""
     import asyncio
 
-    from recalltrace._wiring import summary_warmer
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
     repo = make_repository(pg_engine, metrics=[METRIC])
@@ -180,7 +179,7 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
             listen=False,
         ),
         repository=repo,
-        warm=summary_warmer(repo),
+        warm=make_history(pg_engine).warm_summaries,
     )
     thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
     thread.start()

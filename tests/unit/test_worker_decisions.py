@@ -5,7 +5,10 @@ a worker claims, and the parsers its flags share with the command line."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -30,6 +33,7 @@ from recalltrace.scorers.worker._decisions import (
     transient_backoff_attempt,
 )
 from recalltrace.scorers.worker._presence import Presence, StatusLine
+from recalltrace.scorers.worker._warming import Warming
 
 NOON = datetime(2026, 11, 26, 12, 30, tzinfo=timezone.utc)
 
@@ -260,3 +264,59 @@ def test_shared_parsers_take_good_values() -> None:
     assert positive_number("2.5") == 2.5
     assert port("0") == 0 and port("65535") == 65535
     assert non_negative_seconds("0") == 0.0
+
+
+def test_the_budget_is_not_read_while_held_and_a_failed_read_holds_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = BudgetGate(JudgeBudget.parse("1000 tokens/hour"), "judge-a")
+    reads: list[str] = []
+
+    async def spend_of(model: str, _since: datetime) -> tuple[int, float]:
+        reads.append(model)
+        return 5000, 0.0
+
+    async def unreachable(_model: str, _since: datetime) -> tuple[int, float]:
+        raise ConnectionError("server closed the connection\nmore detail")
+
+    hold = JudgeHold()
+    with caplog.at_level(logging.ERROR, logger="recalltrace.worker"):
+        assert asyncio.run(gate.check(unreachable, list, hold)) is None
+        assert not hold.held(time.monotonic())
+        checked = asyncio.run(gate.check(spend_of, list, hold))
+        assert checked == ("reached", 5000.0) and reads == ["judge-a"]
+        assert asyncio.run(gate.check(spend_of, list, hold)) is None  # held: not read again
+    assert reads == ["judge-a"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        "reading the judge's spend failed (ConnectionError: server closed the connection)"
+        in (lines[0])
+    )
+    assert lines[1].startswith("JUDGE BUDGET REACHED: 5,000 tokens spent of 1,000 tokens per hour")
+
+
+def test_a_failing_warm_is_said_once_and_its_recovery_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outcomes = iter([RuntimeError("no"), RuntimeError("still no"), None])
+
+    def warm() -> None:
+        failure = next(outcomes)
+        if failure is not None:
+            raise failure
+
+    async def in_thread(fn: Callable[[], object]) -> object:
+        return fn()
+
+    warming = Warming(warm, interval_s=1e-9)
+    never = Warming(warm, interval_s=None)
+    with caplog.at_level(logging.INFO, logger="recalltrace.worker"):
+        for _ in range(3):
+            asyncio.run(warming.when_due(in_thread))
+        asyncio.run(never.when_due(in_thread))  # would raise StopIteration if called
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "storing history summaries failed (RuntimeError: no); queries compute them until it "
+        "works again (said once)",
+        "storing history summaries works again",
+    ]
