@@ -109,7 +109,6 @@ class Worker:
         self._budget = (
             BudgetGate(budget, judge.model) if budget is not None and judge is not None else None
         )
-        self._budget_stale = False
         self._once = False
         # A one-shot run claims a job that failed transiently once only (the judge client has
         # retried it already); the next run takes it again.
@@ -197,7 +196,6 @@ class Worker:
                 self._budget.note_possibly_billed(
                     datetime.now(timezone.utc), record.possibly_billed_tokens, usd
                 )
-            self._budget_stale = True
 
     def _claimable_metrics(self) -> list[str]:
         if self._hold.held(time.monotonic()):
@@ -478,10 +476,10 @@ class Worker:
         app = trace.app_name if trace is not None else ""
         scorer = self._scorers.get(job.metric)
         uses_llm = scorer is not None and scorer.uses_llm
-        if uses_llm and self._budget_stale:
+        if uses_llm and self._budget is not None and self._budget.stale:
             # A judge call timed out since the spend was last read: it may be billed, so the
             # budget is read again before another call is sent.
-            self._budget_stale = False
+            self._budget.stale = False
             await self._check_budget()
         give_back, cause = self._hold.give_back(uses_llm=uses_llm, now=time.monotonic())
         if give_back:
