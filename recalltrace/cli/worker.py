@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from recalltrace import _wiring
 from recalltrace.cli._args import (
     EXIT_OK,
     CommandError,
@@ -20,6 +21,7 @@ from recalltrace.cli._args import (
     require_current_schema,
 )
 from recalltrace.scorers.worker import (
+    Worker,
     WorkerOptions,
     non_negative_seconds,
     port,
@@ -273,8 +275,6 @@ def _option_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from recalltrace import _wiring
-    from recalltrace.scorers.worker import Worker
     from recalltrace.storage.db import redact_url, resolve_database_url
 
     logging.getLogger("recalltrace").setLevel(logging.INFO)
