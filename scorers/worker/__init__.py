@@ -16,6 +16,12 @@ Outcomes of a job:
 - a :class:`~scorers.TerminalJudgeError` (bad key, unknown model) gives the job back and pauses
   every variant that uses that judge for ``terminal_pause_s``, with a loud log line and the
   ``rag.judge.paused`` metric, instead of failing every job.
+
+Where it lives: ``_options`` (:class:`WorkerOptions` and the parsers the command line shares),
+``_worker`` (the loop), ``_decisions`` (retry, pause, give-back and claim decisions, without a
+database), ``_budget`` (the judge budget gate), ``_writer`` (storing scores), ``_outcomes``
+(stats, telemetry and annotations of each outcome), ``_presence`` (the ``workers`` row, the
+status line), ``_warming`` (background work handed in by the composition root).
 """
 
 from recalltrace.scorers.worker._options import (
