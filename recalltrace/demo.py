@@ -244,11 +244,17 @@ def run_demo(
         f"Traced {len(asked)} help-desk requests ({len(late)} with references attached afterwards)."
     )
 
+    from recalltrace import _wiring
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
     logging.getLogger("recalltrace.scorers").setLevel(logging.ERROR)
-    worker = Worker(WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8))
+    repository = _wiring.open_repository(url)
+    worker = Worker(
+        WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8),
+        repository=repository,
+        warm=_wiring.history(repository.engine).warm_summaries,
+    )
     import asyncio
 
     try:

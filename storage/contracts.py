@@ -8,7 +8,7 @@ the worker can name these types without loading SQLAlchemy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -174,11 +174,9 @@ class SkippedJob:
 class JobStore(Protocol):
     """What a scoring worker needs of storage (:class:`~.repository.Repository` is one)."""
 
-    @property
-    def is_postgres(self) -> bool: ...
-    def notify_dsn(self) -> str | None:
-        """A libpq connection string to ``LISTEN`` on :data:`NOTIFY_CHANNEL`, if the backend
-        announces new jobs."""
+    async def wait_for_jobs(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` whenever new jobs may have become due, until cancelled; return at once
+        if the backend announces nothing (the caller then polls)."""
         ...
 
     def claim_jobs(

@@ -8,7 +8,8 @@ of the variants: the caller hands it the :class:`~.contracts.JobSpec` of every k
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
 from sqlalchemy import Engine
@@ -35,6 +36,8 @@ from recalltrace.storage.queue import (
 from recalltrace.storage.summary_cache import SUMMARY_LOCK_KEY
 from recalltrace.storage.traces import TraceWrites
 from recalltrace.storage.workers import WorkerRegistry
+
+logger = logging.getLogger("recalltrace.storage")
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -96,6 +99,43 @@ class Repository(TraceWrites, JobQueue, WorkerRegistry):
             return None
         url = self.engine.url.set(drivername="postgresql")
         return url.render_as_string(hide_password=False)
+
+    async def wait_for_jobs(
+        self, wake: Callable[[], None], *, reconnect_after_s: float = 5.0
+    ) -> None:
+        """Call ``wake`` whenever new jobs may have become due, until cancelled.
+
+        On Postgres this listens on :data:`~.contracts.NOTIFY_CHANNEL`: ``wake`` is called once
+        the listener is connected (jobs may have arrived before it was) and on every
+        notification; a lost connection is logged and reconnected after ``reconnect_after_s``
+        (the caller's polling covers the gap). SQLite announces nothing: this returns at once
+        and the caller polls.
+        """
+        dsn = self.notify_dsn()
+        if dsn is None:
+            return
+        import asyncio
+
+        import psycopg
+
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    wake()
+                    async for _notify in conn.notifies():
+                        wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                text = str(exc).strip().splitlines()
+                logger.warning(
+                    "LISTEN connection lost (%s: %s); polling meanwhile",
+                    type(exc).__name__,
+                    text[0] if text else "",
+                )
+                await asyncio.sleep(reconnect_after_s)
 
     def dispose(self) -> None:
         """Close every pooled connection (call in a forked child or at exit)."""

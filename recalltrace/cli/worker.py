@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
-import math
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from recalltrace import _wiring
 from recalltrace.cli._args import (
     EXIT_OK,
     CommandError,
@@ -18,16 +20,34 @@ from recalltrace.cli._args import (
     check_sqlite_target,
     require_current_schema,
 )
+from recalltrace.scorers.worker import (
+    Worker,
+    WorkerOptions,
+    non_negative_seconds,
+    port,
+    positive_number,
+)
+
+T = TypeVar("T")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < math.inf:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def _argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """One of the worker's shared parsers as an argparse type (its ``ValueError`` becomes the
+    usage error line)."""
+
+    def convert(raw: str) -> T:
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+_positive_float = _argument_type(positive_number)
+_port = _argument_type(port)
+_non_negative_float = _argument_type(non_negative_seconds)
 
 
 def _judge_default(name: str) -> Any:
@@ -82,16 +102,6 @@ EXIT_JOBS_FAILED = 4
 """``worker --once``: some jobs failed for good (after their attempts)."""
 EXIT_PUSH_FAILED = 5
 """``worker --pushgateway``: the metrics could not be pushed (the scores are stored)."""
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return value
 
 
 def judge_config_from_args(args: argparse.Namespace, concurrency: int) -> Any:
@@ -185,16 +195,6 @@ _REFUSALS = (
 )
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < math.inf:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
-    return value
-
-
 def wait_for_database(url: str, limit_s: float, *, pause_s: float = 2.0) -> None:
     """Return once the database answers a query. A server that refuses the URL (no such
     database, wrong credentials) is one line at once; one that does not answer is waited for
@@ -250,10 +250,6 @@ def wait_for_database(url: str, limit_s: float, *, pause_s: float = 2.0) -> None
 
 def _add_option_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the WorkerOptions fields that declare one, with their parser and default."""
-    import dataclasses
-
-    from recalltrace.scorers.worker import WorkerOptions
-
     for option in dataclasses.fields(WorkerOptions):
         flag = option.metadata.get("flag")
         if flag is None:
@@ -270,22 +266,7 @@ def _add_option_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def _argument_type(parse: Any) -> Any:
-    def convert(raw: str) -> Any:
-        try:
-            return parse(raw)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
 def _option_values(args: argparse.Namespace) -> dict[str, Any]:
-    import dataclasses
-
-    from recalltrace.scorers.worker import WorkerOptions
-
     return {
         option.name: getattr(args, option.name)
         for option in dataclasses.fields(WorkerOptions)
@@ -294,9 +275,6 @@ def _option_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    import logging
-
-    from recalltrace.scorers.worker import Worker, WorkerOptions
     from recalltrace.storage.db import redact_url, resolve_database_url
 
     logging.getLogger("recalltrace").setLevel(logging.INFO)
@@ -340,9 +318,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             f"Prometheus metrics on port {setup.prometheus_port} ({args.prometheus_host})",
             flush=True,
         )
+    repository = _wiring.open_repository(url)
     try:
-        worker = Worker(options, telemetry=telemetry)
+        worker = Worker(
+            options,
+            repository=repository,
+            telemetry=telemetry,
+            warm=_wiring.history(repository.engine).warm_summaries,
+        )
     except ValueError as exc:
+        repository.dispose()
         setup.shutdown()
         raise CommandError(str(exc)) from None
     print(

@@ -179,6 +179,7 @@ def test_ended_buckets_are_summarised_in_the_background_before_anyone_asks(
             listen=False,
         ),
         repository=repo,
+        warm=make_history(pg_engine).warm_summaries,
     )
     thread = threading.Thread(target=lambda: asyncio.run(worker.run()), daemon=True)
     thread.start()
