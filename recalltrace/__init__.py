@@ -27,7 +27,7 @@ if (_root := _checkout_root()) is not None:
     __path__.append(_root)
 from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
-from recalltrace._wiring import open_history, open_repository
+from recalltrace._wiring import open_history, open_repository, run_worker
 from recalltrace.tracer import (
     Ledger,
     ScrubbingOptions,
@@ -66,6 +66,7 @@ __all__ = [
     "open_repository",
     "rag",
     "retrieval",
+    "run_worker",
     "set_attributes",
     "set_reference",
     "shutdown",

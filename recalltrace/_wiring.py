@@ -13,8 +13,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sqlalchemy import Engine
 
+    from recalltrace.scorers.worker import WorkerOptions, WorkerStats
     from recalltrace.storage.history import History
     from recalltrace.storage.repository import Repository
 
@@ -78,6 +81,34 @@ def open_history(url: str | None = None) -> History:
     from recalltrace.storage.db import create_engine_from_url
 
     return history(create_engine_from_url(url))
+
+
+def run_worker(
+    options: WorkerOptions | None = None,
+    *,
+    once: bool = False,
+    on_progress: Callable[[WorkerStats], None] | None = None,
+) -> WorkerStats:
+    """Run a scoring worker in this process (``recalltrace worker`` from Python): until
+    stopped, or with ``once`` until nothing is due. Like the command, it stores the history's
+    summaries in the background (``WorkerOptions.summaries_interval_s``) so that history queries
+    read them; ``recalltrace.scorers.worker.run_worker`` is the same without that."""
+    from recalltrace.scorers.worker import Worker, WorkerOptions
+
+    options = options if options is not None else WorkerOptions()
+    store = open_repository(options.database_url)
+    worker = Worker(
+        options,
+        repository=store,
+        on_progress=on_progress,
+        warm=history(store.engine).warm_summaries,
+    )
+    import asyncio
+
+    try:
+        return asyncio.run(worker.run(once=once))
+    finally:
+        worker.close()
 
 
 def default_sink(database_url: str | None, *, create_schema: bool | None = None) -> Any:

@@ -16,7 +16,6 @@ MAX_LINES = 800
 OVER_THE_LIMIT_TODAY: dict[str, int] = {
     "storage/history.py": 1807,
     "storage/queue.py": 1075,
-    "scorers/worker.py": 1316,
     "tracer/_decorators.py": 1260,
     "tracer/_capture.py": 1031,
 }

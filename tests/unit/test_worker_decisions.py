@@ -229,7 +229,7 @@ def test_variants_no_worker_serves_are_named_once_each(
         metrics=["exact_id_recall"],
         started_at=NOON,
     )
-    with caplog.at_level(logging.WARNING, logger="recalltrace.worker"):
+    with caplog.at_level(logging.WARNING, logger="recalltrace.scorers.worker"):
         presence.warn_unserved({"llm_context_recall": 3})
         presence.warn_unserved({"llm_context_recall": 5, "id_based_context_recall": 1})
         presence.warn_unserved({"llm_context_recall": 5, "id_based_context_recall": 1})
@@ -280,7 +280,7 @@ def test_the_budget_is_not_read_while_held_and_a_failed_read_holds_nothing(
         raise ConnectionError("server closed the connection\nmore detail")
 
     hold = JudgeHold()
-    with caplog.at_level(logging.ERROR, logger="recalltrace.worker"):
+    with caplog.at_level(logging.ERROR, logger="recalltrace.scorers.worker"):
         assert asyncio.run(gate.check(unreachable, list, hold)) is None
         assert not hold.held(time.monotonic())
         checked = asyncio.run(gate.check(spend_of, list, hold))
@@ -310,7 +310,7 @@ def test_a_failing_warm_is_said_once_and_its_recovery_too(
 
     warming = Warming(warm, interval_s=1e-9)
     never = Warming(warm, interval_s=None)
-    with caplog.at_level(logging.INFO, logger="recalltrace.worker"):
+    with caplog.at_level(logging.INFO, logger="recalltrace.scorers.worker"):
         for _ in range(3):
             asyncio.run(warming.when_due(in_thread))
         asyncio.run(never.when_due(in_thread))  # would raise StopIteration if called

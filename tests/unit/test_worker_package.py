@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 WORKER = Path(__file__).resolve().parents[2] / "scorers" / "worker"
 ALLOWED_STORAGE = {
@@ -34,3 +37,24 @@ def test_the_worker_imports_only_storage_contracts_and_touches_no_storage_intern
             elif isinstance(node, ast.Attribute) and node.attr in STORAGE_INTERNALS:
                 found.append(f"{path.name}:{node.lineno} reads .{node.attr}")
     assert found == []
+
+
+def test_recalltrace_run_worker_stores_the_history_summaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recalltrace.run_worker`` (the Python twin of ``recalltrace worker``) hands the worker
+    the warming of the history summaries, as the command does."""
+    import recalltrace
+    from recalltrace.scorers.worker import Worker, WorkerOptions, WorkerStats
+
+    seen: list[Any] = []
+
+    async def run(self: Worker, *, once: bool = False) -> WorkerStats:
+        seen.append(self._warming._warm)
+        return self.stats
+
+    monkeypatch.setattr(Worker, "run", run)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    recalltrace.run_worker(WorkerOptions(database_url=url), once=True)
+    assert len(seen) == 1 and callable(seen[0])
+    seen[0]()  # the warming runs against the worker's database
