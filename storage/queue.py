@@ -26,7 +26,6 @@ from sqlalchemy import (
     delete,
     func,
     literal,
-    literal_column,
     or_,
     select,
     text,
@@ -35,8 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import TextClause
 
-from recalltrace.storage import rollups, summary_cache
-from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, utcnow
+from recalltrace.storage import summary_cache
+from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect, dialect_of, utcnow
 from recalltrace.storage._storable import MODEL_LIMIT, json_safe, storable_json, storable_text
 from recalltrace.storage.contracts import (
     ClaimedJob,
@@ -164,11 +163,7 @@ class JobQueue:
             Score.__table__.c.version,
             # On Postgres, whether the row replaced one: an updated row version carries the
             # writing transaction in xmax, an inserted one 0.
-            *(
-                (literal_column("xmax::text <> '0'").label("replaced"),)
-                if self.dialect.postgres
-                else ()
-            ),
+            *self.dialect.replaced_marker(),
         )
 
     def create_jobs(
@@ -339,8 +334,7 @@ class JobQueue:
         expired: ColumnElement[bool] = ScoringJob.expires_at <= now
         if older_than is not None:
             expired = or_(expired, ScoringJob.created_at <= now - older_than)
-        with self.engine.begin() as conn:
-            summary_cache.lock_for_score_writes(conn, self.dialect)
+        with self.engine.begin() as conn, summary_cache.score_writes(conn, self.dialect) as changes:
             rows = conn.execute(
                 update(ScoringJob)
                 .where(ScoringJob.status == JobStatus.WAITING, expired)
@@ -394,9 +388,7 @@ class JobQueue:
                     for r in rows
                 ],
             )
-            summary_cache.invalidate(
-                conn, self.dialect, ((r.metric, traces[r.trace_id].started_at) for r in rows)
-            )
+            changes.touched.extend((r.metric, traces[r.trace_id].started_at) for r in rows)
             return [
                 SkippedJob(
                     r.trace_id,
@@ -439,8 +431,7 @@ class JobQueue:
             due = due.where(ScoringJob.metric.in_(list(metrics)))
         if exclude:
             due = due.where(ScoringJob.id.not_in(list(exclude)))
-        if self.dialect.postgres:
-            due = due.with_for_update(skip_locked=True)
+        due = self.dialect.skip_locked(due)
         stmt = (
             update(ScoringJob)
             .where(ScoringJob.id.in_(due.scalar_subquery()))
@@ -574,8 +565,7 @@ class JobQueue:
             if score.value is not None and not math.isfinite(score.value):
                 raise ValueError(f"score value must be finite, got {score.value!r}")
         scored_at = utcnow()
-        with self.engine.begin() as conn:
-            summary_cache.lock_for_score_writes(conn, self.dialect)
+        with self.engine.begin() as conn, summary_cache.score_writes(conn, self.dialect) as changes:
             trace_ids = {job.trace_id for job, _ in outcomes}
             traces = {
                 t.trace_id: t
@@ -628,17 +618,13 @@ class JobQueue:
             # dialect's INSERT never enters SQLAlchemy's compiled cache.)
             returned = conn.execute(self._score_upsert, rows).all()
             written = {tuple(r)[:3] for r in returned}
-            summary_cache.invalidate(
-                conn,
-                self.dialect,
-                [(job.metric, traces[job.trace_id].started_at) for job, _ in kept],
-                [scored_at],
-            )
+            changes.touched.extend((job.metric, traces[job.trace_id].started_at) for job, _ in kept)
+            changes.scored.append(scored_at)
             # A result replaced (a skipped or failed one, Postgres says which) leaves the
             # judge-cost hour it had been stored in.
             replaced = [traces[r[0]].started_at for r in returned if len(r) > 3 and r[3]]
             if replaced:
-                rollups.invalidate_cost_from(conn, self.dialect, min(replaced))
+                changes.replaced_from = min(replaced)
             now = self.dialect.now()
             by_status: dict[str, list[int]] = {}
             failed_reasons: dict[int, str] = {}
@@ -757,28 +743,24 @@ class JobQueue:
             requeued = [tuple(row) for row in conn.execute(stmt)]
             if not requeued:
                 return 0
-            summary_cache.lock_for_score_writes(conn, self.dialect)
-            for start in range(0, len(requeued), 500):
-                dropped = (
-                    conn.execute(
-                        delete(Score)
-                        .where(
-                            tuple_(Score.trace_id, Score.metric, Score.version).in_(
-                                requeued[start : start + 500]
-                            ),
-                            Score.status == "failed",
+            with summary_cache.score_writes(conn, self.dialect) as changes:
+                for start in range(0, len(requeued), 500):
+                    dropped = (
+                        conn.execute(
+                            delete(Score)
+                            .where(
+                                tuple_(Score.trace_id, Score.metric, Score.version).in_(
+                                    requeued[start : start + 500]
+                                ),
+                                Score.status == "failed",
+                            )
+                            .returning(Score.metric, Score.trace_started_at, Score.scored_at)
                         )
-                        .returning(Score.metric, Score.trace_started_at, Score.scored_at)
+                        .tuples()
+                        .all()
                     )
-                    .tuples()
-                    .all()
-                )
-                summary_cache.invalidate(
-                    conn,
-                    self.dialect,
-                    [(m, started) for m, started, _s in dropped],
-                    [stored for _m, _t, stored in dropped],
-                )
+                    changes.touched.extend((m, started) for m, started, _s in dropped)
+                    changes.scored.extend(stored for _m, _t, stored in dropped)
             self.dialect.notify(conn)
             return len(requeued)
 
@@ -1034,7 +1016,7 @@ def clock_report(
 ) -> ClockReport:
     """Traces stamped ahead of the database's clock (per app) and queued jobs due unusually far
     ahead, measured on the database's clock (the local one on SQLite). Two index range scans."""
-    dialect = Dialect(engine)
+    dialect = dialect_of(engine)
     with engine.connect() as conn:
         now = dialect.clock(conn)
         traces = {
@@ -1056,7 +1038,7 @@ def clock_report(
 def release_parked_jobs(engine: Engine, *, jobs_due_after: timedelta = JOBS_DUE_AFTER) -> int:
     """Make queued jobs due more than ``jobs_due_after`` ahead due now (on the database's clock);
     returns how many."""
-    dialect = Dialect(engine)
+    dialect = dialect_of(engine)
     with engine.begin() as conn:
         now = dialect.clock(conn)
         released = (
