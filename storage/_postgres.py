@@ -212,5 +212,16 @@ COPY_JOBS = (
     "COPY scoring_jobs (trace_id, metric, version, status, attempts, run_at,"
     " expires_at, created_at, updated_at) FROM STDIN (FORMAT BINARY)"
 )
+# Column types of the binary COPY statements above, in column order.
+TRACE_COPY_TYPES = [
+    "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
+    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
+    "varchar", "varchar", "varchar", "varchar", "jsonb",
+]  # fmt: skip
+CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
+JOB_COPY_TYPES = [
+    "varchar", "varchar", "varchar", "varchar", "int4",
+    "timestamptz", "timestamptz", "timestamptz", "timestamptz",
+]  # fmt: skip
 NOTIFY_RAW = "SELECT pg_notify(%s, '')"
 """``pg_notify`` on a raw psycopg cursor (inside a COPY batch)."""

@@ -27,20 +27,8 @@ from recalltrace.storage.models import (
     Trace,
     TraceTag,
 )
-from recalltrace.storage.queue import job_rows
+from recalltrace.storage.queue_intake import job_rows
 from recalltrace.storage.records import TraceRecord
-
-# Column types of the binary COPY statements below, in column order.
-_TRACE_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
-    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
-    "varchar", "varchar", "varchar", "varchar", "jsonb",
-]  # fmt: skip
-_CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
-_JOB_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "varchar", "int4",
-    "timestamptz", "timestamptz", "timestamptz", "timestamptz",
-]  # fmt: skip
 
 
 class _DuplicateTrace(Exception):
@@ -160,7 +148,7 @@ class TraceWrites:
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
                 with cursor.copy(_postgres.COPY_TRACES) as copy:
-                    copy.set_types(_TRACE_COPY_TYPES)
+                    copy.set_types(_postgres.TRACE_COPY_TYPES)
                     for r in batch:
                         copy.write_row(
                             (
@@ -190,7 +178,7 @@ class TraceWrites:
             except pg_errors.UniqueViolation:
                 raise _DuplicateTrace() from None
             with cursor.copy(_postgres.COPY_CONTEXTS) as copy:
-                copy.set_types(_CONTEXT_COPY_TYPES)
+                copy.set_types(_postgres.CONTEXT_COPY_TYPES)
                 for c in self._context_rows(batch):
                     copy.write_row(
                         (
@@ -209,7 +197,7 @@ class TraceWrites:
                         copy.write_row((row["trace_id"], row["tag"]))
             if jobs:
                 with cursor.copy(_postgres.COPY_JOBS) as copy:
-                    copy.set_types(_JOB_COPY_TYPES)
+                    copy.set_types(_postgres.JOB_COPY_TYPES)
                     for j in jobs:
                         copy.write_row(
                             (
