@@ -82,6 +82,38 @@ def distinct_values(table: str, column: str) -> str:
         )"""
 
 
+def values_in_window(
+    table: str, column: str, started: str, since: bool, until: bool
+) -> tuple[TextClause, TextClause]:
+    """The distinct values of ``column`` in ``table`` among rows whose ``started`` lies in the
+    window (``:since``/``:until`` when given), at most ``:most`` (a skip scan of the
+    (attribute, start) index, one probe per value); and whether some row there lacks one."""
+    window = ""
+    if since:
+        window += f" AND w.{started} >= :since"
+    if until:
+        window += f" AND w.{started} < :until"
+    values = text(
+        distinct_values(table, column)
+        + f"""
+        SELECT val FROM v
+        WHERE val IS NOT NULL
+          AND EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} = v.val {window})
+        LIMIT :most
+        """
+    )
+    missing = text(f"SELECT EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} IS NULL{window})")
+    return values, missing
+
+
+def count_distinct_upto(table: str, column: str) -> TextClause:
+    """How many distinct values ``column`` has in ``table``, counted up to ``:most``."""
+    return text(
+        distinct_values(table, column)
+        + " SELECT count(*) FROM (SELECT val FROM v WHERE val IS NOT NULL LIMIT :most) AS f"
+    )
+
+
 def summary_sql(
     *, with_app: bool, attributes: Sequence[str] = (), missing: Sequence[str] = ()
 ) -> TextClause:

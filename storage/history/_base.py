@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, select
 
 from recalltrace.storage import _postgres, rollups
 from recalltrace.storage._dialect import dialect_of
@@ -78,10 +78,7 @@ class HistoryBase:
         per-hour sums by tag: with one tag per customer, say, those would hold a row per tag
         per hour and outgrow the scores they sum, so such tags are summed from the scores.
         (Postgres: read where the caches are kept.)"""
-        stmt = text(
-            _postgres.distinct_values("trace_tags", "tag")
-            + " SELECT count(*) FROM (SELECT val FROM v WHERE val IS NOT NULL LIMIT :most) AS f"
-        )
+        stmt = _postgres.count_distinct_upto("trace_tags", "tag")
         with self.engine.connect() as conn:
             found = conn.execute(stmt, {"most": rollups.MAX_ROLLED_TAGS + 1}).scalar_one()
         return int(found) <= rollups.MAX_ROLLED_TAGS

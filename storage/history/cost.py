@@ -119,7 +119,9 @@ class CostQueries(HistoryBase):
         """:meth:`cost` from the hourly rollups (``storage.rollups``): ended hours of scoring
         from ``cost_cache``, the window's partial edges live, summed into UTC days."""
         with self.engine.connect() as conn:
-            now, window = window_bounds(conn, Score.scored_at, since, until, conditions)
+            now, window = window_bounds(
+                conn, self.dialect, Score.scored_at, since, until, conditions
+            )
         if window is None:
             return []
         lower, upper = window

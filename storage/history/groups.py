@@ -90,6 +90,7 @@ class GroupQueries(HistoryBase):
         with self.engine.connect() as conn:
             now, bounds = window_bounds(
                 conn,
+                self.dialect,
                 Score.trace_started_at,
                 chosen.since,
                 chosen.until,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage._dialect import as_utc
+from recalltrace.storage._dialect import Dialect, as_utc
 from recalltrace.storage._storable import UNSTORABLE_TEXT
 from recalltrace.storage.contracts import check_metric
 from recalltrace.storage.history_rows import Bucket
@@ -280,6 +280,7 @@ def truncate(value: datetime, bucket: Bucket) -> datetime:
 
 def window_bounds(
     conn: Connection,
+    dialect: Dialect,
     column: Any,
     since: datetime | None,
     until: datetime | None,
@@ -288,7 +289,7 @@ def window_bounds(
     """The database's time, and ``[since, until)`` with an open end closed at the first or
     last ``column`` of the rows matching ``conditions`` (two index probes); ``None`` for an
     empty window."""
-    now = as_utc(conn.execute(select(func.now())).scalar_one())
+    now = as_utc(dialect.clock(conn))
     lower, upper = since, until
     if lower is None or upper is None:
         first, last = conn.execute(

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, literal, select, text, union_all
+from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.engine import Connection
 
 from recalltrace.storage import _postgres, rollups, summary_cache
@@ -169,31 +169,16 @@ class SummaryQueries(HistoryBase):
             "environment": ("traces", "environment", "started_at"),
             "app": ("scores", "app_name", "trace_started_at"),
         }[by]
-        window = ""
-        if since is not None:
-            window += f" AND w.{started} >= :since"
-        if until is not None:
-            window += f" AND w.{started} < :until"
-        stmt = text(
-            _postgres.distinct_values(table, column)
-            + f"""
-            SELECT val FROM v
-            WHERE val IS NOT NULL
-              AND EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} = v.val {window})
-            LIMIT :most
-            """
+        stmt, missing = _postgres.values_in_window(
+            table, column, started, since is not None, until is not None
         )
         params = {"since": since, "until": until, "most": MAX_SUMMARY_GROUPS + 1}
         with self.engine.connect() as conn:
             values: list[str | None] = list(conn.execute(stmt, params).scalars())
             if len(values) > MAX_SUMMARY_GROUPS:
                 raise too_many_groups(by)
-            if by != "app":
-                missing = text(
-                    f"SELECT EXISTS (SELECT 1 FROM {table} AS w WHERE w.{column} IS NULL{window})"
-                )
-                if conn.execute(missing, params).scalar_one():
-                    values.append(None)
+            if by != "app" and conn.execute(missing, params).scalar_one():
+                values.append(None)
         return values
 
     def warm_summaries(
@@ -220,7 +205,7 @@ class SummaryQueries(HistoryBase):
             return 0
         if now is None:
             with self.engine.connect() as conn:
-                now = as_utc(conn.execute(select(func.now())).scalar_one())
+                now = as_utc(self.dialect.clock(conn))
         scopes: list[str | None] = [None, *self.app_names(limit=apps)]
         looked = 0
         windows: tuple[tuple[Bucket, int], ...] = (("day", days), ("hour", hours))
@@ -333,7 +318,7 @@ class SummaryQueries(HistoryBase):
             ).one()
             if first is None:
                 return []
-            now = as_utc(conn.execute(select(func.now())).scalar_one())
+            now = as_utc(self.dialect.clock(conn))
             starts: list[datetime] = []
             cursor = truncate(first, bucket)
             while cursor <= as_utc(last):
