@@ -169,14 +169,9 @@ class _Scope:
 
 @contextmanager
 def _reading(history: History) -> Iterator[Connection]:
-    """A connection for the diagnosis' aggregates; on Postgres without JIT compilation, which
-    costs more than these queries save from it (about 100 ms each at a million scores), and
-    with room to hash a window's distinct (trace, document metadata) pairs in memory rather
-    than sort them on disk."""
+    """A connection for the diagnosis' aggregates, tuned for them by the dialect."""
     with history.engine.begin() as conn:
-        if history.dialect.postgres:
-            conn.exec_driver_sql("SET LOCAL jit = off")
-            conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        history.dialect.tune_for_aggregates(conn)
         yield conn
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select
 
-from recalltrace.storage._dialect import Dialect, utcnow
+from recalltrace.storage._dialect import dialect_of, utcnow
 from recalltrace.storage.models import Label, Score, Trace
 
 
@@ -62,7 +62,7 @@ class LabelStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.dialect = Dialect(engine)
+        self.dialect = dialect_of(engine)
 
     def write(self, labels: Sequence[LabelInput]) -> int:
         """Store ``labels`` in one transaction (replacing a labeller's earlier label of the

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from sqlalchemy import Engine
 
-from recalltrace.storage._dialect import Dialect
+from recalltrace.storage._dialect import dialect_of
 from recalltrace.storage._storable import UNSTORABLE_TEXT
 from recalltrace.storage.contracts import (
     NOTIFY_CHANNEL,
@@ -27,7 +27,7 @@ from recalltrace.storage.contracts import (
     TraceNotFound,
     spec_map,
 )
-from recalltrace.storage.db import create_engine_from_url, engine_notes, is_postgres
+from recalltrace.storage.db import create_engine_from_url, engine_notes
 from recalltrace.storage.queue import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_REFERENCE_TTL,
@@ -76,7 +76,7 @@ class Repository(TraceWrites, JobQueue, WorkerRegistry):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         self.engine = engine
-        self.dialect = Dialect(engine)
+        self.dialect = dialect_of(engine)
         self.specs = spec_map(specs)
         keys = list(metrics) if metrics is not None else list(self.specs)
         self.metrics = [self.spec(k) for k in keys]
@@ -95,10 +95,7 @@ class Repository(TraceWrites, JobQueue, WorkerRegistry):
 
     def notify_dsn(self) -> str | None:
         """The libpq connection string workers ``LISTEN`` on (Postgres); ``None`` on SQLite."""
-        if not self.dialect.postgres:
-            return None
-        url = self.engine.url.set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
+        return self.dialect.notify_dsn(self.engine)
 
     async def wait_for_jobs(
         self, wake: Callable[[], None], *, reconnect_after_s: float = 5.0
@@ -160,7 +157,7 @@ def open_repository(
     """
     engine = create_engine_from_url(url)
     if create_schema is None:
-        create_schema = not is_postgres(engine)
+        create_schema = dialect_of(engine).migrates_on_open
     if create_schema:
         from recalltrace.storage.migrate import upgrade_engine
 

@@ -13,11 +13,12 @@ rows and two hour-long index ranges.
   :func:`storage.summary_cache.invalidate` drops both.
 - ``cost_cache`` holds, per hour of *scoring*, scope (app, and release or environment
   filters), variant and judge model, the count, tokens and money. A score written or deleted
-  drops the hour it is or was stored in (:func:`storage.summary_cache.invalidate`), and one
-  replaced by an upsert the hours from its trace's start on (:func:`invalidate_cost_from`).
+  drops the hour it is or was stored in, and one replaced by an upsert the hours from its
+  trace's start on (the same :func:`storage.summary_cache.invalidate`).
 
-Fills take the summary cache's exclusive lock, so no score can land in an hour between its
-rollup being computed and stored.
+Both are read through :func:`storage.summary_cache.read_through`, whose fills take the
+exclusive lock, so no score can land in an hour between its rollup being computed and stored.
+The aggregates are Postgres statements (:mod:`storage._postgres`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial as bind
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage import summary_cache
-from recalltrace.storage._dialect import Dialect
+from recalltrace.storage import _postgres
+from recalltrace.storage._dialect import Dialect, as_utc, hour_of
 from recalltrace.storage.models import CostCache, GroupCache
+from recalltrace.storage.summary_cache import CachedRead, read_through
 
 HOUR = timedelta(hours=1)
 
@@ -51,7 +53,7 @@ def split_window(
     (cacheable), and the others (partial or still filling, computed live)."""
     complete: list[datetime] = []
     partial: list[datetime] = []
-    cursor = summary_cache.hour_of(lower)
+    cursor = hour_of(lower)
     while cursor < upper:
         whole = cursor >= lower and cursor + HOUR <= upper and cursor + HOUR <= now
         (complete if whole else partial).append(cursor)
@@ -73,38 +75,6 @@ class GroupHour:
     first_started: datetime
 
 
-def _group_sql(by: str, attributes: Sequence[str], with_app: bool) -> Any:
-    if by == "tag":
-        source = "scores AS sc LEFT JOIN trace_tags AS tt ON tt.trace_id = sc.trace_id"
-        column = "tt.tag"
-    elif by in ("release", "environment"):
-        source, column = "scores AS sc", f"sc.{by}"
-    else:
-        raise ValueError(f"no rollup by {by!r}")
-    filters = " AND sc.app_name = :app" if with_app else ""
-    for name in attributes:  # only release and environment reach here
-        filters += f" AND sc.{name} = :attr_{name}"
-    return text(
-        f"""
-        SELECT p.bucket_start, g.grp, g.n, g.total, g.total_sq, g.fractional, g.first_started
-        FROM unnest(CAST(:starts AS timestamptz[])) AS p(bucket_start)
-        CROSS JOIN LATERAL (
-            SELECT {column} AS grp, count(*) AS n, sum(sc.value) AS total,
-                   sum(sc.value * sc.value) AS total_sq,
-                   count(*) FILTER (WHERE sc.value <> 0 AND sc.value <> 1) AS fractional,
-                   min(sc.trace_started_at) AS first_started
-            FROM {source}
-            WHERE sc.metric = :metric AND sc.version = :version AND sc.status = 'scored'
-              AND sc.trace_started_at >= p.bucket_start
-              AND sc.trace_started_at < p.bucket_start + interval '1 hour'
-              AND sc.trace_started_at >= :lower AND sc.trace_started_at < :upper
-              {filters}
-            GROUP BY 1
-        ) AS g
-        """
-    )
-
-
 def _aggregate_groups(
     conn: Connection,
     starts: Sequence[datetime],
@@ -119,9 +89,9 @@ def _aggregate_groups(
 ) -> list[GroupHour]:
     if not starts:
         return []
-    conn.execute(text("SET LOCAL jit = off"))
+    conn.execute(_postgres.JIT_OFF)
     rows = conn.execute(
-        _group_sql(by, sorted(attributes), app is not None),
+        _postgres.group_sql(by, sorted(attributes), app is not None),
         {
             "starts": list(starts),
             "metric": metric,
@@ -134,20 +104,21 @@ def _aggregate_groups(
     ).all()
     return [
         GroupHour(
-            summary_cache.as_utc(r.bucket_start),
+            as_utc(r.bucket_start),
             r.grp,
             int(r.n),
             float(r.total or 0.0),
             float(r.total_sq or 0.0),
             int(r.fractional),
-            summary_cache.as_utc(r.first_started),
+            as_utc(r.first_started),
         )
         for r in rows
     ]
 
 
 def group_hours(
-    engine: Any,
+    engine: Engine,
+    dialect: Dialect,
     *,
     metric: str,
     version: str,
@@ -164,33 +135,27 @@ def group_hours(
     (computing and storing the missing ones), the others live. With ``fill_only``, only
     store the missing hours and return what was computed (a background pass)."""
     complete, partial = split_window(lower, upper, now)
-    if fill_only:
-        partial = []
-    params: dict[str, Any] = {
-        "metric": metric,
-        "version": version,
-        "by": by,
-        "app": app,
-        "attributes": attributes,
-        "lower": lower,
-        "upper": upper,
-    }
-    with engine.connect() as conn:
-        cached: list[GroupHour] = []
-        if fill_only:
-            seen = _stored_hours(conn, metric, version, scope, by, complete)
-        else:
-            cached, seen = _read_groups(conn, metric, version, scope, by, complete)
-        live = _aggregate_groups(conn, partial, **params)
-        conn.rollback()
-    missing = sorted(set(complete) - seen)
-    fresh: list[GroupHour] = []
-    if missing:
-        with engine.begin() as fill:
-            summary_cache.lock_for_fill(fill)
-            fresh = _aggregate_groups(fill, missing, **params)
-            _store_groups(fill, metric, version, scope, by, missing, fresh, now)
-    return cached + fresh + live
+    compute = bind(
+        _aggregate_groups,
+        metric=metric,
+        version=version,
+        by=by,
+        app=app,
+        attributes=attributes,
+        lower=lower,
+        upper=upper,
+    )
+    cache: CachedRead[datetime, GroupHour] = CachedRead(
+        read=bind(_read_groups, metric=metric, version=version, scope=scope, by=by),
+        compute=compute,
+        store=bind(
+            _store_groups, dialect, metric=metric, version=version, scope=scope, by=by, now=now
+        ),
+        stored=bind(_stored_hours, metric=metric, version=version, scope=scope, by=by),
+    )
+    return read_through(
+        engine, dialect, cache, complete, [] if fill_only else partial, fill_only=fill_only
+    )
 
 
 def _cached_rows(
@@ -210,11 +175,12 @@ def _cached_rows(
 
 def _stored_hours(
     conn: Connection,
+    starts: Sequence[datetime],
+    *,
     metric: str,
     version: str,
     scope: str,
     by: str,
-    starts: Sequence[datetime],
 ) -> set[datetime]:
     if not starts:
         return set()
@@ -223,16 +189,17 @@ def _stored_hours(
         .distinct()
         .where(*_cached_rows(metric, version, scope, by, starts))
     )
-    return {summary_cache.as_utc(start) for start in conn.execute(stmt).scalars()} & set(starts)
+    return {as_utc(start) for start in conn.execute(stmt).scalars()} & set(starts)
 
 
 def _read_groups(
     conn: Connection,
+    starts: Sequence[datetime],
+    *,
     metric: str,
     version: str,
     scope: str,
     by: str,
-    starts: Sequence[datetime],
 ) -> tuple[list[GroupHour], set[datetime]]:
     if not starts:
         return [], set()
@@ -241,7 +208,7 @@ def _read_groups(
     rows: list[GroupHour] = []
     seen: set[datetime] = set()
     for r in conn.execute(stmt):
-        start = summary_cache.as_utc(r.bucket_start)
+        start = as_utc(r.bucket_start)
         if start not in wanted:
             continue
         seen.add(start)
@@ -254,7 +221,7 @@ def _read_groups(
                     r.total,
                     r.total_sq,
                     r.fractional,
-                    summary_cache.as_utc(r.first_started),
+                    as_utc(r.first_started),
                 )
             )
     return rows, seen
@@ -287,14 +254,16 @@ _EMPTY_HOUR = "(no results)"
 
 
 def _store_groups(
+    dialect: Dialect,
     conn: Connection,
+    hours: Sequence[datetime],
+    rows: Sequence[GroupHour],
+    *,
     metric: str,
     version: str,
     scope: str,
     by: str,
-    hours: Sequence[datetime],
-    rows: Sequence[GroupHour],
-    computed_at: datetime,
+    now: datetime,
 ) -> None:
     found = {r.bucket_start for r in rows}
     empty = [
@@ -314,32 +283,24 @@ def _store_groups(
             "total_sq": r.total_squares,
             "fractional": r.fractional,
             "first_started": r.first_started,
-            "computed_at": computed_at,
+            "computed_at": now,
         }
         for r in [*rows, *empty]
     ]
-    for start in range(0, len(values), 1000):
-        _upsert_groups(conn, values[start : start + 1000])
-
-
-def _upsert_groups(conn: Connection, values: list[dict[str, Any]]) -> None:
-    stmt = pg_insert(GroupCache).values(values)
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[
-                "bucket_start",
-                "metric",
-                "version",
-                "scope",
-                "attribute",
-                "missing",
-                "group_value",
-            ],
-            set_={
-                k: stmt.excluded[k]
-                for k in ("n", "total", "total_sq", "fractional", "first_started", "computed_at")
-            },
-        )
+    dialect.upsert(
+        conn,
+        GroupCache.__table__,
+        values,
+        keys=(
+            "bucket_start",
+            "metric",
+            "version",
+            "scope",
+            "attribute",
+            "missing",
+            "group_value",
+        ),
+        replace=("n", "total", "total_sq", "fractional", "first_started", "computed_at"),
     )
 
 
@@ -358,32 +319,6 @@ class CostHour:
     unpriced: int
 
 
-def _cost_sql(with_app: bool, with_metric: bool, attributes: Sequence[str]) -> Any:
-    filters = (" AND sc.app_name = :app" if with_app else "") + (
-        " AND sc.metric = :metric" if with_metric else ""
-    )
-    for name in attributes:  # only release and environment reach here
-        filters += f" AND sc.{name} = :attr_{name}"
-    return text(
-        f"""
-        SELECT p.hour, c.metric, c.model, c.n, c.prompt, c.completion, c.cost, c.unpriced
-        FROM unnest(CAST(:starts AS timestamptz[])) AS p(hour)
-        CROSS JOIN LATERAL (
-            SELECT sc.metric, sc.model, count(*) AS n,
-                   coalesce(sum(sc.prompt_tokens), 0) AS prompt,
-                   coalesce(sum(sc.completion_tokens), 0) AS completion,
-                   sum(sc.cost_usd) AS cost,
-                   count(*) FILTER (WHERE sc.cost_usd IS NULL) AS unpriced
-            FROM scores AS sc
-            WHERE sc.scored_at >= p.hour AND sc.scored_at < p.hour + interval '1 hour'
-              AND sc.scored_at >= :lower AND sc.scored_at < :upper
-              AND sc.model IS NOT NULL {filters}
-            GROUP BY sc.metric, sc.model
-        ) AS c
-        """
-    )
-
-
 def _aggregate_cost(
     conn: Connection,
     starts: Sequence[datetime],
@@ -396,9 +331,9 @@ def _aggregate_cost(
 ) -> list[CostHour]:
     if not starts:
         return []
-    conn.execute(text("SET LOCAL jit = off"))
+    conn.execute(_postgres.JIT_OFF)
     rows = conn.execute(
-        _cost_sql(app is not None, metric is not None, sorted(attributes)),
+        _postgres.cost_sql(app is not None, metric is not None, sorted(attributes)),
         {
             "starts": list(starts),
             "app": app,
@@ -410,7 +345,7 @@ def _aggregate_cost(
     ).all()
     return [
         CostHour(
-            summary_cache.as_utc(r.hour),
+            as_utc(r.hour),
             r.metric,
             r.model,
             int(r.n),
@@ -424,7 +359,8 @@ def _aggregate_cost(
 
 
 def cost_hours(
-    engine: Any,
+    engine: Engine,
+    dialect: Dialect,
     *,
     scope: str,
     app: str | None,
@@ -445,21 +381,15 @@ def cost_hours(
         "lower": lower,
         "upper": upper,
     }
-    with engine.connect() as conn:
-        cached, seen = _read_cost(conn, scope, complete)
-        live = _aggregate_cost(conn, partial, metric=metric, **window)
-        conn.rollback()
-    missing = sorted(set(complete) - seen)
-    fresh: list[CostHour] = []
-    if missing:
-        with engine.begin() as fill:
-            summary_cache.lock_for_fill(fill)
-            fresh = _aggregate_cost(fill, missing, metric=None, **window)
-            _store_cost(fill, scope, missing, fresh, now)
-    rows = cached + fresh
-    if metric is not None:
-        rows = [r for r in rows if r.metric == metric]
-    return rows + live
+    cache: CachedRead[datetime, CostHour] = CachedRead(
+        read=bind(_read_cost, scope=scope),
+        compute=bind(_aggregate_cost, metric=None, **window),
+        store=bind(_store_cost, dialect, scope=scope, now=now),
+        live=bind(_aggregate_cost, metric=metric, **window),
+    )
+    rows = read_through(engine, dialect, cache, complete, partial)
+    # The cached hours hold every variant of the scope (the live ones only ``metric``'s).
+    return rows if metric is None else [r for r in rows if r.metric == metric]
 
 
 # An hour without any judge call is stored as this row, so it is not computed again.
@@ -467,7 +397,7 @@ _NO_CALLS = ""
 
 
 def _read_cost(
-    conn: Connection, scope: str, starts: Sequence[datetime]
+    conn: Connection, starts: Sequence[datetime], *, scope: str
 ) -> tuple[list[CostHour], set[datetime]]:
     if not starts:
         return [], set()
@@ -481,7 +411,7 @@ def _read_cost(
             CostCache.hour <= max(starts),
         )
     ):
-        hour = summary_cache.as_utc(r.hour)
+        hour = as_utc(r.hour)
         if hour not in wanted:
             continue
         seen.add(hour)
@@ -502,11 +432,13 @@ def _read_cost(
 
 
 def _store_cost(
+    dialect: Dialect,
     conn: Connection,
-    scope: str,
     hours: Sequence[datetime],
     rows: Sequence[CostHour],
-    computed_at: datetime,
+    *,
+    scope: str,
+    now: datetime,
 ) -> None:
     values = [
         {
@@ -519,7 +451,7 @@ def _store_cost(
             "completion_tokens": r.completion_tokens,
             "cost_usd": r.cost_usd,
             "unpriced": r.unpriced,
-            "computed_at": computed_at,
+            "computed_at": now,
         }
         for r in rows
     ]
@@ -535,41 +467,15 @@ def _store_cost(
             "completion_tokens": 0,
             "cost_usd": None,
             "unpriced": 0,
-            "computed_at": computed_at,
+            "computed_at": now,
         }
         for hour in hours
         if hour not in spent
     ]
-    for start in range(0, len(values), 1000):
-        stmt = pg_insert(CostCache).values(values[start : start + 1000])
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["hour", "scope", "metric", "model"],
-                set_={
-                    k: stmt.excluded[k]
-                    for k in (
-                        "n",
-                        "prompt_tokens",
-                        "completion_tokens",
-                        "cost_usd",
-                        "unpriced",
-                        "computed_at",
-                    )
-                },
-            )
-        )
-
-
-def invalidate_cost_from(conn: Connection, dialect: Dialect, earliest: datetime) -> None:
-    """Drop the cost rows of every hour from the one holding ``earliest`` on: results of
-    traces started then were replaced, and a result is stored after its trace started, so
-    the hours they had been stored in are among these (a rare, bounded over-drop instead of
-    reading every result's old time before each write)."""
-    if dialect.postgres:
-        conn.execute(delete(CostCache).where(CostCache.hour >= summary_cache.hour_of(earliest)))
-
-
-def invalidate_all_cost(conn: Connection, dialect: Dialect) -> None:
-    """Drop every cost row (retention deleted scores stored at any time)."""
-    if dialect.postgres:
-        conn.execute(delete(CostCache))
+    dialect.upsert(
+        conn,
+        CostCache.__table__,
+        values,
+        keys=("hour", "scope", "metric", "model"),
+        replace=("n", "prompt_tokens", "completion_tokens", "cost_usd", "unpriced", "computed_at"),
+    )

@@ -1,32 +1,46 @@
-"""The summary cache: per-bucket statistics of complete buckets, and the lock that keeps it true.
+"""The read caches' one pattern, and the summary cache kept with it.
 
 History reads of a long window are dominated by buckets that can no longer change, so their
-rows (count, mean, percentiles, skipped and failed counts) are computed once and kept in
-``summary_cache`` (Postgres only). Both halves of the one lock that keeps a cached row equal to
-what the scores say live here:
+rows are computed once and kept in cache tables (Postgres only): per-bucket statistics of
+complete buckets in ``summary_cache`` (count, mean, percentiles, skipped and failed counts, read
+here) and the hourly rollups of group sums and judge cost (``storage.rollups``). All three are
+read the same way, :func:`read_through`, and kept true by the same lock:
 
-- every writer of scores takes :data:`SUMMARY_LOCK_KEY` *shared* (:func:`lock_for_score_writes`)
-  and drops the cached rows of the buckets it touched (:func:`invalidate`, which also drops
-  the hourly rollups' rows, see ``storage.rollups``) in its transaction;
-- a fill takes it *exclusively* (:func:`lock_for_fill`) while it computes and stores rows, so no
-  score can be committed into a bucket between the computation and the row being stored.
+- every writer of scores works inside :func:`score_writes`: it takes the lock *shared* and,
+  before its transaction commits, drops the cached rows of whatever it changed in one call
+  (:func:`invalidate`);
+- a fill takes it *exclusively* (``Dialect.lock_for_fill``) while it computes and stores rows,
+  so no score can be committed into a bucket between the computation and the row being stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
 
-from sqlalchemy import delete, func, select, text, tuple_
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Engine, select, tuple_
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage._dialect import Dialect
+from recalltrace.storage._dialect import Dialect, ScoreChanges, as_utc, hour_of
+from recalltrace.storage._postgres import SUMMARY_LOCK_KEY
 from recalltrace.storage.history_rows import Bucket, SummaryRow
-from recalltrace.storage.models import GroupCache, SummaryCache
+from recalltrace.storage.models import SummaryCache
 
-SUMMARY_LOCK_KEY = 0x7265_6361_6C6C
-"""Postgres advisory lock between score writers (shared) and summary-cache fills (exclusive)."""
+__all__ = [
+    "SUMMARY_LOCK_KEY",
+    "CachedRead",
+    "ScoreChanges",
+    "as_utc",
+    "hour_of",
+    "invalidate",
+    "read",
+    "read_through",
+    "score_writes",
+    "store",
+]
 
 _STORED_COLUMNS = (
     "n_scored",
@@ -39,99 +53,103 @@ _STORED_COLUMNS = (
     "computed_at",
 )
 
-
-def as_utc(value: datetime) -> datetime:
-    """``value`` in UTC; a naive time (as SQLite returns) is taken to be UTC already."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-def hour_of(moment: datetime) -> datetime:
-    """The start of the UTC hour holding ``moment``."""
-    return as_utc(moment).replace(minute=0, second=0, microsecond=0)
-
-
-def bucket_starts(moment: datetime) -> list[tuple[Bucket, datetime]]:
-    """The hour and day buckets (UTC) that contain ``moment``."""
-    hour = hour_of(moment)
-    return [("hour", hour), ("day", hour.replace(hour=0))]
+Key = TypeVar("Key")
+Row = TypeVar("Row")
 
 
 # -- the writers' half ----------------------------------------------------------------------------
-def lock_for_score_writes(conn: Connection, dialect: Dialect) -> None:
-    """Shared side of :data:`SUMMARY_LOCK_KEY`: take it before writing or deleting scores."""
-    if dialect.postgres:
-        conn.execute(select(func.pg_advisory_xact_lock_shared(SUMMARY_LOCK_KEY)))
+@contextmanager
+def score_writes(conn: Connection, dialect: Dialect) -> Iterator[ScoreChanges]:
+    """Around every write or delete of scores, in its transaction: takes the lock the writers
+    share with the fills, yields the :class:`ScoreChanges` for the writer to fill in, and drops
+    the cached rows they make stale, in one :func:`invalidate` call before the commit."""
+    dialect.lock_score_writes(conn)
+    changes = ScoreChanges()
+    yield changes
+    if changes:
+        invalidate(conn, dialect, changes)
 
 
-_INVALIDATE = text(
+def invalidate(conn: Connection, dialect: Dialect, changes: ScoreChanges) -> None:
+    """Drop the cached rows ``changes`` make stale: the summaries of the hour and day buckets
+    of the touched (metric, trace start) pairs and the group sums of their hour, the judge-cost
+    hours the results are or were stored at (every hour from the earliest replaced trace's
+    start on), and after a retention delete everything before its cutoff (every cost hour).
+    One round trip for the common case: the scoring hot path pays it once a batch."""
+    dialect.drop_cached(conn, changes)
+
+
+# -- the readers' half ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CachedRead(Generic[Key, Row]):
+    """How one cache is read and filled, by keys of what it holds (a bucket, an hour).
+
+    ``read`` returns the stored rows of some keys and which of those keys are stored (a key can
+    be stored without rows: an ended bucket without results); ``compute`` aggregates rows of
+    keys from the scores, for storing; ``store`` stores the computed rows of keys (marking the
+    keys without rows); ``live`` aggregates the rows shown for keys not cached (default:
+    ``compute``); ``stored``, only which keys are stored (default: ``read``'s second half).
     """
-    WITH summaries AS (
-        DELETE FROM summary_cache
-        WHERE (bucket, bucket_start, metric) IN (
-            SELECT * FROM unnest(CAST(:buckets AS text[]), CAST(:starts AS timestamptz[]),
-                                 CAST(:metrics AS text[])))
-    ), groups AS (
-        DELETE FROM group_cache
-        WHERE (metric, bucket_start) IN (
-            SELECT * FROM unnest(CAST(:hour_metrics AS text[]), CAST(:hours AS timestamptz[])))
-    )
-    DELETE FROM cost_cache WHERE hour = ANY(CAST(:scored_hours AS timestamptz[]))
-    """
-)
+
+    read: Callable[[Connection, list[Key]], tuple[list[Row], set[Key]]]
+    compute: Callable[[Connection, list[Key]], list[Row]]
+    store: Callable[[Connection, list[Key], list[Row]], None]
+    live: Callable[[Connection, list[Key]], list[Row]] | None = None
+    stored: Callable[[Connection, list[Key]], set[Key]] | None = None
 
 
-def invalidate(
-    conn: Connection,
+def read_through(
+    engine: Engine,
     dialect: Dialect,
-    touched: Iterable[tuple[str, datetime]],
-    scored: Iterable[datetime] = (),
-) -> None:
-    """Drop the cached rows that scores just written or deleted change, in one statement (the
-    scoring hot path pays one round trip a batch): for the (metric, trace start) pairs
-    ``touched``, the summaries of their hour and day buckets and the group sums of their hour;
-    and the judge-cost hours holding ``scored``, the times those results are or were stored
-    at (``storage.rollups``; the cost hours of results an upsert replaced:
-    :func:`storage.rollups.invalidate_cost_from`)."""
-    if not dialect.postgres:
-        return  # the caches are only used on Postgres
-    buckets = sorted(
-        {(b, start, metric) for metric, moment in touched for b, start in bucket_starts(moment)}
-    )
-    hours = [(metric, start) for b, start, metric in buckets if b == "hour"]
-    conn.execute(
-        _INVALIDATE,
-        {
-            "buckets": [b for b, _s, _m in buckets],
-            "starts": [start for _b, start, _m in buckets],
-            "metrics": [metric for _b, _s, metric in buckets],
-            "hour_metrics": [metric for metric, _h in hours],
-            "hours": [hour for _m, hour in hours],
-            "scored_hours": sorted({hour_of(moment) for moment in scored}),
-        },
-    )
+    cache: CachedRead[Key, Row],
+    complete: Sequence[Key],
+    partial: Sequence[Key] = (),
+    *,
+    conn: Connection | None = None,
+    fill_only: bool = False,
+) -> list[Row]:
+    """Rows of ``complete`` keys (ended, wholly in the window) from the cache, the missing ones
+    computed and stored under the fill lock; rows of ``partial`` keys computed live. The reads
+    use ``conn`` when given. With ``fill_only``, only store what is missing and return what was
+    computed (a background pass)."""
+    wanted = list(complete)
+    cached: list[Row] = []
+    live: list[Row] = []
+
+    def look(reader: Connection) -> set[Key]:
+        nonlocal cached, live
+        if fill_only:
+            stored = cache.stored or (lambda c, keys: cache.read(c, keys)[1])
+            seen = stored(reader, wanted) if wanted else set()
+        else:
+            cached, seen = cache.read(reader, wanted) if wanted else ([], set())
+            if partial:
+                live = (cache.live or cache.compute)(reader, list(partial))
+        return seen
+
+    if conn is not None:
+        seen = look(conn)
+    else:
+        with engine.connect() as reader:
+            seen = look(reader)
+            reader.rollback()
+    missing = [key for key in wanted if key not in seen]
+    fresh: list[Row] = []
+    if missing:
+        with engine.begin() as fill:
+            dialect.lock_for_fill(fill)
+            fresh = cache.compute(fill, missing)
+            cache.store(fill, missing, fresh)
+    return cached + fresh + live
 
 
-def invalidate_before(conn: Connection, dialect: Dialect, cutoff: datetime) -> None:
-    """Drop every cached row whose bucket starts before ``cutoff`` (traces were deleted)."""
-    if dialect.postgres:
-        conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= cutoff))
-        conn.execute(delete(GroupCache).where(GroupCache.bucket_start <= cutoff))
-
-
-# -- the fill's half ------------------------------------------------------------------------------
-def lock_for_fill(conn: Connection) -> None:
-    """Exclusive side of :data:`SUMMARY_LOCK_KEY`: hold it while computing rows to store."""
-    conn.execute(select(func.pg_advisory_xact_lock(SUMMARY_LOCK_KEY)))
-
-
+# -- the summary cache's rows ---------------------------------------------------------------------
 def read(
     conn: Connection,
     bucket: Bucket,
     app_key: str,
     versions: Mapping[str, str],
-    starts: Iterable[datetime],
+    starts: Sequence[datetime],
 ) -> dict[tuple[datetime, str], SummaryRow]:
     """Cached rows of ``starts``, keyed by (bucket start, metric)."""
     wanted = sorted(starts)
@@ -164,15 +182,16 @@ def read(
 
 def store(
     conn: Connection,
+    dialect: Dialect,
     bucket: Bucket,
     app_key: str,
     rows: Sequence[SummaryRow],
     computed_at: datetime,
 ) -> None:
-    """Store (or refresh) rows of complete buckets; call under :func:`lock_for_fill`."""
-    if not rows:
-        return
-    stmt = pg_insert(SummaryCache).values(
+    """Store (or refresh) rows of complete buckets; call under the fill lock."""
+    dialect.upsert(
+        conn,
+        SummaryCache.__table__,
         [
             {
                 "bucket": bucket,
@@ -190,11 +209,7 @@ def store(
                 "computed_at": computed_at,
             }
             for r in rows
-        ]
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["bucket", "bucket_start", "metric", "version", "app_name"],
-            set_={k: stmt.excluded[k] for k in _STORED_COLUMNS},
-        )
+        ],
+        keys=("bucket", "bucket_start", "metric", "version", "app_name"),
+        replace=_STORED_COLUMNS,
     )

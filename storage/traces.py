@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert
 
-from recalltrace.storage import rollups, summary_cache
+from recalltrace.storage import _postgres, summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect
 from recalltrace.storage._storable import json_safe, storable_record
 from recalltrace.storage.contracts import JobSpec
@@ -27,20 +27,8 @@ from recalltrace.storage.models import (
     Trace,
     TraceTag,
 )
-from recalltrace.storage.queue import job_rows
+from recalltrace.storage.queue_intake import job_rows
 from recalltrace.storage.records import TraceRecord
-
-# Column types of the binary COPY statements below, in column order.
-_TRACE_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "timestamptz", "float8", "text", "text", "text",
-    "jsonb", "jsonb", "jsonb", "bool", "jsonb", "timestamptz", "varchar", "varchar",
-    "varchar", "varchar", "varchar", "varchar", "jsonb",
-]  # fmt: skip
-_CONTEXT_COPY_TYPES = ["varchar", "int4", "varchar", "text", "float8", "jsonb"]
-_JOB_COPY_TYPES = [
-    "varchar", "varchar", "varchar", "varchar", "int4",
-    "timestamptz", "timestamptz", "timestamptz", "timestamptz",
-]  # fmt: skip
 
 
 class _DuplicateTrace(Exception):
@@ -86,10 +74,9 @@ class TraceWrites:
         for record in records:
             unique.setdefault(record.trace_id, record)
         batch = [storable_record(record) for record in unique.values()]
-        if self.dialect.postgres:
-            self._write_traces_postgres(batch)
-        else:
-            self._write_traces_rows(batch)
+        self.dialect.write_traces(
+            batch, by_rows=self._write_traces_rows, by_copy=self._write_traces_postgres
+        )
 
     def _trace_rows(self, batch: Sequence[TraceRecord], now: datetime) -> list[dict[str, Any]]:
         return [
@@ -160,15 +147,8 @@ class TraceWrites:
             jobs = job_rows(self.metrics, batch, now, self.reference_ttl)
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
-                with cursor.copy(
-                    "COPY traces (trace_id, app_name, service_name, started_at, duration_ms,"
-                    " user_input, response, reference, reference_contexts,"
-                    " reference_context_ids, metadata, error, notes, created_at,"
-                    " otel_trace_id, otel_span_id, release, environment, user_id, session_id,"
-                    " tags)"
-                    " FROM STDIN (FORMAT BINARY)"
-                ) as copy:
-                    copy.set_types(_TRACE_COPY_TYPES)
+                with cursor.copy(_postgres.COPY_TRACES) as copy:
+                    copy.set_types(_postgres.TRACE_COPY_TYPES)
                     for r in batch:
                         copy.write_row(
                             (
@@ -197,11 +177,8 @@ class TraceWrites:
                         )
             except pg_errors.UniqueViolation:
                 raise _DuplicateTrace() from None
-            with cursor.copy(
-                "COPY retrieved_contexts (trace_id, position, context_id, content, score,"
-                " metadata) FROM STDIN (FORMAT BINARY)"
-            ) as copy:
-                copy.set_types(_CONTEXT_COPY_TYPES)
+            with cursor.copy(_postgres.COPY_CONTEXTS) as copy:
+                copy.set_types(_postgres.CONTEXT_COPY_TYPES)
                 for c in self._context_rows(batch):
                     copy.write_row(
                         (
@@ -215,15 +192,12 @@ class TraceWrites:
                     )
             tags = self._tag_rows(batch)
             if tags:
-                with cursor.copy("COPY trace_tags (trace_id, tag) FROM STDIN") as copy:
+                with cursor.copy(_postgres.COPY_TAGS) as copy:
                     for row in tags:
                         copy.write_row((row["trace_id"], row["tag"]))
             if jobs:
-                with cursor.copy(
-                    "COPY scoring_jobs (trace_id, metric, version, status, attempts, run_at,"
-                    " expires_at, created_at, updated_at) FROM STDIN (FORMAT BINARY)"
-                ) as copy:
-                    copy.set_types(_JOB_COPY_TYPES)
+                with cursor.copy(_postgres.COPY_JOBS) as copy:
+                    copy.set_types(_postgres.JOB_COPY_TYPES)
                     for j in jobs:
                         copy.write_row(
                             (
@@ -239,7 +213,7 @@ class TraceWrites:
                             )
                         )
                 if any(j["status"] == JobStatus.QUEUED for j in jobs):
-                    cursor.execute("SELECT pg_notify(%s, '')", (NOTIFY_CHANNEL,))
+                    cursor.execute(_postgres.NOTIFY_RAW, (NOTIFY_CHANNEL,))
 
     def _write_traces_rows(self, batch: Sequence[TraceRecord]) -> None:
         """Row inserts that skip stored trace ids: the SQLite path, and the Postgres path for a
@@ -270,13 +244,11 @@ class TraceWrites:
 
     def delete_traces_before(self, cutoff: datetime) -> int:
         """Delete traces (and, by cascade, their contexts, jobs and scores) older than cutoff."""
-        with self.engine.begin() as conn:
-            summary_cache.lock_for_score_writes(conn, self.dialect)
+        with self.engine.begin() as conn, summary_cache.score_writes(conn, self.dialect) as changes:
             deleted = conn.execute(delete(Trace).where(Trace.started_at < cutoff)).rowcount or 0
             if deleted:
                 # Every bucket that starts before the cutoff may have lost scores.
-                summary_cache.invalidate_before(conn, self.dialect, cutoff)
-                rollups.invalidate_all_cost(conn, self.dialect)
+                changes.deleted_before = cutoff
             return deleted
 
     def dispose(self) -> None:

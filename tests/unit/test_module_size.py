@@ -14,8 +14,6 @@ MAX_LINES = 800
 # as a ceiling. The list can only shrink: a module here may not grow, and one that is back
 # under the limit must be taken off (the test says so).
 OVER_THE_LIMIT_TODAY: dict[str, int] = {
-    "storage/history.py": 1807,
-    "storage/queue.py": 1075,
     "tracer/_decorators.py": 1260,
     "tracer/_capture.py": 1031,
 }
