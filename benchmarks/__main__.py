@@ -35,6 +35,7 @@ PLAN: list[tuple[str, list[str]]] = [
         )
         for run in (1, 2, 3)
     ],
+    ("tracer_overhead-10docs-new", ["benchmarks.tracer_overhead", "--new-documents"]),
     ("saturation", ["benchmarks.saturation"]),
     ("ingest", ["benchmarks.ingest"]),
     ("storage_ingest", ["benchmarks.storage_ingest"]),

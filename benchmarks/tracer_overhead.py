@@ -109,12 +109,37 @@ def make_documents(count: int) -> list[dict[str, Any]]:
 
 
 DOCUMENTS = make_documents(DOCUMENT_COUNT)
+
+
+def _distinct_documents(count: int) -> list[dict[str, Any]]:
+    """``count`` documents whose contents all differ (a number woven into each text)."""
+    return [
+        {
+            "id": f"pool-{i}",
+            "content": f"{i} " + document_text(i, DOCUMENT_CHARS - len(str(i)) - 1),
+            "score": 0.5,
+            "metadata": {"source": f"handbook/section-{i % 50}.md"},
+        }
+        for i in range(count)
+    ]
+
+
 ANSWER = document_text(99, ANSWER_CHARS)
 QUESTION = "How does the tracer measure context recall in production?"
 
 
+POOL: list[dict[str, Any]] = []
+"""With ``--new-documents``: distinct documents the retriever rotates through, so that no call
+returns documents an earlier call returned (the scrubber cannot remember them as clean)."""
+_cursor = [0]
+
+
 def _search(query: str) -> list[dict[str, Any]]:
-    return list(DOCUMENTS)  # a retriever hands back a fresh list each time
+    if not POOL:
+        return list(DOCUMENTS)  # a retriever hands back a fresh list each time
+    start = _cursor[0]
+    _cursor[0] = (start + len(DOCUMENTS)) % (len(POOL) - len(DOCUMENTS))
+    return POOL[start : start + len(DOCUMENTS)]
 
 
 def _generate(prompt: str) -> str:
@@ -242,9 +267,18 @@ def main() -> None:
         default=None,
         help="write the records to real storage at this URL instead of discarding them",
     )
+    parser.add_argument(
+        "--new-documents",
+        action="store_true",
+        help="every call returns documents no earlier call returned (default: the same ones, "
+        "as a retriever over one knowledge base often does)",
+    )
     args = parser.parse_args()
     global DOCUMENTS
     DOCUMENTS = make_documents(args.documents)
+    if args.new_documents:
+        calls = (args.calls + args.warmup) * 4 + args.blocks * 8
+        POOL.extend(_distinct_documents(args.documents * min(calls, 200_000 // args.documents)))
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
