@@ -36,7 +36,6 @@ from typing import Any
 from recalltrace.tracer._capture_build import (
     CONVENTIONS,
     LLM,
-    OI_KIND,
     RERANKER,
     RETRIEVER,
     RequestParts,
@@ -47,11 +46,12 @@ from recalltrace.tracer._capture_build import (
     convention_of,
     find_requests,
     request_attributes,
-    resource_labels,
     role_of,
     root_question,
 )
-from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child
+from recalltrace.tracer._conventions import SPAN_KIND
+from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child, on_configure
+from recalltrace.tracer._span_views import sdk_span_view
 from recalltrace.tracer._state import TraceState
 from recalltrace.tracer._writer import add_cycle_hook
 
@@ -410,67 +410,6 @@ def merge_into_state(state: Any, parts: RequestParts) -> None:
     state.notes.extend(parts.notes)
 
 
-_Labels = tuple[str | None, str | None, str | None]
-_services: dict[int, tuple[Any, _Labels]] = {}
-_NO_LABELS: _Labels = (None, None, None)
-
-
-def _labels_of(resource: Any) -> _Labels:
-    """Service name, release and environment of a span's resource (remembered per resource
-    object)."""
-    if resource is None:
-        return _NO_LABELS
-    known = _services.get(id(resource))
-    if known is not None and known[0] is resource:
-        return known[1]
-    labels = resource_labels(resource.attributes)
-    if len(_services) < 64:
-        _services[id(resource)] = (resource, labels)
-    return labels
-
-
-def _view(span: Any) -> SpanView:
-    """A :class:`SpanView` of an SDK ``ReadableSpan`` (its fields read directly: the public
-    properties copy the attributes and events)."""
-    try:
-        context = span._context
-        parent = span._parent
-        attributes = span._attributes
-        events = span._events
-        status = span._status
-        resource = span._resource
-        scope = span._instrumentation_scope
-        start, end = span._start_time, span._end_time
-    except AttributeError:
-        context = span.get_span_context()
-        parent = span.parent
-        attributes = span.attributes
-        events = span.events
-        status = span.status
-        resource = getattr(span, "resource", None)
-        scope = span.instrumentation_scope
-        start, end = span.start_time, span.end_time
-    # An ended SDK span's attributes no longer change: their plain dict is read from here on
-    # (a BoundedAttributes lookup is a Python call; a dict's is not).
-    attributes = getattr(attributes, "_dict", attributes)
-    service, release, environment = _labels_of(resource)
-    return SpanView(
-        span.name,
-        context.trace_id,
-        context.span_id,
-        parent.span_id if parent is not None else None,
-        start or 0,
-        end or 0,
-        attributes if attributes is not None else {},
-        [(event.name, event.attributes or {}) for event in events] if events else (),
-        status is not None and status.status_code.value == 2,
-        service,
-        scope.name if scope is not None else "",
-        release,
-        environment,
-    )
-
-
 _instances: weakref.WeakSet[SpanCapture] = weakref.WeakSet()
 
 
@@ -691,7 +630,7 @@ class SpanCapture:
             internal_error("capturing a finished span")
 
     def _on_end(self, span: Any) -> None:
-        view = _view(span)
+        view = sdk_span_view(span)
         too_many = repeated = 0
         tops: list[tuple[SpanView, list[SpanView]]] = []
         with self._lock:
@@ -821,7 +760,7 @@ def _scan(root: SpanView, children: Mapping[int | None, list[SpanView]]) -> tupl
     stack = [root]
     while stack:
         span = stack.pop()
-        if span.scope == RECALLTRACE_SCOPE and span.attributes.get(OI_KIND) == "CHAIN":
+        if span.scope == RECALLTRACE_SCOPE and span.attributes.get(SPAN_KIND) == "CHAIN":
             return retrieves, True
         if span is not root and role_of(span) in (RETRIEVER, RERANKER):
             retrieves = True
@@ -834,7 +773,7 @@ def _is_decorator_call(span: Any) -> bool:
     scope = getattr(span, "instrumentation_scope", None)
     if scope is None or scope.name != RECALLTRACE_SCOPE:
         return False
-    kind = (span.attributes or {}).get(OI_KIND)
+    kind = (span.attributes or {}).get(SPAN_KIND)
     return kind in ("RETRIEVER", "LLM")
 
 
@@ -891,6 +830,9 @@ def configure_capture(runtime: Any) -> None:
     if _auto.active:
         _hook_set_tracer_provider()
         _attach(runtime.provider)
+
+
+on_configure(configure_capture)
 
 
 def _attach(provider: Any) -> None:

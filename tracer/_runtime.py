@@ -23,7 +23,7 @@ from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
-from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child
+from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child, configured
 from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
 from recalltrace.tracer._reader import (
     READERS_STUCK,
@@ -325,9 +325,7 @@ def configure(config: TracerConfig) -> Runtime:
         else:
             _signals.uninstall()
         _follow_multiprocessing_exit()
-        from recalltrace.tracer import _capture
-
-        _capture.configure_capture(runtime)
+        configured(runtime)
     if previous is not None:
         previous.writer.shutdown(previous.config.shutdown_timeout)
     return runtime
