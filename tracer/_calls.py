@@ -23,6 +23,7 @@ from recalltrace.tracer._conventions import (
     INPUT_MIME_TYPE,
     INPUT_VALUE,
     JSON_MIME_TYPE,
+    RECALLTRACE_SCOPE,
     SPAN_KIND,
 )
 from recalltrace.tracer._extract import is_plain_data, snapshot, to_text
@@ -283,7 +284,7 @@ def _instrumented_call(spec: Spec, current: Any) -> Any:
     if not current.is_recording():
         return None
     scope = getattr(current, "instrumentation_scope", None)
-    if scope is None or scope.name == "recalltrace":
+    if scope is None or scope.name == RECALLTRACE_SCOPE:
         return None
     attributes = getattr(current, "attributes", None) or {}
     kind, operation = spec.kind.foreign

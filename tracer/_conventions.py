@@ -75,5 +75,7 @@ DB_RESULT_DISTANCE = "db.query.result.distance"
 
 # -- the tracer's own ---------------------------------------------------------------------------
 
+RECALLTRACE_SCOPE = "recalltrace"
+"""The instrumentation scope of the decorators' spans."""
 DOCUMENTS_TOTAL = "recalltrace.retrieval.documents"
 DOCUMENTS_ON_SPAN = "recalltrace.retrieval.documents_on_span"

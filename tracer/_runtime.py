@@ -22,6 +22,7 @@ from opentelemetry import trace as otel_trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
+from recalltrace.tracer._conventions import RECALLTRACE_SCOPE
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
 from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child, configured
 from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
@@ -47,7 +48,7 @@ READ_TIMEOUT_S = 2.0
 """Longest the writer waits for one record's application objects to be read (plain values are
 read in full, without a time bound)."""
 
-INSTRUMENTATION_NAME = "recalltrace"
+INSTRUMENTATION_NAME = RECALLTRACE_SCOPE
 STATE_KEY = otel_context.create_key("recalltrace-trace")
 
 _stats = TracerStats()

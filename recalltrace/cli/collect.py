@@ -462,7 +462,7 @@ def serve(
 ) -> tuple[CollectServer, Collector]:
     """Start the receiver on daemon threads (the tracer must be configured); returns the
     server (``server_address`` holds the port) and its state."""
-    from recalltrace.tracer._capture import RequestAssembler
+    from recalltrace.tracer._assembler import RequestAssembler
 
     buffer = TraceBuffer(
         RequestAssembler(app_name), trace_idle, max_open_traces, max_spans_per_trace, max_buffer
