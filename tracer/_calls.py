@@ -18,6 +18,10 @@ from os import urandom
 from typing import Any, NamedTuple
 
 from recalltrace.tracer._conventions import (
+    EXCEPTION_ESCAPED,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
     FIRST_INPUT_MESSAGE_ROLE,
     GEN_AI_OPERATION,
     INPUT_MIME_TYPE,
@@ -502,12 +506,12 @@ def _exception_attributes(exc: BaseException, message: str, scrub: Any) -> dict[
     kind = type(exc)
     module = kind.__module__
     return {
-        "exception.type": f"{module}.{kind.__qualname__}"
+        EXCEPTION_TYPE: f"{module}.{kind.__qualname__}"
         if module and module != "builtins"
         else kind.__qualname__,
-        "exception.message": message,
-        "exception.stacktrace": stack,
-        "exception.escaped": "False",
+        EXCEPTION_MESSAGE: message,
+        EXCEPTION_STACKTRACE: stack,
+        EXCEPTION_ESCAPED: "False",
     }
 
 

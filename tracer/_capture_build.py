@@ -34,6 +34,8 @@ from recalltrace.tracer._conventions import (
     DB_RESULT_METADATA,
     DB_RESULT_SCORE,
     DB_VECTOR_QUERY_TEXT,
+    DEPLOYMENT_ENVIRONMENT,
+    DEPLOYMENT_ENVIRONMENT_OLD,
     GEN_AI_AGENT_NAME,
     GEN_AI_COMPLETION,
     GEN_AI_COMPLETION_TOKENS,
@@ -66,6 +68,8 @@ from recalltrace.tracer._conventions import (
     OUTPUT_VALUE,
     RERANKER_OUTPUT_DOCUMENTS,
     RETRIEVAL_DOCUMENTS,
+    SERVICE_NAME,
+    SERVICE_VERSION,
     SESSION_ID,
     SPAN_KIND,
     TAG_TAGS,
@@ -160,13 +164,13 @@ class SpanView:
 def resource_labels(attributes: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
     """``service.name`` (none for the SDK's ``unknown_service``), ``service.version`` and the
     deployment environment of a resource's attributes."""
-    service = attributes.get("service.name")
+    service = attributes.get(SERVICE_NAME)
     if not isinstance(service, str) or not service or service.startswith("unknown_service"):
         service = None
-    release = attributes.get("service.version")
-    environment = attributes.get("deployment.environment.name")
+    release = attributes.get(SERVICE_VERSION)
+    environment = attributes.get(DEPLOYMENT_ENVIRONMENT)
     if environment is None:
-        environment = attributes.get("deployment.environment")
+        environment = attributes.get(DEPLOYMENT_ENVIRONMENT_OLD)
     return (
         service,
         release if isinstance(release, str) and release else None,

@@ -73,6 +73,18 @@ DB_RESULT_SCORE = "db.query.result.score"
 DB_RESULT_METADATA = "db.query.result.metadata"
 DB_RESULT_DISTANCE = "db.query.result.distance"
 
+# -- resources and events (OpenTelemetry semantic conventions) ---------------------------------
+
+SERVICE_NAME = "service.name"
+SERVICE_VERSION = "service.version"
+DEPLOYMENT_ENVIRONMENT = "deployment.environment.name"
+DEPLOYMENT_ENVIRONMENT_OLD = "deployment.environment"
+"""The name before ``deployment.environment.name``, still read."""
+EXCEPTION_TYPE = "exception.type"
+EXCEPTION_MESSAGE = "exception.message"
+EXCEPTION_STACKTRACE = "exception.stacktrace"
+EXCEPTION_ESCAPED = "exception.escaped"
+
 # -- the tracer's own ---------------------------------------------------------------------------
 
 RECALLTRACE_SCOPE = "recalltrace"
