@@ -9,6 +9,10 @@ Generators keep their span open across yields but make it current only while the
 runs, so the caller's context is never left pointing at the generator's span.
 
 OpenTelemetry is imported on the first call, not at ``import tracer``.
+
+The parts: :mod:`._calls` opens and ends one call's span and keeps its trace state,
+:mod:`._kinds` holds what differs between a request, a retrieval and a generation (what each
+reads from its result and puts on its span), :mod:`._streams` wraps generators.
 """
 
 from __future__ import annotations
