@@ -37,11 +37,13 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from recalltrace.tracer._span_views import OTLP_JSON
+
 logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
+JSON = OTLP_JSON
 _CHUNK_LINE = 1024  # bytes of a chunk-size line, extensions included
 _TRAILERS = 64  # trailer lines after the last chunk
 _HEADER_BYTES = 64 * 1024  # all the header lines of one request

@@ -7,26 +7,22 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
+from recalltrace.tracer._calls import Spec
 from recalltrace.tracer._config import (
     ScrubbingOptions,
     TracerConfig,
     TracerProviderChoice,
     TraceSink,
 )
-from recalltrace.tracer._decorators import (
+from recalltrace.tracer._conventions import (
     GEN_AI_DATA_SOURCE,
     GEN_AI_OPERATION,
     GEN_AI_REQUEST_MODEL,
-    GENERATION,
     LLM_MODEL_NAME,
-    RAG,
-    RETRIEVAL,
     SPAN_KIND,
-    _Spec,
-    decorate,
-    function_name,
-    locate,
 )
+from recalltrace.tracer._decorators import decorate, function_name, locate
+from recalltrace.tracer._kinds import GENERATION, RAG, RETRIEVAL
 from recalltrace.tracer._metrics import Ledger
 
 logger = logging.getLogger("recalltrace.tracer")
@@ -134,7 +130,7 @@ def rag(
     """
 
     def build(fn: Any, name: str | None) -> Any:
-        spec = _Spec(RAG, name or function_name(fn), {SPAN_KIND: "CHAIN"})
+        spec = Spec(RAG, name or function_name(fn), {SPAN_KIND: "CHAIN"})
         if callable(input_param):
             spec.input_reader = input_param
         else:
@@ -191,7 +187,7 @@ def retrieval(
         attributes: dict[str, Any] = {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"}
         if data_source:
             attributes[GEN_AI_DATA_SOURCE] = data_source
-        spec = _Spec(RETRIEVAL, name or function_name(fn), attributes)
+        spec = Spec(RETRIEVAL, name or function_name(fn), attributes)
         spec.input = locate(fn, query_param)
         spec.extractor = extractor
         return decorate(fn, spec)
@@ -236,7 +232,7 @@ def generation(
         if model:
             attributes[LLM_MODEL_NAME] = model
             attributes[GEN_AI_REQUEST_MODEL] = model
-        spec = _Spec(GENERATION, name or function_name(fn), attributes)
+        spec = Spec(GENERATION, name or function_name(fn), attributes)
         spec.input = locate(fn, prompt_param)
         return decorate(fn, spec)
 

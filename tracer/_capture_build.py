@@ -26,18 +26,64 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from recalltrace.tracer._conventions import (
+    DB_QUERY_RESULT,
+    DB_RESULT_DISTANCE,
+    DB_RESULT_DOCUMENT,
+    DB_RESULT_ID,
+    DB_RESULT_METADATA,
+    DB_RESULT_SCORE,
+    DB_VECTOR_QUERY_TEXT,
+    DEPLOYMENT_ENVIRONMENT,
+    DEPLOYMENT_ENVIRONMENT_OLD,
+    GEN_AI_AGENT_NAME,
+    GEN_AI_COMPLETION,
+    GEN_AI_COMPLETION_TOKENS,
+    GEN_AI_CONVERSATION_ID,
+    GEN_AI_DATA_SOURCE,
+    GEN_AI_DOCUMENTS,
+    GEN_AI_INPUT_MESSAGES,
+    GEN_AI_INPUT_TOKENS,
+    GEN_AI_OPERATION,
+    GEN_AI_OUTPUT_MESSAGES,
+    GEN_AI_OUTPUT_TOKENS,
+    GEN_AI_PROMPT_TOKENS,
+    GEN_AI_QUERY_TEXT,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
+    GEN_AI_TOTAL_TOKENS,
+    GEN_AI_WORKFLOW_NAME,
+    INPUT_MIME_TYPE,
+    INPUT_VALUE,
+    JSON_MIME_TYPE,
+    LLM_COMPLETION_TOKENS,
+    LLM_MODEL_NAME,
+    LLM_OUTPUT_MESSAGES,
+    LLM_PROMPT_TOKENS,
+    LLM_REQUEST_TYPE,
+    LLM_TOTAL_TOKENS,
+    LLM_USAGE_TOTAL_TOKENS,
+    MESSAGE_CONTENT,
+    OUTPUT_MIME_TYPE,
+    OUTPUT_VALUE,
+    RERANKER_OUTPUT_DOCUMENTS,
+    RETRIEVAL_DOCUMENTS,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    SESSION_ID,
+    SPAN_KIND,
+    TAG_TAGS,
+    TRACELOOP_INPUT,
+    TRACELOOP_KIND,
+    TRACELOOP_OUTPUT,
+    TRACELOOP_WORKFLOW_NAME,
+    USER_ID,
+)
 from recalltrace.tracer._extract import Doc, Usage, read_document
 
 # Roles of a span in a request.
 OTHER, BOUNDARY, RETRIEVER, RERANKER, LLM = 0, 1, 2, 3, 4
 
-OI_KIND = "openinference.span.kind"
-GEN_AI_OPERATION = "gen_ai.operation.name"
-TRACELOOP_KIND = "traceloop.span.kind"
-TRACELOOP_INPUT = "traceloop.entity.input"
-TRACELOOP_OUTPUT = "traceloop.entity.output"
-LLM_REQUEST_TYPE = "llm.request.type"
-DB_QUERY_RESULT = "db.query.result"
 
 _OI_ROLES = {
     "CHAIN": BOUNDARY,
@@ -118,13 +164,13 @@ class SpanView:
 def resource_labels(attributes: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
     """``service.name`` (none for the SDK's ``unknown_service``), ``service.version`` and the
     deployment environment of a resource's attributes."""
-    service = attributes.get("service.name")
+    service = attributes.get(SERVICE_NAME)
     if not isinstance(service, str) or not service or service.startswith("unknown_service"):
         service = None
-    release = attributes.get("service.version")
-    environment = attributes.get("deployment.environment.name")
+    release = attributes.get(SERVICE_VERSION)
+    environment = attributes.get(DEPLOYMENT_ENVIRONMENT)
     if environment is None:
-        environment = attributes.get("deployment.environment")
+        environment = attributes.get(DEPLOYMENT_ENVIRONMENT_OLD)
     return (
         service,
         release if isinstance(release, str) and release else None,
@@ -143,7 +189,7 @@ def role_of(view: SpanView) -> int:
 def span_role(attributes: Mapping[str, Any], events: Sequence[tuple[str, Any]] = ()) -> int:
     """The role of a span from its attributes: OpenInference's kind first, then the GenAI
     operation, then OpenLLMetry's kind; a vector-database span with result events retrieves."""
-    kind = attributes.get(OI_KIND)
+    kind = attributes.get(SPAN_KIND)
     if isinstance(kind, str):
         return _OI_ROLES.get(kind.upper(), OTHER)
     operation = attributes.get(GEN_AI_OPERATION)
@@ -173,7 +219,7 @@ def convention_of(view: SpanView) -> str:
     """The convention of a span's attributes: ``openinference``, ``genai``, ``openllmetry``
     (read in the order :func:`span_role` reads them), or ``other``."""
     attributes = view.attributes
-    if isinstance(attributes.get(OI_KIND), str):
+    if isinstance(attributes.get(SPAN_KIND), str):
         return "openinference"
     if attributes.get(GEN_AI_OPERATION) in _GEN_AI_ROLES:
         return "genai"
@@ -190,7 +236,7 @@ def root_question(root: SpanView) -> str | None:
 def app_name_of(root: SpanView) -> str:
     """The record's app name: the workflow or agent name the spans give, else the root's name."""
     attributes = root.attributes
-    for key in ("traceloop.workflow.name", "gen_ai.agent.name", "gen_ai.workflow.name"):
+    for key in (TRACELOOP_WORKFLOW_NAME, GEN_AI_AGENT_NAME, GEN_AI_WORKFLOW_NAME):
         value = attributes.get(key)
         if isinstance(value, str) and value:
             return value
@@ -281,33 +327,33 @@ def _indexed(attributes: Mapping[str, Any], prefix: str, suffix: str) -> list[An
 
 
 def _text_input(attributes: Mapping[str, Any]) -> str | None:
-    value = attributes.get("input.value")
+    value = attributes.get(INPUT_VALUE)
     if isinstance(value, str):
-        decoded = _json(value) if attributes.get("input.mime_type") == "application/json" else None
+        decoded = _json(value) if attributes.get(INPUT_MIME_TYPE) == JSON_MIME_TYPE else None
         if decoded is None:
             return value
         return _pick_text(decoded, _QUESTION_KEYS)
     traceloop = _json(attributes.get(TRACELOOP_INPUT))
     if isinstance(traceloop, Mapping):
         return _pick_text(traceloop.get("inputs", traceloop.get("query")), _QUESTION_KEYS)
-    messages = _json(attributes.get("gen_ai.input.messages"))
+    messages = _json(attributes.get(GEN_AI_INPUT_MESSAGES))
     if messages is not None:
         return _messages_text(messages, "user")
-    query = attributes.get("gen_ai.retrieval.query.text")
+    query = attributes.get(GEN_AI_QUERY_TEXT)
     return query if isinstance(query, str) else None
 
 
 def _text_output(attributes: Mapping[str, Any]) -> str | None:
-    value = attributes.get("output.value")
+    value = attributes.get(OUTPUT_VALUE)
     if isinstance(value, str):
-        decoded = _json(value) if attributes.get("output.mime_type") == "application/json" else None
+        decoded = _json(value) if attributes.get(OUTPUT_MIME_TYPE) == JSON_MIME_TYPE else None
         if decoded is None:
             return value
         return _pick_text(decoded, _ANSWER_KEYS)
     traceloop = _json(attributes.get(TRACELOOP_OUTPUT))
     if isinstance(traceloop, Mapping):
         return _pick_text(traceloop.get("outputs"), _ANSWER_KEYS)
-    messages = _json(attributes.get("gen_ai.output.messages"))
+    messages = _json(attributes.get(GEN_AI_OUTPUT_MESSAGES))
     if messages is not None:
         return _messages_text(messages, None)
     return None
@@ -315,10 +361,10 @@ def _text_output(attributes: Mapping[str, Any]) -> str | None:
 
 def _retrieval_query(span: SpanView) -> str | None:
     attributes = span.attributes
-    query = attributes.get("gen_ai.retrieval.query.text")
+    query = attributes.get(GEN_AI_QUERY_TEXT)
     if isinstance(query, str) and query:
         return query
-    query = attributes.get("db.vector.query.text")
+    query = attributes.get(DB_VECTOR_QUERY_TEXT)
     if isinstance(query, str) and query:
         return query
     return _text_input(attributes)
@@ -391,12 +437,12 @@ def _event_documents(events: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Do
     for name, attributes in events:
         if name != DB_QUERY_RESULT:
             continue
-        content = attributes.get("db.query.result.document")
-        doc_id = attributes.get("db.query.result.id")
-        score = _score(attributes.get("db.query.result.score"))
-        metadata = _metadata(attributes.get("db.query.result.metadata"))
-        if score is None and attributes.get("db.query.result.distance") is not None:
-            metadata.setdefault("distance", _score(attributes.get("db.query.result.distance")))
+        content = attributes.get(DB_RESULT_DOCUMENT)
+        doc_id = attributes.get(DB_RESULT_ID)
+        score = _score(attributes.get(DB_RESULT_SCORE))
+        metadata = _metadata(attributes.get(DB_RESULT_METADATA))
+        if score is None and attributes.get(DB_RESULT_DISTANCE) is not None:
+            metadata.setdefault("distance", _score(attributes.get(DB_RESULT_DISTANCE)))
         docs.append(
             Doc(
                 content if isinstance(content, str) else "",
@@ -412,19 +458,19 @@ def span_documents(span: SpanView, role: int) -> list[Doc]:
     """The documents a retrieval or reranker span carries, in rank order."""
     attributes = span.attributes
     if role == RERANKER:
-        return _oi_documents(attributes, "reranker.output_documents")
-    docs = _oi_documents(attributes, "retrieval.documents")
+        return _oi_documents(attributes, RERANKER_OUTPUT_DOCUMENTS)
+    docs = _oi_documents(attributes, RETRIEVAL_DOCUMENTS)
     if docs:
         if any(doc.id is None for doc in docs):
             # OpenInference's LangChain retriever spans keep the ids only in the output.
-            listed = _decoded_documents(_json(attributes.get("output.value")))
+            listed = _decoded_documents(_json(attributes.get(OUTPUT_VALUE)))
             if len(listed) == len(docs):
                 docs = [
                     doc if doc.id is not None else doc._replace(id=other.id)
                     for doc, other in zip(docs, listed, strict=True)
                 ]
         return docs
-    value = attributes.get("gen_ai.retrieval.documents")
+    value = attributes.get(GEN_AI_DOCUMENTS)
     if value is not None:
         decoded = _json(value) if isinstance(value, str) else None
         if decoded is None and isinstance(value, (list, tuple)):
@@ -440,7 +486,7 @@ def span_documents(span: SpanView, role: int) -> list[Doc]:
         return _decoded_documents(traceloop)
     # A retriever's output listing its documents (OpenInference leaves documents without text
     # out of the document attributes).
-    return _decoded_documents(_json(attributes.get("output.value")))
+    return _decoded_documents(_json(attributes.get(OUTPUT_VALUE)))
 
 
 # -- generations -------------------------------------------------------------------------------
@@ -467,43 +513,43 @@ def generation_of(span: SpanView) -> tuple[str | None, str | None, Usage | None]
     """Text, model and token usage of a model-call span."""
     attributes = span.attributes
     text = None
-    contents = _indexed(attributes, "llm.output_messages", "message.content")
+    contents = _indexed(attributes, LLM_OUTPUT_MESSAGES, MESSAGE_CONTENT)
     if contents:
         text = str(contents[-1])
     if text is None:
-        messages = _json(attributes.get("gen_ai.output.messages"))
+        messages = _json(attributes.get(GEN_AI_OUTPUT_MESSAGES))
         if messages is not None:
             text = _messages_text(messages, None)
     if text is None:
-        completions = _indexed(attributes, "gen_ai.completion", "content")
+        completions = _indexed(attributes, GEN_AI_COMPLETION, "content")
         if completions:
             text = str(completions[-1])
     if text is None:
-        value = attributes.get("output.value")
+        value = attributes.get(OUTPUT_VALUE)
         if isinstance(value, str):
             decoded = _json(value)
             text = value if decoded is None else _llm_result_text(decoded)
     model = None
-    for key in ("llm.model_name", "gen_ai.response.model", "gen_ai.request.model"):
+    for key in (LLM_MODEL_NAME, GEN_AI_RESPONSE_MODEL, GEN_AI_REQUEST_MODEL):
         value = attributes.get(key)
         if isinstance(value, str) and value and value != "unknown":
             model = value
             break
     prompt = _first_int(
         attributes,
-        ("llm.token_count.prompt", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
+        (LLM_PROMPT_TOKENS, GEN_AI_INPUT_TOKENS, GEN_AI_PROMPT_TOKENS),
     )
     completion = _first_int(
         attributes,
         (
-            "llm.token_count.completion",
-            "gen_ai.usage.output_tokens",
-            "gen_ai.usage.completion_tokens",
+            LLM_COMPLETION_TOKENS,
+            GEN_AI_OUTPUT_TOKENS,
+            GEN_AI_COMPLETION_TOKENS,
         ),
     )
     total = _first_int(
         attributes,
-        ("llm.token_count.total", "gen_ai.usage.total_tokens", "llm.usage.total_tokens"),
+        (LLM_TOTAL_TOKENS, GEN_AI_TOTAL_TOKENS, LLM_USAGE_TOTAL_TOKENS),
     )
     if total is None and prompt is not None and completion is not None:
         total = prompt + completion
@@ -553,9 +599,9 @@ class RequestParts:
 
 
 # Where the request's user, session and tags are found (OpenInference, then GenAI).
-_USER_KEYS = ("user.id",)
-_SESSION_KEYS = ("session.id", "gen_ai.conversation.id")
-_TAG_KEYS = ("tag.tags",)
+_USER_KEYS = (USER_ID,)
+_SESSION_KEYS = (SESSION_ID, GEN_AI_CONVERSATION_ID)
+_TAG_KEYS = (TAG_TAGS,)
 
 
 def request_attributes(
@@ -659,7 +705,7 @@ def build_parts(
             docs = span_documents(span, role)
             if first_query is None:
                 first_query = _retrieval_query(span)
-            source = span.attributes.get("gen_ai.data_source.id")
+            source = span.attributes.get(GEN_AI_DATA_SOURCE)
             if isinstance(source, str) and source:
                 sources = parts.metadata.setdefault("data_source_ids", [])
                 if source not in sources:

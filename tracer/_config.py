@@ -11,6 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from recalltrace.tracer._conventions import (
+    DEPLOYMENT_ENVIRONMENT,
+    DEPLOYMENT_ENVIRONMENT_OLD,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+)
+
 if TYPE_CHECKING:
     from recalltrace.storage.records import ReferenceUpdate, TraceRecord
 
@@ -141,7 +148,7 @@ def _resource_attribute(*names: str) -> Callable[[str], Any]:
     return parse
 
 
-_service_name_from_resource = _resource_attribute("service.name")
+_service_name_from_resource = _resource_attribute(SERVICE_NAME)
 
 
 def _scrubbing_switch(raw: str) -> Any:
@@ -197,7 +204,7 @@ class TracerConfig:
         None,
         env=[
             ("RECALLTRACE_RELEASE", _text),
-            ("OTEL_RESOURCE_ATTRIBUTES", _resource_attribute("service.version")),
+            ("OTEL_RESOURCE_ATTRIBUTES", _resource_attribute(SERVICE_VERSION)),
         ],
     )
     """The release (version) written on every record. ``None`` means ``RECALLTRACE_RELEASE``,
@@ -209,7 +216,7 @@ class TracerConfig:
             ("RECALLTRACE_ENVIRONMENT", _text),
             (
                 "OTEL_RESOURCE_ATTRIBUTES",
-                _resource_attribute("deployment.environment.name", "deployment.environment"),
+                _resource_attribute(DEPLOYMENT_ENVIRONMENT, DEPLOYMENT_ENVIRONMENT_OLD),
             ),
         ],
     )

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -56,6 +57,24 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# What else follows a new tracer configuration (span capture attaches itself to the provider
+# the runtime uses): registered by the modules that do it, on import, and run by ``configure``
+# with the new runtime, so the runtime needs no import of them.
+_configure_steps: list[Callable[[Any], None]] = []
+
+
+def on_configure(step: Callable[[Any], None]) -> None:
+    """Run ``step(runtime)`` after every ``configure`` (once, however often added)."""
+    if not any(existing is step for existing in _configure_steps):
+        _configure_steps.append(step)
+
+
+def configured(runtime: Any) -> None:
+    """Run the steps added with :func:`on_configure` for the new ``runtime``."""
+    for step in list(_configure_steps):
+        step(runtime)
 
 
 def _first_time(where: str) -> bool:

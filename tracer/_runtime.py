@@ -22,9 +22,16 @@ from opentelemetry import trace as otel_trace
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
 from recalltrace.tracer._config import TracerConfig
+from recalltrace.tracer._conventions import (
+    DEPLOYMENT_ENVIRONMENT,
+    DEPLOYMENT_ENVIRONMENT_OLD,
+    RECALLTRACE_SCOPE,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+)
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
-from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child
-from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
+from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child, configured
+from recalltrace.tracer._metrics import VALUES_NOT_READ, Ledger, TracerStats, register_instruments
 from recalltrace.tracer._reader import (
     READERS_STUCK,
     BoundedReader,
@@ -47,7 +54,7 @@ READ_TIMEOUT_S = 2.0
 """Longest the writer waits for one record's application objects to be read (plain values are
 read in full, without a time bound)."""
 
-INSTRUMENTATION_NAME = "recalltrace"
+INSTRUMENTATION_NAME = RECALLTRACE_SCOPE
 STATE_KEY = otel_context.create_key("recalltrace-trace")
 
 _stats = TracerStats()
@@ -137,9 +144,9 @@ class Runtime:
         self.owns_provider = own
         self.otel_tracer = provider.get_tracer(INSTRUMENTATION_NAME)
         self.service_name = config.service_name or _resource_service_name(provider)
-        self.release = config.release or _resource_text(provider, "service.version")
+        self.release = config.release or _resource_text(provider, SERVICE_VERSION)
         self.environment = config.environment or _resource_text(
-            provider, "deployment.environment.name", "deployment.environment"
+            provider, DEPLOYMENT_ENVIRONMENT, DEPLOYMENT_ENVIRONMENT_OLD
         )
         self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
         self.scrubber = build_scrubber(config.scrubbing)
@@ -185,7 +192,7 @@ class Runtime:
                         "returns (plain values are still stored in full; each record says so "
                         "in its notes, counted in the %s metric)",
                         self.reader.stuck,
-                        "rag.tracer.values.not_read",
+                        VALUES_NOT_READ,
                     )
                 elif summary.why == READ_TIMED_OUT:
                     logger.warning(
@@ -195,7 +202,7 @@ class Runtime:
                         "counted in the %s metric)",
                         summary.hanging,
                         self.reader.budget,
-                        "rag.tracer.values.not_read",
+                        VALUES_NOT_READ,
                     )
         return self._assemble_now(state)
 
@@ -226,7 +233,7 @@ def _dispose(sink: Any) -> None:
 def _resource_service_name(provider: Any) -> str:
     resource = getattr(provider, "resource", None)
     attributes = getattr(resource, "attributes", None) or {}
-    name = attributes.get("service.name")
+    name = attributes.get(SERVICE_NAME)
     if isinstance(name, str) and name and not name.startswith("unknown_service"):
         return name
     return "unknown_service"
@@ -283,7 +290,7 @@ def _make_own_provider(config: TracerConfig) -> Any:
 
     from recalltrace.tracer._otlp import otlp_exporter, otlp_wanted
 
-    attributes = {"service.name": config.service_name} if config.service_name else {}
+    attributes = {SERVICE_NAME: config.service_name} if config.service_name else {}
     raw = os.environ.get("OTEL_TRACES_EXPORTER")
     names = [part.strip().lower() for part in (raw or "").split(",") if part.strip()]
     if raw is None and otlp_wanted("traces"):
@@ -325,9 +332,7 @@ def configure(config: TracerConfig) -> Runtime:
         else:
             _signals.uninstall()
         _follow_multiprocessing_exit()
-        from recalltrace.tracer import _capture
-
-        _capture.configure_capture(runtime)
+        configured(runtime)
     if previous is not None:
         previous.writer.shutdown(previous.config.shutdown_timeout)
     return runtime

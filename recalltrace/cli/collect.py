@@ -23,19 +23,16 @@ the tracer's sampling, scrubbing, bounded queue and writer.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from recalltrace._collect_server import (
-    JSON,
     CollectServer,
     Export,
     Limits,
@@ -44,6 +41,7 @@ from recalltrace._collect_server import (
     start,
 )
 from recalltrace.cli._args import EXIT_OK, CommandError
+from recalltrace.tracer._span_views import decode_request, encode_response, span_views
 
 logger = logging.getLogger(__name__)
 
@@ -199,135 +197,6 @@ def parse_listen(raw: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise CommandError(f"--listen expects HOST:PORT, e.g. 127.0.0.1:4318, not {raw!r}")
     return host, int(port)
-
-
-# -- OTLP to span views ---------------------------------------------------------------------------
-
-
-def _value(any_value: Any) -> Any:
-    kind = any_value.WhichOneof("value")
-    if kind is None:
-        return None
-    value = getattr(any_value, kind)
-    if kind == "array_value":
-        return tuple(_value(item) for item in value.values)
-    if kind == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in value.values}
-    return value
-
-
-def _attributes(key_values: Iterable[Any]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in key_values}
-
-
-class Rejected(Exception):
-    """A span that cannot be read."""
-
-
-def span_views(request: Any) -> tuple[list[Any], int, str]:
-    """The spans of an ``ExportTraceServiceRequest`` as views; the rejected count and why."""
-    from recalltrace.tracer._capture_build import SpanView, resource_labels
-
-    views = []
-    rejected = 0
-    reason = ""
-    for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
-        service, release, environment = resource_labels(resource)
-        for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope.name
-            for span in scope_spans.spans:
-                if len(span.trace_id) != 16 or len(span.span_id) != 8:
-                    rejected += 1
-                    reason = "a span's trace_id must be 16 bytes and its span_id 8 bytes"
-                    continue
-                parent = span.parent_span_id
-                if parent and len(parent) != 8:
-                    rejected += 1
-                    reason = "a span's parent_span_id must be empty or 8 bytes"
-                    continue
-                views.append(
-                    SpanView(
-                        span.name,
-                        int.from_bytes(span.trace_id, "big"),
-                        int.from_bytes(span.span_id, "big"),
-                        int.from_bytes(parent, "big") if parent else None,
-                        span.start_time_unix_nano,
-                        span.end_time_unix_nano,
-                        _attributes(span.attributes),
-                        [(event.name, _attributes(event.attributes)) for event in span.events],
-                        span.status.code == 2,
-                        service,
-                        scope,
-                        release,
-                        environment,
-                    )
-                )
-    return views, rejected, reason
-
-
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
-
-
-def _hex_ids_to_base64(value: Any) -> Any:
-    """OTLP/JSON writes ids as hex; protobuf's JSON mapping reads bytes as base64."""
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if key in _ID_FIELDS and isinstance(item, str):
-                try:
-                    item = base64.b64encode(bytes.fromhex(item)).decode("ascii")
-                except ValueError:
-                    raise Rejected(f"{key} {item!r} is not hex") from None
-            else:
-                item = _hex_ids_to_base64(item)
-            out[key] = item
-        return out
-    if isinstance(value, list):
-        return [_hex_ids_to_base64(item) for item in value]
-    return value
-
-
-def decode_request(body: bytes, content_type: str) -> Any:
-    """An ``ExportTraceServiceRequest`` from an OTLP/HTTP body; ``ValueError`` naming what is
-    wrong otherwise."""
-    from google.protobuf import json_format
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    if content_type == JSON:
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise ValueError(f"the body is not JSON: {exc}") from None
-        try:
-            return json_format.ParseDict(
-                _hex_ids_to_base64(data), ExportTraceServiceRequest(), ignore_unknown_fields=True
-            )
-        except (json_format.ParseError, Rejected) as exc:
-            raise ValueError(f"the body is not an OTLP traces request: {exc}") from None
-    try:
-        return ExportTraceServiceRequest.FromString(body)
-    except DecodeError as exc:
-        raise ValueError(f"the body is not an OTLP protobuf traces request: {exc}") from None
-
-
-def encode_response(rejected: int, message: str, content_type: str) -> bytes:
-    """An ``ExportTraceServiceResponse`` (with ``partial_success`` when spans were rejected)."""
-    from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceResponse,
-    )
-
-    response = ExportTraceServiceResponse()
-    if rejected:
-        response.partial_success.rejected_spans = rejected
-        response.partial_success.error_message = message
-    if content_type == JSON:
-        return json.dumps(json_format.MessageToDict(response)).encode()
-    return bytes(response.SerializeToString())
 
 
 # -- grouping ---------------------------------------------------------------------------------
@@ -593,7 +462,7 @@ def serve(
 ) -> tuple[CollectServer, Collector]:
     """Start the receiver on daemon threads (the tracer must be configured); returns the
     server (``server_address`` holds the port) and its state."""
-    from recalltrace.tracer._capture import RequestAssembler
+    from recalltrace.tracer._assembler import RequestAssembler
 
     buffer = TraceBuffer(
         RequestAssembler(app_name), trace_idle, max_open_traces, max_spans_per_trace, max_buffer

@@ -90,11 +90,7 @@ def test_no_part_imports_the_composition_root() -> None:
 # Strongly connected groups of modules that import each other in a circle today. Each one MUST
 # GO: the test fails on any other cycle, and on an entry here that is no longer a cycle (remove
 # it then).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # The tracer's runtime and span capture reach each other through imports inside functions
-    # (the runtime installs capture; capture reads the runtime's state). Being broken now.
-    frozenset({"recalltrace.tracer._capture", "recalltrace.tracer._runtime"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _type_checking_only(node: ast.If) -> bool:

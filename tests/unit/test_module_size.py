@@ -13,10 +13,7 @@ MAX_LINES = 800
 # The modules over the limit when the rule came in, each being split now, with its length then
 # as a ceiling. The list can only shrink: a module here may not grow, and one that is back
 # under the limit must be taken off (the test says so).
-OVER_THE_LIMIT_TODAY: dict[str, int] = {
-    "tracer/_decorators.py": 1260,
-    "tracer/_capture.py": 1031,
-}
+OVER_THE_LIMIT_TODAY: dict[str, int] = {}
 
 
 def module_lengths() -> dict[str, int]:

@@ -1011,22 +1011,22 @@ def test_record_ids_differ_across_a_fork_and_ignore_random_seed() -> None:
     import os
     import random
 
-    from recalltrace.tracer import _decorators
+    from recalltrace.tracer import _calls
 
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: what its next request would be stored under
-        os.write(write, str(_decorators._record_ids.getrandbits(128)).encode())
+        os.write(write, str(_calls._record_ids.getrandbits(128)).encode())
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     child = int(os.read(read, 100))
     os.close(read)
-    assert child != _decorators._record_ids.getrandbits(128)
+    assert child != _calls._record_ids.getrandbits(128)
     random.seed(7)
-    first = _decorators._record_ids.getrandbits(128)
+    first = _calls._record_ids.getrandbits(128)
     random.seed(7)
-    assert _decorators._record_ids.getrandbits(128) != first
+    assert _calls._record_ids.getrandbits(128) != first
 
 
 class _Passage:
