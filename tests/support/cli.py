@@ -1,0 +1,132 @@
+"""The ``recalltrace`` command line as the tests run it.
+
+:func:`run_cli` runs ``recalltrace.cli.main`` in this process, the way a separate interpreter
+would see it: the environment and working directory it is given, its own stdout and stderr,
+log lines on its stderr, an exit code (argparse's ``SystemExit`` included) and, for a bug, a
+traceback on stderr with exit code 1. Most command-line tests are about the command's logic
+(what it prints, what it refuses, what it writes): in process they cost milliseconds instead of
+an interpreter start.
+
+:func:`run_cli_process` runs ``python -m recalltrace`` as a real process, for the tests that are
+about the process itself (exit codes on signals, a real terminal, what reaches each stream of a
+real process, an installed entry point).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from recalltrace.cli import main
+
+__all__ = ["run_cli", "run_cli_process"]
+
+
+@contextmanager
+def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
+    """``os.environ`` replaced by ``env`` (when given) for the duration, then put back."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextmanager
+def _working_directory(cwd: str | Path | None) -> Iterator[None]:
+    if cwd is None:
+        yield
+        return
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+@contextmanager
+def _fresh_root_logger() -> Iterator[None]:
+    """The root logger as a fresh interpreter has it (no handlers), so that ``main``'s
+    ``logging.basicConfig`` writes log lines to the captured stderr; put back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers = handlers
+        root.setLevel(level)
+
+
+def run_cli(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    stdin: str = "",
+) -> subprocess.CompletedProcess[str]:
+    """``recalltrace ARGS`` in this process, as a :class:`subprocess.CompletedProcess`.
+
+    ``env`` replaces the whole environment (as ``subprocess.run(env=...)`` does); ``stdin`` is
+    what the command reads from standard input.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        _environment(env),
+        _working_directory(cwd),
+        _fresh_root_logger(),
+        redirect_stdout(out),
+        redirect_stderr(err),
+    ):
+        saved_stdin = sys.stdin
+        sys.stdin = io.StringIO(stdin)
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse refusing an argument, or a sys.exit()
+            if exc.code is None or isinstance(exc.code, int):
+                code = int(exc.code or 0)
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:
+            code = 130
+        except Exception:  # an interpreter would print the traceback and exit 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdin = saved_stdin
+    return subprocess.CompletedProcess(
+        ["recalltrace", *args], code, stdout=out.getvalue(), stderr=err.getvalue()
+    )
+
+
+def run_cli_process(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m recalltrace ARGS`` as a separate process (for tests about the process)."""
+    return subprocess.run(
+        [sys.executable, "-m", "recalltrace", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        timeout=timeout,
+    )
