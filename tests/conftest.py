@@ -4,6 +4,11 @@ Postgres is reached at ``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local se
 database). Each test session creates its own database next to it, so parallel runs never share
 state. When Postgres is unreachable the Postgres tests are skipped, except under ``CI=true``
 where that is an error.
+
+Databases start as copies of a migrated template (``tests/support/databases.py``) instead of a
+migration each. The run is spread over every core when pytest-xdist is installed (each xdist
+worker has its own session database); a run over folders without ``-m`` leaves out the tests
+marked ``realsystem`` (the second stage, ``python -m pytest -m realsystem``).
 """
 
 from __future__ import annotations
@@ -14,15 +19,67 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
 from recalltrace.storage.db import create_engine_from_url
-from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.repository import Repository
+from tests.support.databases import copied_postgres_database, migrated_sqlite
 from tests.support.factories import make_repository
-from tests.support.postgres import admin_engine, base_url, require_postgres, truncate_all
+from tests.support.postgres import require_postgres, truncate_all
+
+REAL_SYSTEM = "realsystem"
+
+
+def _workers() -> int:
+    """How many xdist workers a default run starts: one per core this process may use
+    (``$RECALLTRACE_TEST_WORKERS`` overrides it)."""
+    given = os.environ.get("RECALLTRACE_TEST_WORKERS", "")
+    if given.isdigit():
+        return int(given)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Spread the run over every core when pytest-xdist is installed and ``-n`` was not given
+    (``-n 0`` keeps one process; so does ``--pdb``, ``--collect-only`` and one core)."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    if getattr(option, "numprocesses", None) is not None or getattr(option, "tx", None):
+        return
+    if option.usepdb or option.collectonly or getattr(option, "dist", "no") != "no":
+        return
+    workers = _workers()
+    if workers < 2:
+        return
+    option.numprocesses = workers
+    option.tx = ["popen"] * workers
+    # Test lengths differ by two orders of magnitude: an idle worker takes from a busy one.
+    option.dist = "worksteal"
+
+
+def _names_only_files(config: pytest.Config) -> bool:
+    """Whether the run was given test files or test ids only (no folders, not the defaults)."""
+    if config.args_source != pytest.Config.ArgsSource.ARGS or not config.args:
+        return False
+    return all(os.path.isfile(arg.split("::")[0]) for arg in config.args)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the real-system tests out of a run over folders without ``-m`` (the default run):
+    ``-m realsystem`` runs them, and so does naming their files."""
+    if config.option.markexpr or _names_only_files(config):
+        return
+    kept = [item for item in items if REAL_SYSTEM not in item.keywords]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(
+            items=[item for item in items if REAL_SYSTEM in item.keywords]
+        )
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
@@ -55,20 +112,11 @@ def _litellm_route_restored() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """URL of a fresh, migrated Postgres database for this test session."""
+    """URL of a fresh, migrated Postgres database for this test session (or xdist worker): a
+    copy of the migrated template."""
     require_postgres()
-    name = f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(base_url()).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    try:
+    with copied_postgres_database(f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -82,10 +130,8 @@ def pg_engine(postgres_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    """URL of a fresh, migrated SQLite file."""
-    url = f"sqlite:///{tmp_path / 'recalltrace.db'}"
-    upgrade(url)
-    return url
+    """URL of a fresh, migrated SQLite file (a copy of the migrated template)."""
+    return migrated_sqlite(tmp_path / "recalltrace.db")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

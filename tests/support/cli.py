@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
