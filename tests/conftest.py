@@ -7,8 +7,8 @@ where that is an error.
 
 Databases start as copies of a migrated template (``tests/support/databases.py``) instead of a
 migration each. The run is spread over every core when pytest-xdist is installed (each xdist
-worker has its own session database); a run over folders without ``-m`` leaves out the tests
-marked ``realsystem`` (the second stage, ``python -m pytest -m realsystem``).
+worker has its own session database). ``python -m pytest`` with neither paths nor ``-m`` leaves
+out the tests marked ``realsystem`` (the second stage, ``python -m pytest -m realsystem``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -62,17 +63,29 @@ def pytest_configure(config: pytest.Config) -> None:
     option.dist = "worksteal"
 
 
-def _names_only_files(config: pytest.Config) -> bool:
-    """Whether the run was given test files or test ids only (no folders, not the defaults)."""
-    if config.args_source != pytest.Config.ArgsSource.ARGS or not config.args:
-        return False
-    return all(os.path.isfile(arg.split("::")[0]) for arg in config.args)
+def _default_stage(config: pytest.Config) -> bool:
+    """Whether this is the default stage: ``python -m pytest`` with neither paths nor ``-m``
+    (an xdist worker is told by the run that started it)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _DEFAULT_STAGE in workerinput:
+        return bool(workerinput[_DEFAULT_STAGE])
+    given_paths = config.args_source != pytest.Config.ArgsSource.TESTPATHS
+    return not config.option.markexpr and not given_paths
+
+
+_DEFAULT_STAGE = "recalltrace_default_stage"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker whether the run is the default stage."""
+    node.workerinput[_DEFAULT_STAGE] = _default_stage(node.config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave the real-system tests out of a run over folders without ``-m`` (the default run):
-    ``-m realsystem`` runs them, and so does naming their files."""
-    if config.option.markexpr or _names_only_files(config):
+    """The default stage leaves out the real-system tests: ``-m realsystem`` runs them, and so
+    does naming their files or folders."""
+    if not _default_stage(config):
         return
     kept = [item for item in items if REAL_SYSTEM not in item.keywords]
     if len(kept) != len(items):

@@ -33,6 +33,9 @@ pytest.importorskip("uvicorn")
 APP = """
 import recalltrace
 
+# The real-system stage (gunicorn (and uvicorn workers) restarted under load).
+pytestmark = pytest.mark.realsystem
+
 # shutdown_timeout: generous, as each worker's first write opens its own connections on a
 # busy machine; the bound itself is checked in tests/reliability/test_fork_pools.py.
 recalltrace.configure(

@@ -28,6 +28,9 @@ from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer
 from tests.support.phoenix import PhoenixServer
 
+# The real-system stage (Arize Phoenix in an environment of its own).
+pytestmark = pytest.mark.realsystem
+
 PROJECT = "support-bot"
 CODE_METRIC = "id_based_context_recall"
 LLM_METRIC = "judge_context_recall"

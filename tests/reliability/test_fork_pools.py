@@ -122,6 +122,9 @@ import signal, sys
 import recalltrace
 from recalltrace.tracer import _runtime
 
+# The real-system stage (fork pools whose children end every way).
+pytestmark = pytest.mark.realsystem
+
 recalltrace.configure(database_url=sys.argv[1], sample_rate=1.0, shutdown_timeout=1)
 
 
