@@ -46,21 +46,25 @@ def _workers() -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Spread the run over every core when pytest-xdist is installed and ``-n`` was not given
-    (``-n 0`` keeps one process; so does ``--pdb``, ``--collect-only`` and one core)."""
+    (``-n 0`` keeps one process; so does ``--pdb``, ``--collect-only`` and one core); how the
+    tests are handed out is ``--dist`` when given, else work stealing."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     option = config.option
     if getattr(option, "numprocesses", None) is not None or getattr(option, "tx", None):
         return
-    if option.usepdb or option.collectonly or getattr(option, "dist", "no") != "no":
+    if option.usepdb or option.collectonly:
         return
     workers = _workers()
     if workers < 2:
         return
     option.numprocesses = workers
     option.tx = ["popen"] * workers
-    # Test lengths differ by two orders of magnitude: an idle worker takes from a busy one.
-    option.dist = "worksteal"
+    if getattr(option, "dist", "no") == "no":
+        # Test lengths differ by two orders of magnitude: an idle worker takes from a busy one.
+        # (The real-system stage passes --dist loadfile: its module fixtures, a built wheel or
+        # a Phoenix server, are made once.)
+        option.dist = "worksteal"
 
 
 def _default_stage(config: pytest.Config) -> bool:
