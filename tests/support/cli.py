@@ -7,9 +7,9 @@ traceback on stderr with exit code 1. Most command-line tests are about the comm
 (what it prints, what it refuses, what it writes): in process they cost milliseconds instead of
 an interpreter start.
 
-:func:`run_cli_process` runs ``python -m recalltrace`` as a real process, for the tests that are
-about the process itself (exit codes on signals, a real terminal, what reaches each stream of a
-real process, an installed entry point).
+The tests that are about the process itself (exit codes on signals, a real terminal, several
+processes at once, an installed entry point, what a process exports at exit) keep running
+``python -m recalltrace`` as a separate process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from recalltrace.cli import main
 
-__all__ = ["run_cli", "run_cli_process"]
+__all__ = ["run_cli"]
 
 
 @contextmanager
@@ -103,8 +103,6 @@ def run_cli(
             else:
                 print(exc.code, file=sys.stderr)
                 code = 1
-        except KeyboardInterrupt:
-            code = 130
         except Exception:  # an interpreter would print the traceback and exit 1
             traceback.print_exc()
             code = 1
@@ -112,21 +110,4 @@ def run_cli(
             sys.stdin = saved_stdin
     return subprocess.CompletedProcess(
         ["recalltrace", *args], code, stdout=out.getvalue(), stderr=err.getvalue()
-    )
-
-
-def run_cli_process(
-    *args: str,
-    env: Mapping[str, str] | None = None,
-    cwd: str | Path | None = None,
-    timeout: float = 180,
-) -> subprocess.CompletedProcess[str]:
-    """``python -m recalltrace ARGS`` as a separate process (for tests about the process)."""
-    return subprocess.run(
-        [sys.executable, "-m", "recalltrace", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=None if env is None else dict(env),
-        timeout=timeout,
     )
