@@ -30,11 +30,11 @@ from tests.support.ledger import said_dropped
 pytest.importorskip("gunicorn")
 pytest.importorskip("uvicorn")
 
+# The real-system stage (gunicorn, with uvicorn workers too, restarted under load).
+pytestmark = pytest.mark.realsystem
+
 APP = """
 import recalltrace
-
-# The real-system stage (gunicorn (and uvicorn workers) restarted under load).
-pytestmark = pytest.mark.realsystem
 
 # shutdown_timeout: generous, as each worker's first write opens its own connections on a
 # busy machine; the bound itself is checked in tests/reliability/test_fork_pools.py.

@@ -29,12 +29,12 @@ from recalltrace.storage.models import Trace
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
+# The real-system stage (uvicorn restarted under load).
+pytestmark = pytest.mark.realsystem
+
 APP = """
 import recalltrace
 from fastapi import FastAPI
-
-# The real-system stage (uvicorn restarted under load).
-pytestmark = pytest.mark.realsystem
 
 recalltrace.configure(database_url={url!r}, sample_rate=1.0, service_name="api")
 app = FastAPI()

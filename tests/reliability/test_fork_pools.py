@@ -25,6 +25,9 @@ from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace
 from tests.support.ledger import said_dropped
 
+# The real-system stage (fork pools whose children end every way).
+pytestmark = pytest.mark.realsystem
+
 PROGRAM = Path(__file__).with_name("fork_program.py")
 ROOT = PROGRAM.parents[2]
 # What a child gave up at its exit is said once, in its ledger line.
@@ -121,9 +124,6 @@ INTERRUPTED = """
 import signal, sys
 import recalltrace
 from recalltrace.tracer import _runtime
-
-# The real-system stage (fork pools whose children end every way).
-pytestmark = pytest.mark.realsystem
 
 recalltrace.configure(database_url=sys.argv[1], sample_rate=1.0, shutdown_timeout=1)
 
