@@ -59,19 +59,32 @@ def _working_directory(cwd: str | Path | None) -> Iterator[None]:
 
 
 @contextmanager
-def _fresh_root_logger() -> Iterator[None]:
+def _fresh_logging() -> Iterator[None]:
     """The root logger as a fresh interpreter has it (no handlers), so that ``main``'s
-    ``logging.basicConfig`` writes log lines to the captured stderr; put back afterwards."""
+    ``logging.basicConfig`` writes log lines to the captured stderr; afterwards every logger
+    that existed before gets its level, handlers and switches back (a command that quiets a
+    logger, as the demo quiets the worker's, quiets it in its own process only)."""
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    loggers = [root] + [
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]
+    saved = [
+        (logger, logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+        for logger in loggers
+    ]
     root.handlers = []
     try:
         yield
     finally:
         for handler in root.handlers:
             handler.close()
-        root.handlers = handlers
-        root.setLevel(level)
+        for logger, level, handlers, propagate, disabled in saved:
+            logger.setLevel(level)
+            logger.handlers = handlers
+            logger.propagate = propagate
+            logger.disabled = disabled
 
 
 def run_cli(
@@ -89,7 +102,7 @@ def run_cli(
     with (
         _environment(env),
         _working_directory(cwd),
-        _fresh_root_logger(),
+        _fresh_logging(),
         redirect_stdout(out),
         redirect_stderr(err),
     ):

@@ -49,6 +49,24 @@ def test_log_lines_reach_its_stderr_and_the_root_logger_is_put_back(tmp_path: Pa
     assert root.handlers == handlers and root.level == level
 
 
+def test_a_logger_a_command_quiets_is_quiet_in_that_run_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import recalltrace.cli as cli
+
+    worker_logger = logging.getLogger("recalltrace.worker")
+    before = worker_logger.level
+
+    def quiets(argv: list[str]) -> int:  # what `recalltrace demo` does to the worker's logger
+        worker_logger.setLevel(logging.ERROR)
+        return 0
+
+    monkeypatch.setattr("tests.support.cli.main", quiets)
+    assert run_cli("demo").returncode == 0
+    assert worker_logger.level == before
+    assert cli.main is not quiets
+
+
 def test_a_bug_is_a_traceback_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
     import recalltrace.cli as cli
 
