@@ -144,6 +144,7 @@ def test_worker_once_reports_an_unreachable_database_instead_of_waiting() -> Non
 
 
 @pytest.mark.postgres
+@pytest.mark.realsystem  # eleven processes at once
 def test_concurrent_upgrades_of_a_fresh_database_all_succeed() -> None:
     """Eleven ``recalltrace db upgrade`` processes started at once on an empty database (a
     deployment whose replicas all run the upgrade): one migrates under the migration lock, the
