@@ -4,6 +4,11 @@ Postgres is reached at ``$RECALLTRACE_TEST_DATABASE_URL`` (default: the local se
 database). Each test session creates its own database next to it, so parallel runs never share
 state. When Postgres is unreachable the Postgres tests are skipped, except under ``CI=true``
 where that is an error.
+
+Databases start as copies of a migrated template (``tests/support/databases.py``) instead of a
+migration each. The run is spread over every core when pytest-xdist is installed (each xdist
+worker has its own session database). ``python -m pytest`` with neither paths nor ``-m`` leaves
+out the tests marked ``realsystem`` (the second stage, ``python -m pytest -m realsystem``).
 """
 
 from __future__ import annotations
@@ -12,17 +17,86 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
 from recalltrace.storage.db import create_engine_from_url
-from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.repository import Repository
+from tests.support.databases import copied_postgres_database, migrated_sqlite
 from tests.support.factories import make_repository
-from tests.support.postgres import admin_engine, base_url, require_postgres, truncate_all
+from tests.support.postgres import require_postgres, truncate_all
+
+REAL_SYSTEM = "realsystem"
+
+
+def _workers() -> int:
+    """How many xdist workers a default run starts: one per core this process may use
+    (``$RECALLTRACE_TEST_WORKERS`` overrides it)."""
+    given = os.environ.get("RECALLTRACE_TEST_WORKERS", "")
+    if given.isdigit():
+        return int(given)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Spread the run over every core when pytest-xdist is installed and ``-n`` was not given
+    (``-n 0`` keeps one process; so does ``--pdb``, ``--collect-only`` and one core); how the
+    tests are handed out is ``--dist`` when given, else work stealing."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    option = config.option
+    if getattr(option, "numprocesses", None) is not None or getattr(option, "tx", None):
+        return
+    if option.usepdb or option.collectonly:
+        return
+    workers = _workers()
+    if workers < 2:
+        return
+    option.numprocesses = workers
+    option.tx = ["popen"] * workers
+    if getattr(option, "dist", "no") == "no":
+        # Test lengths differ by two orders of magnitude: an idle worker takes from a busy one.
+        # (The real-system stage passes --dist loadfile: its module fixtures, a built wheel or
+        # a Phoenix server, are made once.)
+        option.dist = "worksteal"
+
+
+def _default_stage(config: pytest.Config) -> bool:
+    """Whether this is the default stage: ``python -m pytest`` with neither paths nor ``-m``
+    (an xdist worker is told by the run that started it)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _DEFAULT_STAGE in workerinput:
+        return bool(workerinput[_DEFAULT_STAGE])
+    given_paths = config.args_source != pytest.Config.ArgsSource.TESTPATHS
+    return not config.option.markexpr and not given_paths
+
+
+_DEFAULT_STAGE = "recalltrace_default_stage"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker whether the run is the default stage."""
+    node.workerinput[_DEFAULT_STAGE] = _default_stage(node.config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The default stage leaves out the real-system tests: ``-m realsystem`` runs them, and so
+    does naming their files or folders."""
+    if not _default_stage(config):
+        return
+    kept = [item for item in items if REAL_SYSTEM not in item.keywords]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(
+            items=[item for item in items if REAL_SYSTEM in item.keywords]
+        )
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
@@ -55,20 +129,11 @@ def _litellm_route_restored() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """URL of a fresh, migrated Postgres database for this test session."""
+    """URL of a fresh, migrated Postgres database for this test session (or xdist worker): a
+    copy of the migrated template."""
     require_postgres()
-    name = f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(base_url()).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    try:
+    with copied_postgres_database(f"rt_test_{os.getpid()}_{uuid.uuid4().hex[:8]}") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture
@@ -82,10 +147,8 @@ def pg_engine(postgres_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    """URL of a fresh, migrated SQLite file."""
-    url = f"sqlite:///{tmp_path / 'recalltrace.db'}"
-    upgrade(url)
-    return url
+    """URL of a fresh, migrated SQLite file (a copy of the migrated template)."""
+    return migrated_sqlite(tmp_path / "recalltrace.db")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ from sqlalchemy import text
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 from tests.support.postgres import truncate_all
 
@@ -82,8 +82,7 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env["COLUMNS"] = "160"
-    command = [sys.executable, "-m", "recalltrace", *args, "--database-url", url]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return run_cli(*args, "--database-url", url, cwd=ROOT, env=env)
 
 
 def test_compare_by_release_finds_the_worse_release_and_the_small_canary(url: str) -> None:

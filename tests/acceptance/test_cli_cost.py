@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Score
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer
 
@@ -25,8 +25,7 @@ METRIC = "judge_context_recall"
 def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env.update(OPENAI_API_KEY="test-key", COLUMNS="160")
-    command = [sys.executable, "-m", "recalltrace", *args, "--database-url", url]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return run_cli(*args, "--database-url", url, cwd=ROOT, env=env)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

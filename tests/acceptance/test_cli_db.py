@@ -9,21 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cli
+
 
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``recalltrace`` command (through this interpreter's entry point)."""
+    """Run ``recalltrace ARGS`` (in process) without ``$RECALLTRACE_DATABASE_URL``, plus ``env``."""
     full_env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "recalltrace", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=full_env,
-        timeout=120,
-    )
+    return cli.run_cli(*args, cwd=cwd, env=full_env)
 
 
 def test_db_upgrade_and_current_on_sqlite(tmp_path: Path) -> None:
@@ -149,6 +144,7 @@ def test_worker_once_reports_an_unreachable_database_instead_of_waiting() -> Non
 
 
 @pytest.mark.postgres
+@pytest.mark.realsystem  # eleven processes at once
 def test_concurrent_upgrades_of_a_fresh_database_all_succeed() -> None:
     """Eleven ``recalltrace db upgrade`` processes started at once on an empty database (a
     deployment whose replicas all run the upgrade): one migrates under the migration lock, the

@@ -13,21 +13,16 @@ from sqlalchemy import func, select
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import Score, Trace
+from tests.support.cli import run_cli
 from tests.support.judge_server import JudgeServer
 from tests.support.postgres import truncate_all
 
 
 def run_demo(*args: str, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
+    """``recalltrace demo ARGS`` (the command line, in process) in ``cwd``: its stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env.update(extra_env or {})
-    result = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "demo", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_cli("demo", *args, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     return result.stdout
@@ -67,13 +62,7 @@ def test_demo_on_the_embedded_default_without_a_judge(tmp_path: Path) -> None:
     # The printed trace id is real: `trace show` finds it.
     trace_id = re.search(r"recalltrace trace show ([0-9a-f]{32})", out)
     assert trace_id
-    shown = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "trace", "show", trace_id.group(1)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = run_cli("trace", "show", trace_id.group(1), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
 
 

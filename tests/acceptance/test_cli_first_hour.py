@@ -28,6 +28,7 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer, Reply
 
@@ -154,11 +155,8 @@ def test_retrying_a_job_that_is_not_failed_names_its_state(
 
 def test_the_worker_says_its_start_once(stored: tuple[str, list[int], str]) -> None:
     url, _jobs, _trace = stored
-    done = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "worker", "--once", "--no-progress",
-         "--database-url", url],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_cli("worker", "--once", "--no-progress", "--database-url", url,
+                   cwd=ROOT, env=subprocess_env())  # fmt: skip
     assert done.returncode == 0, done.stderr
     both = done.stdout + done.stderr
     assert both.count(" scoring ") == 1, both
@@ -167,11 +165,9 @@ def test_the_worker_says_its_start_once(stored: tuple[str, list[int], str]) -> N
 
 def test_a_worker_on_a_missing_database_exits_with_one_line(postgres_url: str) -> None:
     missing = make_url(postgres_url).set(database="rt_no_such_database_anywhere")
-    done = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "worker", "--no-progress",
-         "--database-url", missing.render_as_string(hide_password=False)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_cli("worker", "--no-progress",
+                   "--database-url", missing.render_as_string(hide_password=False),
+                   cwd=ROOT, env=subprocess_env())  # fmt: skip
     assert done.returncode == 2, done.stderr
     (line,) = error_lines(done.stderr)
     assert "does not exist" in line and "check --database-url" in line, line
@@ -180,11 +176,8 @@ def test_a_worker_on_a_missing_database_exits_with_one_line(postgres_url: str) -
 
 def test_a_worker_waits_for_a_database_that_does_not_answer_then_exits() -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/recalltrace"
-    done = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "worker", "--no-progress", "--database-wait", "3",
-         "--database-url", url],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_cli("worker", "--no-progress", "--database-wait", "3", "--database-url", url,
+                   cwd=ROOT, env=subprocess_env())  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr  # one "waiting" line (a minute did not pass), one error
@@ -205,13 +198,9 @@ def _count_traces(url: str) -> int:
 
 def test_the_demo_refuses_an_unreachable_judge_before_tracing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.db'}"
-    done = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "demo", "--database-url", url,
-         "--judge-model", "openai/llama3.1",
-         "--judge-api-base", f"http://127.0.0.1:{closed_port()}/v1"],
-        cwd=ROOT, env={**subprocess_env(), "OPENAI_API_KEY": "test"},
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    done = run_cli("demo", "--database-url", url, "--judge-model", "openai/llama3.1",
+                   "--judge-api-base", f"http://127.0.0.1:{closed_port()}/v1",
+                   cwd=ROOT, env={**subprocess_env(), "OPENAI_API_KEY": "test"})  # fmt: skip
     assert done.returncode != 0, done.stdout
     last = done.stderr.strip().splitlines()[-1]
     assert "cannot reach the judge" in last and "127.0.0.1" in last, done.stderr
@@ -222,12 +211,9 @@ def test_the_demo_exits_non_zero_when_its_judge_was_paused(tmp_path: Path) -> No
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     with JudgeServer() as judge:
         judge.handler = lambda _body: Reply.error(401)
-        done = subprocess.run(
-            [sys.executable, "-m", "recalltrace", "demo", "--database-url", url,
-             "--judge-model", "openai/gpt-4o-mini", "--judge-api-base", judge.base_url],
-            cwd=ROOT, env={**subprocess_env(), "OPENAI_API_KEY": "test", "COLUMNS": "200"},
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+        env = {**subprocess_env(), "OPENAI_API_KEY": "test", "COLUMNS": "200"}
+        done = run_cli("demo", "--database-url", url, "--judge-model", "openai/gpt-4o-mini",
+                       "--judge-api-base", judge.base_url, cwd=ROOT, env=env)  # fmt: skip
     assert done.returncode == 3, (done.stdout[-2000:], done.stderr[-2000:])
     last = done.stdout.strip().splitlines()[-1]
     assert "The judge was paused" in last and "LLM variants are not scored" in last, last

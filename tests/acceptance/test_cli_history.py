@@ -1,5 +1,6 @@
-"""The history commands as a user runs them: the installed ``recalltrace`` script in a
-subprocess, on a SQLite file and on Postgres, over data stored the way a worker stores it."""
+"""The history commands as a user runs them: the ``recalltrace`` command line (in process, with
+its own environment, stdout and stderr), on a SQLite file and on Postgres, over data stored the
+way a worker stores it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ import io
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
-import sys
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +27,7 @@ from recalltrace.scorers.catalog import CATALOG
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.records import TraceRecord
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 from tests.support.postgres import admin_engine, base_url, truncate_all
 
@@ -38,8 +37,6 @@ METRICS = (
     "chunk_context_recall",
     "context_entity_recall",
 )
-SCRIPT = shutil.which("recalltrace", path=str(Path(sys.executable).parent))
-COMMAND = [SCRIPT] if SCRIPT else [sys.executable, "-m", "recalltrace"]
 
 CLAIMS = [
     {
@@ -237,14 +234,12 @@ def run(*args: str, url: str | None = None, columns: int = 200) -> subprocess.Co
     ``columns`` wide."""
     env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
     env["COLUMNS"] = str(columns)
-    command = [*COMMAND, *args] + (["--database-url", url] if url else [])
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    return run_cli(*args, *(["--database-url", url] if url else []), env=env)
 
 
 def run_all(*commands: tuple[str, ...], url: str | None) -> list[subprocess.CompletedProcess[str]]:
-    """Run independent read-only commands side by side (each is mostly interpreter start)."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return list(pool.map(lambda args: run(*args, url=url), commands))
+    """Run independent read-only commands one after the other."""
+    return [run(*args, url=url) for args in commands]
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import text, update
@@ -16,6 +15,7 @@ from recalltrace.scorers import ScoreResult
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import ScoringJob
 from recalltrace.storage.repository import Repository
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 
 SERVED = "id_based_context_recall"
@@ -26,13 +26,7 @@ def run(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[s
     env = {k: v for k, v in os.environ.items() if k != "RECALLTRACE_DATABASE_URL"}
     if columns is not None:
         env["COLUMNS"] = str(columns)
-    return subprocess.run(
-        [sys.executable, "-m", "recalltrace", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
+    return run_cli(*args, env=env)
 
 
 def seed(url: str, traces: int) -> Repository:

@@ -7,7 +7,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Label
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 
 METRIC = "id_based_context_recall"
@@ -27,8 +27,7 @@ PEOPLE = [1.0, 0.5, 0.5, 0.0, 0.25, 0.0]
 def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env["COLUMNS"] = "140"
-    command = [sys.executable, "-m", "recalltrace", *args, "--database-url", url]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_cli(*args, "--database-url", url, cwd=ROOT, env=env)
 
 
 @pytest.fixture

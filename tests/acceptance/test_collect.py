@@ -274,6 +274,7 @@ def node_modules() -> Path:
 
 
 @pytest.mark.postgres
+@pytest.mark.realsystem  # a Node app with the OpenTelemetry JS SDK
 def test_a_node_app_sends_genai_spans_as_json_and_they_are_stored_and_scored(
     collect: Collect, postgres_url: str, pg_engine: Engine
 ) -> None:

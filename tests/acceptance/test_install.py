@@ -22,7 +22,8 @@ import pytest
 
 from tests.support import ROOT
 
-pytestmark = pytest.mark.timeout(900)
+# The real-system stage (the wheel built and installed into a fresh virtual environment).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.realsystem]
 
 
 def _run(cmd: list[str], *, cwd: Path | None = None, timeout: float = 600) -> str:

@@ -32,6 +32,9 @@ from tests.support import ROOT
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import start_process
 
+# The real-system stage (Prometheus, promtool and the Pushgateway).
+pytestmark = pytest.mark.realsystem
+
 RULES = ROOT / "deploy" / "prometheus" / "recalltrace-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "recalltrace-rules.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "recalltrace.json"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.support import ROOT
+from tests.support.cli import run_cli
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -67,14 +68,7 @@ def test_shell_examples_after_the_quick_start(tmp_path: Path) -> None:
     for command in commands:
         args = command.split()
         assert args[0] == "recalltrace"
-        result = subprocess.run(
-            [sys.executable, "-m", "recalltrace", *args[1:]],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = run_cli(*args[1:], cwd=tmp_path, env=env)
         # `check` exits 1 when the mean is below the threshold; the half-found second
         # question keeps the mean at 0.75, above 0.7.
         assert result.returncode == 0, (command, result.stdout, result.stderr[-2000:])

@@ -4,8 +4,6 @@ a real ``recalltrace worker --once`` scores them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +29,7 @@ from tests.support.capture import (
     run_worker,
     stored,
 )
+from tests.support.cli import run_cli
 from tests.support.judge_server import JudgeServer
 
 
@@ -169,13 +168,7 @@ def test_doctor_reports_the_fields_the_spans_lacked_per_app(
     build_chain().invoke(next(iter(QUESTIONS)))
     (NoIds() | (lambda docs: docs[0].page_content)).invoke(list(QUESTIONS)[1])
     assert recalltrace.flush(10.0)
-    done = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "doctor", "--database-url", postgres_url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("doctor", "--database-url", postgres_url, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "RunnableSequence: 2 record(s), 2 captured from spans" in done.stdout
     assert "retrieved_context_ids      missing in 1 of 2" in done.stdout

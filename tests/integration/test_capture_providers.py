@@ -116,6 +116,7 @@ def exported(receiver: OTLPReceiver) -> list[tuple[str, str]]:
 
 
 @pytest.mark.postgres
+@pytest.mark.realsystem  # apps with Phoenix's and Logfire's providers, each a process of its own
 @pytest.mark.parametrize(
     ("viewer", "order"),
     [

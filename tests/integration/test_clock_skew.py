@@ -25,7 +25,8 @@ from recalltrace.storage.models import Score, ScoringJob, Trace
 from tests.support import ROOT
 from tests.support.postgres import empty_database
 
-pytestmark = pytest.mark.postgres
+# The real-system stage (an app run under faketime).
+pytestmark = [pytest.mark.postgres, pytest.mark.realsystem]
 
 METRIC = "id_based_context_recall"
 REQUESTS = 12

@@ -30,6 +30,9 @@ from tests.support.ledger import said_dropped
 pytest.importorskip("gunicorn")
 pytest.importorskip("uvicorn")
 
+# The real-system stage (gunicorn, with uvicorn workers too, restarted under load).
+pytestmark = pytest.mark.realsystem
+
 APP = """
 import recalltrace
 

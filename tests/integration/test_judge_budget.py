@@ -92,6 +92,7 @@ def test_parse_budgets() -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.realsystem  # several worker processes at once, each with LiteLLM
 def test_budget_holds_across_workers_and_resumes_next_period(
     pg_engine: Engine, postgres_url: str
 ) -> None:

@@ -28,6 +28,10 @@ from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer
 from tests.support.phoenix import PhoenixServer
 
+# The real-system stage (Arize Phoenix in an environment of its own); the first run installs
+# Phoenix, which takes minutes.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.realsystem]
+
 PROJECT = "support-bot"
 CODE_METRIC = "id_based_context_recall"
 LLM_METRIC = "judge_context_recall"

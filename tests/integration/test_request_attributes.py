@@ -199,10 +199,9 @@ def test_captured_spans_carry_user_session_and_tags() -> None:
 
 def test_trace_show_prints_the_attributes(tmp_path: Any) -> None:
     import json
-    import subprocess
-    import sys
 
     from tests.support import ROOT
+    from tests.support.cli import run_cli
 
     url = f"sqlite:///{tmp_path / 'show.db'}"
     upgrade(url)
@@ -217,20 +216,15 @@ def test_trace_show_prints_the_attributes(tmp_path: Any) -> None:
     assert recalltrace.flush(10)
     recalltrace.shutdown(5)
     (trace,), _ = stored(url)
-    command = [sys.executable, "-m", "recalltrace", "trace", "show", trace.trace_id]
-    shown = subprocess.run(
-        [*command, "--database-url", url, "--format", "json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    shown = run_cli("trace", "show", trace.trace_id, "--database-url", url, "--format", "json",
+                    cwd=ROOT)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["attributes"] == {
         "release": "2.4.1",
         "user_id": "u-42",
         "tags": ["beta"],
     }
-    table = subprocess.run(
-        [*command, "--database-url", url], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    table = run_cli("trace", "show", trace.trace_id, "--database-url", url, cwd=ROOT)
     assert "release" in table.stdout and "2.4.1" in table.stdout and "u-42" in table.stdout
 
 

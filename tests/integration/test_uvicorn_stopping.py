@@ -29,6 +29,9 @@ from recalltrace.storage.models import Trace
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
+# The real-system stage (uvicorn restarted under load).
+pytestmark = pytest.mark.realsystem
+
 APP = """
 import recalltrace
 from fastapi import FastAPI

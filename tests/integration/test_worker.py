@@ -374,7 +374,8 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
     repo = make_repository(create_engine_from_url(database_url), metrics=["judge_context_recall"])
     repo.write_traces([full_trace() for _ in range(4)])
     # The judge answers after a minute: a worker that waited for its calls (or for their
-    # timeout) would take far longer than the bound below, which leaves a loaded machine room.
+    # timeout) would only return once they were answered. No answer was sent when it returned,
+    # however slow the machine (no clock is read).
     with JudgeServer(latency=60.0) as server:
         worker = worker_for(
             database_url,
@@ -384,11 +385,10 @@ def test_stop_gives_running_jobs_back_after_the_grace_period(database_url: str) 
         )
         timer = threading.Timer(1.0, worker.request_stop)
         timer.start()
-        started = time.monotonic()
         stats = asyncio.run(worker.run())
-        elapsed = time.monotonic() - started
+        answered = server.answered
         worker.close()
-    assert elapsed < 30
+    assert answered == 0
     assert stats.released == 4
     assert job_counts(database_url) == {JobStatus.QUEUED: 4}
     repo.dispose()

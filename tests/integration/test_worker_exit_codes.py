@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import pytest
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.migrate import upgrade
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer, Reply
 
@@ -36,10 +35,10 @@ def run_once(tmp_path: Path, judge: JudgeServer, *extra: str) -> subprocess.Comp
     repo.dispose()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env["OPENAI_API_KEY"] = "test-key"
-    command = [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url]
+    command = ["worker", "--once", "--database-url", url]
     command += ["--metric", METRIC, "--no-progress", "--judge-model", "openai/test-judge"]
     command += ["--judge-api-base", judge.base_url, "--judge-max-retries", "0", *extra]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_cli(*command, cwd=ROOT, env=env)
 
 
 def test_a_clean_run_exits_0(tmp_path: Path, judge: JudgeServer) -> None:
@@ -78,9 +77,8 @@ def test_a_judge_nothing_listens_for_pauses_in_one_line_and_exits_3(tmp_path: Pa
     class Nowhere:
         base_url = f"http://127.0.0.1:{port}/v1"
 
-    started = time.monotonic()
+    # A worker that kept waiting would never return (the test's timeout ends it).
     done = run_once(tmp_path, Nowhere(), "--judge-timeout", "5")  # type: ignore[arg-type]
-    assert time.monotonic() - started < 90
     assert done.returncode == 3, done.stderr
     paused = [line for line in done.stderr.splitlines() if "JUDGE PAUSED for" in line]
     assert len(paused) == 1

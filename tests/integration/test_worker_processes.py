@@ -26,7 +26,8 @@ from tests.support import ROOT
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import start_process
 
-pytestmark = pytest.mark.postgres
+# The real-system stage (worker processes killed and stopped).
+pytestmark = [pytest.mark.postgres, pytest.mark.realsystem]
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Score, ScoringJob, Trace
 from recalltrace.storage.repository import Repository
 from tests.reliability.helpers import ROOT, python_env
+from tests.support import cli
 from tests.support.factories import make_repository, make_trace
 
 pytestmark = pytest.mark.postgres
@@ -191,20 +192,15 @@ def test_the_database_password_appears_in_no_output(
     ]
     caplog.set_level(logging.DEBUG)
     for url, command in itertools.product(urls, commands):
-        proc = subprocess.run(
-            [sys.executable, "-m", "recalltrace", "-v", *command, "--database-url", url],
-            cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        proc = cli.run_cli("-v", *command, "--database-url", url, cwd=ROOT, env=python_env())
         shown = proc.stdout + proc.stderr
         assert PASSWORD not in shown, (command, url, shown)
         assert "Traceback" not in shown, (command, url, shown)
         assert proc.returncode in (0, 1, 2), (command, url, shown)
     # The worker names a database that refuses it at start in one line, and ends.
-    worker = subprocess.run(
-        [sys.executable, "-m", "recalltrace", "-v", "worker", "--poll-interval", "0.2",
-         "--metric", "id_based_context_recall", "--database-url", urls[1]],
-        cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    worker = cli.run_cli("-v", "worker", "--poll-interval", "0.2",
+                         "--metric", "id_based_context_recall", "--database-url", urls[1],
+                         cwd=ROOT, env=python_env())  # fmt: skip
     assert worker.returncode == 2, worker.stderr
     assert "does not exist" in worker.stderr  # it did meet the failure...
     assert PASSWORD not in worker.stdout + worker.stderr  # ...and did not show the password

@@ -25,6 +25,9 @@ from recalltrace.storage.migrate import upgrade
 from recalltrace.storage.models import Trace
 from tests.support.ledger import said_dropped
 
+# The real-system stage (fork pools whose children end every way).
+pytestmark = pytest.mark.realsystem
+
 PROGRAM = Path(__file__).with_name("fork_program.py")
 ROOT = PROGRAM.parents[2]
 # What a child gave up at its exit is said once, in its ledger line.

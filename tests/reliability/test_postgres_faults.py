@@ -32,7 +32,8 @@ from tests.reliability.helpers import (
     worker_args,
 )
 
-pytestmark = pytest.mark.postgres
+# The real-system stage (Postgres fault rounds).
+pytestmark = [pytest.mark.postgres, pytest.mark.realsystem]
 
 METRICS = ["non_llm_context_recall", "id_based_context_recall"]
 APP_NAME = "rt_reliability_app"

@@ -25,6 +25,9 @@ import recalltrace
 from recalltrace.storage.db import create_engine_from_url
 from tests.support.ledger import LedgerCheck
 
+# The real-system stage (every core kept busy on purpose).
+pytestmark = pytest.mark.realsystem
+
 APP = "saturated"
 # (shape, documents, requests): 30,000 documents first, then the usual size.
 PLAN = [

@@ -24,7 +24,8 @@ from recalltrace.storage.models import JobStatus, Score
 from tests.reliability.helpers import job_statuses, spawn, start_judge, worker_args
 from tests.support.factories import make_repository, make_trace
 
-pytestmark = pytest.mark.postgres
+# The real-system stage (worker kill rounds).
+pytestmark = [pytest.mark.postgres, pytest.mark.realsystem]
 
 METRICS = ["non_llm_context_recall", "id_based_context_recall", "judge_context_recall"]
 JUDGE_SCORE = 0.8  # what ``auto_answer`` gives every judge_context_recall request

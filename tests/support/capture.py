@@ -1,17 +1,18 @@
 """Helpers for the span-capture tests: what a stored request looks like, and a real
-``recalltrace worker --once`` run against the scripted judge server that scores it."""
+``recalltrace worker --once`` run (the command line, in process) against the scripted judge
+server that scores it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, select
 
 from recalltrace.storage.models import RetrievedContext, Score, Trace
 from tests.support import ROOT
+from tests.support.cli import run_cli
 from tests.support.judge_server import JudgeServer
 
 QUESTIONS = {
@@ -83,10 +84,9 @@ def run_worker(database_url: str, judge: JudgeServer) -> subprocess.CompletedPro
     """One real ``recalltrace worker --once`` over every variant, judged by ``judge``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env["OPENAI_API_KEY"] = "test-key"
-    command = [sys.executable, "-m", "recalltrace", "worker", "--once"]
-    command += ["--database-url", database_url, "--no-progress"]
+    command = ["worker", "--once", "--database-url", database_url, "--no-progress"]
     command += ["--judge-model", "openai/test-judge", "--judge-api-base", judge.base_url]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return run_cli(*command, cwd=ROOT, env=env)
 
 
 def check_requests(records: list[Stored], app_name: str | None = None) -> None:

@@ -277,6 +277,9 @@ class JudgeServer:
         self.port = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.answered = 0
+        """How many chat requests got their whole answer (a request its client gave up on
+        before the answer was sent is not counted)."""
 
     # scripting ---------------------------------------------------------------------------
     def script(self, *replies: Reply) -> None:
@@ -404,7 +407,10 @@ class JudgeServer:
             wait = self.latency + reply.delay
             if wait > 0:
                 await asyncio.sleep(wait)
-            return await self._respond(request, body, reply)
+            response = await self._respond(request, body, reply)
+            with self._lock:
+                self.answered += 1
+            return response
         finally:
             with self._lock:
                 self.in_flight -= 1

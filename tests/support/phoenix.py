@@ -9,6 +9,7 @@ test; elsewhere it skips it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -39,8 +40,17 @@ def phoenix_executable() -> Path:
     if given:
         return Path(given)
     folder = Path.home() / ".cache" / "recalltrace-tests" / "phoenix-20"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One install at a time (xdist workers, parallel runs): the others wait for it and find it.
+    with open(folder.parent / "phoenix-20.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _installed(folder)
+
+
+def _installed(folder: Path) -> Path:
     executable = folder / "bin" / "phoenix"
-    if executable.exists():
+    done = folder / ".installed"
+    if executable.exists() and done.exists():
         return executable
     made = subprocess.run(
         [sys.executable, "-m", "venv", str(folder)], capture_output=True, text=True
@@ -53,6 +63,7 @@ def phoenix_executable() -> Path:
     )
     if installed.returncode != 0 or not executable.exists():
         _unavailable(f"cannot install {PHOENIX_REQUIREMENT}: {installed.stderr[-800:]}")
+    done.touch()
     return executable
 
 
