@@ -248,7 +248,11 @@ def run_demo(
     from recalltrace.scorers.catalog import CATALOG
     from recalltrace.scorers.worker import Worker, WorkerOptions
 
-    logging.getLogger("recalltrace.scorers").setLevel(logging.ERROR)
+    # The worker's progress lines would bury the demo's own: quiet while it scores, then the
+    # level is given back (run_demo is a library call too; it leaves logging as it found it).
+    scorers_logger = logging.getLogger("recalltrace.scorers")
+    level = scorers_logger.level
+    scorers_logger.setLevel(logging.ERROR)
     repository = _wiring.open_repository(url)
     worker = Worker(
         WorkerOptions(database_url=url, judge=judge, listen=False, concurrency=8),
@@ -261,6 +265,7 @@ def run_demo(
         stats = asyncio.run(worker.run(once=True))
     finally:
         worker.close()
+        scorers_logger.setLevel(level)
     if worker.stopped_by is not None:
         # Interrupted: what was scored is stored, but the run did not finish.
         console.print(

@@ -78,8 +78,9 @@ def _as_score(value: Any) -> float | None:
 
 
 def _as_metadata(value: Any) -> dict[str, Any]:
-    """A document's metadata as a dict, not copied (a retriever does not change the results it
-    handed out; the record reads the metadata when it is assembled)."""
+    """A document's metadata as a dict, not copied here: a document kept for a sampled
+    request's record is snapshotted then (``snapshot_documents``); for a span only its text is
+    needed."""
     if not value:
         return _EMPTY
     if type(value) is dict:
@@ -155,6 +156,13 @@ def snapshot(value: Any, budget: int = SNAPSHOT_BUDGET) -> Any:
         return copy(value, 0)
     except Exception:  # a mapping whose items() raises, a set of unhashable copies
         return value
+
+
+def snapshot_documents(docs: list[Doc]) -> list[Doc]:
+    """``docs`` with their metadata as it is now (see :func:`snapshot`)."""
+    return [
+        _new_doc((doc[0], doc[1], doc[2], snapshot(doc[3]))) if doc[3] else doc for doc in docs
+    ]
 
 
 def _as_text(value: Any) -> str:

@@ -46,6 +46,7 @@ from recalltrace.tracer._extract import (
     read_generation_text,
     read_model,
     read_usage,
+    snapshot_documents,
     to_text,
     unreadable,
 )
@@ -213,10 +214,9 @@ def _finish_documents(call: Call, docs: list[Doc], total: int, room: int | None)
             attributes[GEN_AI_DOCUMENTS] = _genai_documents(docs[:shown], call.runtime.span_scrub)
         call.span.set_attributes(attributes)
     if call.sampled and docs:
-        # The documents' metadata is not copied: like the documents past what the span holds,
-        # it is read when the record is assembled (a retriever hands out its results; it does
-        # not change them after).
-        call.state.contexts.extend(docs)
+        # Their metadata as it is now: the application may reuse its objects right after the
+        # call, before the writer runs (a flat dict is one C-level copy).
+        call.state.contexts.extend(snapshot_documents(docs))
 
 
 def _genai_documents(docs: list[Doc], scrub: Any) -> str:

@@ -44,12 +44,21 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def run(*args: str) -> tuple[int, str, str]:
+    """The command line in this process, its output captured, as wide as a 200-column
+    terminal (whatever an earlier test left in the environment)."""
     out, err = io.StringIO(), io.StringIO()
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"
     with redirect_stdout(out), redirect_stderr(err):
         try:
             code = main(list(args))
         except SystemExit as stop:  # argparse refuses a bad value by exiting
             code = int(stop.code or 0)
+        finally:
+            if saved is None:
+                del os.environ["COLUMNS"]
+            else:
+                os.environ["COLUMNS"] = saved
     return code, out.getvalue(), err.getvalue()
 
 
