@@ -32,7 +32,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks._cpu import TICK, process_cpu_s
 from benchmarks._pg import scratch_database
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds the local Postgres server's processes have used so far."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if text[text.index("(") + 1 : text.index(")")].startswith("postgres"):
+            fields = text.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate1")
@@ -99,7 +114,12 @@ def run_variant(
         _wait_ready(f"{base}/ask?q=ready", proc)
         if warmup > 0:
             _hey(f"{base}/ask", warmup, connections)
+        server_before, postgres_before = process_cpu_s(proc.pid), postgres_cpu_s()
+        started = time.monotonic()
         rps = _hey(f"{base}/ask", seconds, connections)
+        served = rps * (time.monotonic() - started)
+        server_ms = (process_cpu_s(proc.pid) - server_before) * 1000 / max(served, 1)
+        postgres_ms = (postgres_cpu_s() - postgres_before) * 1000 / max(served, 1)
         with urllib.request.urlopen(f"{base}/ledger", timeout=90) as response:
             ledger = json.loads(response.read())
     finally:
@@ -109,7 +129,13 @@ def run_variant(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return {"variant": variant, "rps": rps, "ledger": ledger}
+    return {
+        "variant": variant,
+        "rps": rps,
+        "ledger": ledger,
+        "server_ms": server_ms,
+        "postgres_ms": postgres_ms,
+    }
 
 
 def _ledger_problem(ledger: dict[str, Any]) -> str | None:
@@ -154,7 +180,9 @@ def main() -> None:
                 )
                 results[variant] = result
                 print(
-                    f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s"
+                    f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s, CPU per "
+                    f"request: server {result['server_ms']:.2f} ms, Postgres "
+                    f"{result['postgres_ms']:.2f} ms"
                     + (f"  ledger {result['ledger']}" if result["ledger"] else ""),
                     flush=True,
                 )
@@ -164,14 +192,20 @@ def main() -> None:
         f"\n{args.connections} connections, {args.seconds:g} s per run after {args.warmup:g} s "
         f"warm-up, {args.repetitions} alternating rounds (one uvicorn worker)"
     )
-    print(f"{'variant':<10}{'req/s (median)':>16}{'share of by-hand (per round)':>34}")
+    print(
+        f"{'variant':<10}{'req/s (median)':>16}{'server ms/req':>15}{'Postgres ms/req':>17}"
+        f"{'share of by-hand (per round)':>34}"
+    )
     missed = 0
     for variant in variants:
         rps = statistics.median(r[variant]["rps"] for r in rounds)
         shares = [r[variant]["rps"] / r["otel"]["rps"] for r in rounds]
         share = statistics.median(shares)
         listed = " / ".join(f"{s:.2f}" for s in shares)
-        line = f"{variant:<10}{rps:>16.1f}{share:>10.2f}  ({listed})"
+        server = statistics.median(r[variant]["server_ms"] for r in rounds)
+        postgres = statistics.median(r[variant]["postgres_ms"] for r in rounds)
+        line = f"{variant:<10}{rps:>16.1f}{server:>15.2f}{postgres:>17.2f}"
+        line += f"{share:>16.2f}  ({listed})"
         target = TARGETS.get(variant)
         if target is not None:
             verdict = "OK" if share >= target else "MISSED"

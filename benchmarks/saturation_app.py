@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 import recalltrace
 from benchmarks.tracer_overhead import (
     DiscardingExporter,
+    DiscardingSink,
     otel_answer,
     plain_answer,
     rt_answer,
@@ -45,9 +46,11 @@ if VARIANT == "otel":
     answer = otel_answer
 elif VARIANT.startswith("rate"):
     rate = float(VARIANT[len("rate") :])
+    discard = os.environ.get("SATURATION_SINK") == "discard"
     recalltrace.configure(
         tracer_provider=provider,
-        database_url=os.environ.get("SATURATION_DATABASE_URL"),
+        database_url=None if discard else os.environ.get("SATURATION_DATABASE_URL"),
+        sink=DiscardingSink() if discard else None,
         sample_rate=rate,
         service_name="saturation",
         handle_signals=True,

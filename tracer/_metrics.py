@@ -91,8 +91,12 @@ class TracerStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.captured: dict[str, int] = {}
-        self.sampled: dict[str, int] = {}
+        # Finished requests are counted per thread, without a lock: every request of every
+        # thread passes here, and a lock shared by the application's threads made them queue
+        # behind each other (a third of a saturated server's time). Each thread writes only
+        # its own dicts; readers add them up.
+        self._local = threading.local()
+        self._per_thread: list[tuple[dict[str, int], dict[str, int]]] = []
         self.dropped: dict[tuple[str, str], int] = {}
         self._last_drop_log = 0.0
         self._unreported: dict[str, int] = {}
@@ -105,8 +109,8 @@ class TracerStats:
     def reset(self) -> None:
         """Forget all counts (used in a forked child, whose parent keeps its own)."""
         self._lock = threading.Lock()
-        self.captured = {}
-        self.sampled = {}
+        self._local = threading.local()
+        self._per_thread = []
         self.dropped = {}
         self._unreported = {}
         self.stored = {}
@@ -135,8 +139,9 @@ class TracerStats:
                 # spans span capture could not turn into a request.
                 target = dropped if app else other
                 target[reason] = target.get(reason, 0) + n
-            seen = sum(self.captured.values())
-            sampled = sum(self.sampled.values())
+            seen_by_app, sampled_by_app = self._per_thread_totals()
+            seen = sum(seen_by_app.values())
+            sampled = sum(sampled_by_app.values())
             return Ledger(
                 seen=seen,
                 stored=sum(self.stored.values()),
@@ -150,10 +155,45 @@ class TracerStats:
     def trace_finished(self, app: str, sampled: bool) -> None:
         """Count one finished trace."""
         app = self.label(app)
-        with self._lock:
-            self.captured[app] = self.captured.get(app, 0) + 1
-            if sampled:
-                self.sampled[app] = self.sampled.get(app, 0) + 1
+        counts = getattr(self._local, "counts", None)
+        if counts is None:
+            counts = ({}, {})
+            with self._lock:
+                self._per_thread.append(counts)
+            self._local.counts = counts
+        captured, sampled_counts = counts
+        captured[app] = captured.get(app, 0) + 1
+        if sampled:
+            sampled_counts[app] = sampled_counts.get(app, 0) + 1
+
+    @property
+    def captured(self) -> dict[str, int]:
+        """Finished requests per app."""
+        return self._added(0)
+
+    @property
+    def sampled(self) -> dict[str, int]:
+        """Finished sampled requests per app."""
+        return self._added(1)
+
+    def _per_thread_totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Both totals, for a caller holding the lock."""
+        totals: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        for counts in list(self._per_thread):
+            for total, part in zip(totals, counts, strict=True):
+                for app, n in list(part.items()):
+                    total[app] = total.get(app, 0) + n
+        return totals
+
+    def _added(self, which: int) -> dict[str, int]:
+        # No lock: readers may hold it already (the metric callbacks), and copying the list
+        # of per-thread dicts is one step.
+        parts = [counts[which] for counts in list(self._per_thread)]
+        total: dict[str, int] = {}
+        for part in parts:
+            for app, n in list(part.items()):
+                total[app] = total.get(app, 0) + n
+        return total
 
     def drop(self, reason: str, app: str, count: int = 1, *, report: bool = True) -> None:
         """Count dropped records; say so at once, then at most every ten seconds, with the
@@ -215,8 +255,8 @@ class TracerStats:
         """A copy of all counts (for tests and debugging)."""
         with self._lock:
             return {
-                "captured": dict(self.captured),
-                "sampled": dict(self.sampled),
+                "captured": self._per_thread_totals()[0],
+                "sampled": self._per_thread_totals()[1],
                 "dropped": dict(self.dropped),
                 "stored": dict(self.stored),
                 "values_not_read": dict(self.not_read),
