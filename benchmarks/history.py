@@ -347,6 +347,17 @@ def _median_ms(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return statistics.median(samples), result
 
 
+MISSED: list[str] = []
+"""The queries that missed their target in this run (the run then exits 1)."""
+
+
+def _verdict(name: str, ms: float, target: float) -> str:
+    if ms < target:
+        return "meets"
+    MISSED.append(name)
+    return "MISSES"
+
+
 def _diagnose_cases(history: Any, week: datetime, scores: int, repeat: int) -> None:
     """``scores diagnose`` of a 7-day window, per metric with its own section, after the
     workers' fill (the rollups it reads for release, environment and tag are then stored)."""
@@ -354,7 +365,7 @@ def _diagnose_cases(history: Any, week: datetime, scores: int, repeat: int) -> N
     print(f"\nscores diagnose, 7 days: median of {repeat} runs (target {target:.0f} ms)")
     for metric in ("id_based_context_recall", "non_llm_context_recall", "llm_context_recall"):
         ms, found = _median_ms(lambda m=metric: history.diagnose(metric=m, since=week), repeat)
-        verdict = "meets" if ms < target else "MISSES"
+        verdict = _verdict(f"diagnose --metric {metric}", ms, target)
         print(
             f"{'diagnose --metric ' + metric:<54} {'-':>8} {ms:>10.1f}  {found.scored:>7,} "
             f"scored, {found.tested} slices tested  {verdict}"
@@ -514,7 +525,7 @@ def main() -> int:
                 first = f"{(time.perf_counter() - began) * 1000:.1f}"
             ms, result = _median_ms(run, args.repeat)
             rows = len(result) if isinstance(result, list) else 1
-            verdict = "meets" if ms < TARGET_MS else "MISSES"
+            verdict = _verdict(name, ms, TARGET_MS)
             print(f"{name:<54} {first:>8} {ms:>10.1f}  {rows:>5}  {verdict}")
         _diagnose_cases(history, week, args.scores, min(args.repeat, 5))
         for command in (
@@ -543,7 +554,7 @@ def main() -> int:
             ]
             for name, run in canary_cases:
                 ms, result = _median_ms(run, args.repeat)
-                verdict = "meets" if ms < TARGET_MS else "MISSES"
+                verdict = _verdict(name, ms, TARGET_MS)
                 print(f"{name:<54} {'-':>8} {ms:>10.1f}  {len(result):>5}  {verdict}")
         finally:
             remove_canary(engine)
@@ -557,6 +568,10 @@ def main() -> int:
                 run()
                 print(f"{name:<54} {(time.perf_counter() - began) * 1000:>8.1f}")
         engine.dispose()
+    if MISSED:
+        print(f"\nTARGET MISSED by {len(MISSED)} quer{'y' if len(MISSED) == 1 else 'ies'}: "
+              + "; ".join(MISSED))  # fmt: skip
+        return 1
     return 0
 
 

@@ -49,6 +49,7 @@ def postgres_cpu_s() -> float:
             total += int(fields[11]) + int(fields[12])
     return total / TICK
 
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate1")
 TARGETS = {"rate0": 0.95, "rate0.1": 0.95, "rate1": 0.85}

@@ -199,6 +199,8 @@ def main() -> None:
     ratio = ours_med / raw_med
     verdict = "met" if ratio >= 0.5 else "NOT met"
     print(f"ratio                 : {ratio:.2f} of raw COPY (target >= 0.50: {verdict})")
+    if ratio < 0.5:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
