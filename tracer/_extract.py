@@ -160,9 +160,7 @@ def snapshot(value: Any, budget: int = SNAPSHOT_BUDGET) -> Any:
 
 def snapshot_documents(docs: list[Doc]) -> list[Doc]:
     """``docs`` with their metadata as it is now (see :func:`snapshot`)."""
-    return [
-        _new_doc((doc[0], doc[1], doc[2], snapshot(doc[3]))) if doc[3] else doc for doc in docs
-    ]
+    return [_new_doc((doc[0], doc[1], doc[2], snapshot(doc[3]))) if doc[3] else doc for doc in docs]
 
 
 def _as_text(value: Any) -> str:

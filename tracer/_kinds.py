@@ -9,6 +9,7 @@ the application passed.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from recalltrace.tracer._conventions import (
@@ -375,7 +376,7 @@ def _generation_of(result: Any) -> tuple[str | None, str | None, Usage | None]:
 # -- the kinds ----------------------------------------------------------------------------------
 
 
-class Kind:
+class Kind(ABC):
     """What differs between the kinds of decorated call; one instance per kind."""
 
     __slots__ = ()
@@ -392,19 +393,20 @@ class Kind:
         self, value: Any, text: str, attributes: dict[str, Any], runtime: Any
     ) -> None:
         """Add to ``attributes`` what this kind shows of its input ``value`` (read as ``text``)
-        besides ``input.value``."""
+        besides ``input.value``: nothing, unless the kind says otherwise."""
+        return None
 
+    @abstractmethod
     def finish(self, call: Call, result: Any) -> None:
         """Record the value the call returned on its span and its trace state."""
-        raise NotImplementedError
 
+    @abstractmethod
     def read_item(self, call: Call, stream: Stream, item: Any) -> None:
         """Add one item a generator yielded to ``stream``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish_stream(self, call: Call, stream: Stream) -> None:
         """Record what a generator yielded, as :meth:`finish` records a returned value."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<{self.label} kind>"

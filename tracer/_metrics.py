@@ -155,7 +155,7 @@ class TracerStats:
     def trace_finished(self, app: str, sampled: bool) -> None:
         """Count one finished trace."""
         app = self.label(app)
-        counts = getattr(self._local, "counts", None)
+        counts: tuple[dict[str, int], dict[str, int]] | None = getattr(self._local, "counts", None)
         if counts is None:
             counts = ({}, {})
             with self._lock:
