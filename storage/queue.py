@@ -47,7 +47,12 @@ from recalltrace.storage.queue_clock import (
     clock_report,
     release_parked_jobs,
 )
-from recalltrace.storage.queue_intake import DEFAULT_REFERENCE_TTL, JobIntake, job_rows
+from recalltrace.storage.queue_intake import (
+    DEFAULT_REFERENCE_TTL,
+    JobIntake,
+    job_rows,
+    trace_rows,
+)
 from recalltrace.storage.queue_reads import QueueReads
 
 __all__ = [
@@ -288,20 +293,7 @@ class JobQueue(JobIntake, QueueReads):
         scored_at = utcnow()
         with self.engine.begin() as conn, summary_cache.score_writes(conn, self.dialect) as changes:
             trace_ids = {job.trace_id for job, _ in outcomes}
-            traces = {
-                t.trace_id: t
-                for t in conn.execute(
-                    select(
-                        Trace.trace_id,
-                        Trace.app_name,
-                        Trace.started_at,
-                        Trace.otel_trace_id,
-                        Trace.otel_span_id,
-                        Trace.release,
-                        Trace.environment,
-                    ).where(Trace.trace_id.in_(trace_ids))
-                )
-            }
+            traces = trace_rows(conn, trace_ids)
             # A trace deleted (by retention) while its job ran took the job with it: there is
             # nothing left to close, and raising would block the other scores of the batch.
             kept = [(job, score) for job, score in outcomes if job.trace_id in traces]

@@ -272,20 +272,7 @@ class JobIntake:
             ).all()
             if not rows:
                 return []
-            traces = {
-                t.trace_id: t
-                for t in conn.execute(
-                    select(
-                        Trace.trace_id,
-                        Trace.app_name,
-                        Trace.started_at,
-                        Trace.otel_trace_id,
-                        Trace.otel_span_id,
-                        Trace.release,
-                        Trace.environment,
-                    ).where(Trace.trace_id.in_({r.trace_id for r in rows}))
-                )
-            }
+            traces = trace_rows(conn, {r.trace_id for r in rows})
             ttl = older_than if older_than is not None else self.reference_ttl
             ttl_hours = ttl.total_seconds() / 3600
             reason = (
@@ -326,3 +313,21 @@ class JobIntake:
                 )
                 for r in rows
             ]
+
+
+def trace_rows(conn: Any, trace_ids: Iterable[str]) -> dict[str, Any]:
+    """The columns a finished or skipped job's score carries from its trace, by trace id."""
+    return {
+        t.trace_id: t
+        for t in conn.execute(
+            select(
+                Trace.trace_id,
+                Trace.app_name,
+                Trace.started_at,
+                Trace.otel_trace_id,
+                Trace.otel_span_id,
+                Trace.release,
+                Trace.environment,
+            ).where(Trace.trace_id.in_(set(trace_ids)))
+        )
+    }

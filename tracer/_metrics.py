@@ -169,31 +169,21 @@ class TracerStats:
     @property
     def captured(self) -> dict[str, int]:
         """Finished requests per app."""
-        return self._added(0)
+        return self._per_thread_totals()[0]
 
     @property
     def sampled(self) -> dict[str, int]:
         """Finished sampled requests per app."""
-        return self._added(1)
+        return self._per_thread_totals()[1]
 
     def _per_thread_totals(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Both totals, for a caller holding the lock."""
+        """Both totals (copying the list of per-thread dicts is one step: no lock needed)."""
         totals: tuple[dict[str, int], dict[str, int]] = ({}, {})
         for counts in list(self._per_thread):
             for total, part in zip(totals, counts, strict=True):
                 for app, n in list(part.items()):
                     total[app] = total.get(app, 0) + n
         return totals
-
-    def _added(self, which: int) -> dict[str, int]:
-        # No lock: readers may hold it already (the metric callbacks), and copying the list
-        # of per-thread dicts is one step.
-        parts = [counts[which] for counts in list(self._per_thread)]
-        total: dict[str, int] = {}
-        for part in parts:
-            for app, n in list(part.items()):
-                total[app] = total.get(app, 0) + n
-        return total
 
     def drop(self, reason: str, app: str, count: int = 1, *, report: bool = True) -> None:
         """Count dropped records; say so at once, then at most every ten seconds, with the
@@ -255,8 +245,8 @@ class TracerStats:
         """A copy of all counts (for tests and debugging)."""
         with self._lock:
             return {
-                "captured": self._per_thread_totals()[0],
-                "sampled": self._per_thread_totals()[1],
+                "captured": self.captured,
+                "sampled": self.sampled,
                 "dropped": dict(self.dropped),
                 "stored": dict(self.stored),
                 "values_not_read": dict(self.not_read),
