@@ -17,6 +17,19 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of one process and of its live children (a storage process, say)."""
+    total = process_cpu_s(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
 def machine_busy_s() -> float:
     """CPU seconds all cores have spent busy so far: everything but idle and iowait."""
     busy = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

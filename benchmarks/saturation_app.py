@@ -8,7 +8,9 @@ characters with id, score and metadata, as in ``benchmarks.tracer_overhead``) an
 - ``otel``: OpenTelemetry spans with the same attributes written by hand;
 - ``rate0``: the recalltrace decorators at sample rate 0 (spans only);
 - ``rate0.1`` / ``rate1``: the decorators at sample rate 0.1 / 1, the sampled requests stored
-  in the database at ``SATURATION_DATABASE_URL`` by the tracer's writer thread.
+  in the database at ``SATURATION_DATABASE_URL`` by the tracer's writer thread;
+- ``rate0.1p`` / ``rate1p``: the same, stored through a storage process
+  (``storage_process=True``).
 
 Every traced variant uses one SDK provider with a batch processor and an exporter that discards
 (the figures are the tracing and storing cost, not an exporter's). ``GET /ledger`` answers the
@@ -45,13 +47,15 @@ answer: Any = plain_answer
 if VARIANT == "otel":
     answer = otel_answer
 elif VARIANT.startswith("rate"):
-    rate = float(VARIANT[len("rate") :])
+    separate = VARIANT.endswith("p")
+    rate = float(VARIANT[len("rate") :].rstrip("p"))
     discard = os.environ.get("SATURATION_SINK") == "discard"
     recalltrace.configure(
         tracer_provider=provider,
         database_url=None if discard else os.environ.get("SATURATION_DATABASE_URL"),
         sink=DiscardingSink() if discard else None,
         sample_rate=rate,
+        storage_process=separate and not discard,
         service_name="saturation",
         handle_signals=True,
     )

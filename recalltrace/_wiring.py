@@ -111,8 +111,11 @@ def run_worker(
         worker.close()
 
 
-def default_sink(database_url: str | None, *, create_schema: bool | None = None) -> Any:
-    """The tracer's default sink: the repository on ``database_url``.
+def default_sink(
+    database_url: str | None, *, create_schema: bool | None = None, separate_process: bool = False
+) -> Any:
+    """The tracer's default sink: the repository on ``database_url`` (or, with
+    ``separate_process``, a child process that stores through it: ``recalltrace._storage_process``).
 
     ``create_schema`` is the tracer's ``auto_migrate``: ``True`` creates or upgrades the
     schema; ``None`` creates it in a Postgres database that has none of it (no recalltrace table,
@@ -121,6 +124,10 @@ def default_sink(database_url: str | None, *, create_schema: bool | None = None)
     every case. Creating and upgrading hold the migration lock (``storage.migrate``), so
     processes starting together on a fresh database create it once.
     """
+    if separate_process:
+        from recalltrace._storage_process import StorageProcessSink
+
+        return StorageProcessSink(database_url, create_schema=create_schema)
     repository = open_repository(database_url, create_schema=True if create_schema else None)
     if create_schema is None and repository.is_postgres:
         import logging

@@ -45,6 +45,7 @@ def configure(
     flush_interval: float | None = None,
     shutdown_timeout: float | None = None,
     auto_migrate: bool | None = None,
+    storage_process: bool | None = None,
     flush_timeout: float | None = None,
     handle_signals: bool | None = None,
     max_write_attempts: int | None = None,

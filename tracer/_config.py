@@ -262,6 +262,11 @@ class TracerConfig:
     (a fresh one), never upgrade an older schema. ``False``: never touch a Postgres schema. SQLite
     always creates and upgrades. A database without the tables keeps the records (bounded) and
     one line says to run ``recalltrace db upgrade``."""
+    storage_process: bool = option(False, env=[("RECALLTRACE_STORAGE_PROCESS", _truthy)])
+    """Store through a child process the writer starts (the database driver's work then runs
+    on the child's interpreter, not between the application's threads: for a busy service
+    storing many records). The records are still assembled and scrubbed in the application's
+    process, and the ledger kept there. Applies to the default sink only (not with ``sink=``)."""
     flush_timeout: float = option(30.0, env=[("RECALLTRACE_FLUSH_TIMEOUT", _float)])
     """Seconds :func:`flush` waits when called without a timeout (it never waits forever, e.g.
     while the database is down); it returns False and logs what is still waiting."""
@@ -349,6 +354,11 @@ class TracerConfig:
             raise ValueError("max_batch_size must be at least 1")
         if self.flush_interval <= 0:
             raise ValueError("flush_interval must be positive")
+        if self.storage_process and self.sink is not None:
+            raise ValueError(
+                "storage_process applies to the default sink on database_url; pass either "
+                "sink= or storage_process=True, not both"
+            )
         if not self.flush_timeout > 0 or not self.shutdown_timeout >= 0:
             raise ValueError("flush_timeout must be positive and shutdown_timeout not negative")
         if self.max_write_attempts < 1:

@@ -174,7 +174,11 @@ class Runtime:
         if self.config.sink is not None:
             return self.config.sink
         # Called here, on the writer thread: opening the repository pulls in SQLAlchemy.
-        return open_default_sink(self.config.database_url, create_schema=self.config.auto_migrate)
+        return open_default_sink(
+            self.config.database_url,
+            create_schema=self.config.auto_migrate,
+            separate_process=self.config.storage_process,
+        )
 
     def _assemble(self, state: TraceState) -> TraceRecord:
         prepare = getattr(state, "prepare", None)

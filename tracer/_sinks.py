@@ -33,13 +33,19 @@ def check_default_sink() -> None:
         _check()
 
 
-def open_default_sink(database_url: str | None, *, create_schema: bool | None = None) -> TraceSink:
+def open_default_sink(
+    database_url: str | None,
+    *,
+    create_schema: bool | None = None,
+    separate_process: bool = False,
+) -> TraceSink:
     """Open the registered default sink (``create_schema``: the tracer's ``auto_migrate``;
     ``True`` runs the migrations first, ``None`` creates a schema that is missing entirely,
-    ``False`` leaves a Postgres schema alone); raises ``RuntimeError`` if none is registered."""
+    ``False`` leaves a Postgres schema alone; ``separate_process``: the tracer's
+    ``storage_process``); raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "
             "or pass sink= to configure()"
         )
-    return _factory(database_url, create_schema=create_schema)
+    return _factory(database_url, create_schema=create_schema, separate_process=separate_process)

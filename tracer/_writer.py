@@ -156,6 +156,9 @@ class BatchWriter:
     def _after_fork_in_child(self) -> None:
         if self._sink is not None:
             self._inherited_sinks.append(self._sink)
+            release = getattr(self._sink, "release_after_fork", None)
+            if callable(release):
+                release()
             engine = getattr(self._sink, "engine", None)
             dispose = getattr(engine, "dispose", None)
             if callable(dispose):

@@ -22,11 +22,13 @@ from recalltrace.storage.repository import Repository, TraceNotFound
 from tests.support.factories import make_history, make_repository
 
 
-@pytest.fixture
-def stored(database_url: str) -> Iterator[History]:
-    """The tracer writing to ``database_url`` through the real repository."""
+@pytest.fixture(params=["thread", "process"])
+def stored(database_url: str, request: pytest.FixtureRequest) -> Iterator[History]:
+    """The tracer writing to ``database_url`` through the real repository, from its writer
+    thread or through a storage process (``storage_process``): every test here holds for both."""
     recalltrace.configure(
         database_url=database_url,
+        storage_process=request.param == "process",
         tracer_provider=TracerProvider(),
         service_name="integration",
         flush_interval=0.05,

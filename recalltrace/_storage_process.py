@@ -1,0 +1,339 @@
+"""Storing trace records from a separate process (the tracer's ``storage_process`` option).
+
+The tracer's writer thread assembles and scrubs each record in the application's process as
+always; with ``storage_process=True`` it then hands every batch to a child process over a pipe
+(one pickled frame per batch) and waits for the child's answer, instead of talking to the
+database itself. The database driver's work (row encoding, COPY, the round trips of a
+transaction) then runs on the child's interpreter, not between the application's threads: a
+busy web server keeps its GIL for its requests.
+
+The writer sees an ordinary sink: ``write_traces`` returns when the child has committed the
+batch, and raises what the writer already knows how to handle when it could not (storage
+unreachable: retried as it is; tables missing: kept until they exist; refused: counted against
+the record's attempts). The ledger is kept in the application's process, so every record still
+ends in exactly one counted outcome.
+
+The child is started on the first write, with the application's interpreter
+(``sys.executable -m recalltrace._storage_process``), and started again when it is gone. It
+ignores SIGINT and SIGTERM: it ends when its pipe closes (the application exits, or the tracer
+shuts down after draining its queue), so a signal sent to the whole process group does not end
+it before the application has handed over what it holds. A child that does not answer within
+``reply_timeout`` seconds is killed and the batch retried (writes are idempotent on trace id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!Q")
+_PIPE_SIZE = 1 << 20
+"""Pipe capacity asked for (Linux), so that a batch is usually one write."""
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+class StorageProcessLost(ConnectionError):
+    """The storage process exited, or did not answer in time; the batch is retried."""
+
+
+class StorageProcessUnavailable(ConnectionError):
+    """The storage process could not reach the database."""
+
+
+class StorageProcessTraceNotFound(LookupError):
+    """The storage process found no stored trace for a late reference."""
+
+
+class StorageProcessUndefinedTable(RuntimeError):
+    """The database the storage process writes to has no recalltrace tables."""
+
+
+class StorageProcessRefused(RuntimeError):
+    """The database refused what the storage process wrote."""
+
+
+# -- framing -------------------------------------------------------------------------------
+
+
+def _write_all(fd: int, data: bytes, deadline: float | None) -> None:
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the storage process did not take a batch in time")
+            select.select([], [fd], [], left)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        view = view[written:]
+
+
+def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
+    parts: list[bytes] = []
+    while size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the storage process did not answer in time")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+        try:
+            chunk = os.read(fd, min(size, _PIPE_SIZE))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise EOFError("the storage process closed its pipe")
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def _send(fd: int, payload: bytes, deadline: float | None) -> None:
+    _write_all(fd, _HEADER.pack(len(payload)) + payload, deadline)
+
+
+def _receive(fd: int, deadline: float | None) -> Any:
+    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    return pickle.loads(_read_exact(fd, size, deadline))
+
+
+def _grow_pipe(fd: int) -> None:
+    # A smaller pipe only means more writes per batch.
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+
+
+# -- the application's side ----------------------------------------------------------------
+
+
+class StorageProcessSink:
+    """A trace sink that stores through a child process (see the module's documentation)."""
+
+    def __init__(
+        self,
+        database_url: str | None,
+        *,
+        create_schema: bool | None = None,
+        reply_timeout: float = 120.0,
+    ) -> None:
+        self._database_url = database_url
+        self._create_schema = create_schema
+        self._reply_timeout = reply_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._to_child = -1
+        self._from_child = -1
+        self._owner = os.getpid()
+
+    @property
+    def pid(self) -> int | None:
+        """The storage process's pid while it runs."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def write_traces(self, records: Sequence[Any]) -> None:
+        """Store a batch through the child; returns once it is committed."""
+        self._call("write", _pickled_batch(records))
+
+    def attach_reference(self, update: Any) -> int:
+        """Attach a late reference through the child."""
+        return int(self._call("reference", pickle.dumps(update, pickle.HIGHEST_PROTOCOL)))
+
+    def dispose(self) -> None:
+        """Close the pipe and let the child finish its last batch and exit."""
+        proc = self._proc
+        self._proc = None
+        if proc is None or os.getpid() != self._owner:
+            return
+        self._close_pipes()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.warning("recalltrace: the storage process did not exit; killing it")
+            proc.kill()
+            proc.wait()
+
+    def release_after_fork(self) -> None:
+        """In a forked child: drop the parent's pipes without touching its process."""
+        self._close_pipes()
+        self._proc = None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        # The child imports this very copy of recalltrace, wherever it was imported from.
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recalltrace._storage_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        self._to_child = os.dup(proc.stdin.fileno())
+        self._from_child = os.dup(proc.stdout.fileno())
+        proc.stdin.close()
+        proc.stdout.close()
+        _grow_pipe(self._to_child)
+        os.set_blocking(self._to_child, False)
+        self._proc = proc
+        self._owner = os.getpid()
+        config = {"database_url": self._database_url, "create_schema": self._create_schema}
+        _send(self._to_child, pickle.dumps(config), time.monotonic() + self._reply_timeout)
+
+    def _close_pipes(self) -> None:
+        for fd in (self._to_child, self._from_child):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._to_child = self._from_child = -1
+
+    def _lost(self, why: str) -> StorageProcessLost:
+        proc = self._proc
+        self._proc = None
+        self._close_pipes()
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            code = proc.wait()
+        return StorageProcessLost(f"the storage process {why} (exit code {code})")
+
+    def _call(self, op: str, payload: bytes) -> Any:
+        if self._proc is not None and os.getpid() == self._owner and self._proc.poll() is not None:
+            raise self._lost("exited")
+        if self._proc is None or os.getpid() != self._owner:
+            self._start()
+        deadline = time.monotonic() + self._reply_timeout
+        try:
+            _send(self._to_child, op.encode() + b"\0" + payload, deadline)
+            status, value = _receive(self._from_child, deadline)
+        except TimeoutError as exc:
+            raise self._lost(f"did not answer within {self._reply_timeout:g} s") from exc
+        except (OSError, EOFError) as exc:
+            raise self._lost(f"exited ({exc})") from exc
+        if status == "ok":
+            return value
+        raise _remote_error(value)
+
+
+def _pickled_batch(records: Sequence[Any]) -> bytes:
+    try:
+        return pickle.dumps(list(records), pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        # A value in some record pickle cannot carry: those records go as the storable copy
+        # the database would get anyway (values made JSON-safe).
+        from recalltrace.storage._storable import storable_record
+
+        safe = []
+        for record in records:
+            try:
+                pickle.dumps(record, pickle.HIGHEST_PROTOCOL)
+                safe.append(record)
+            except Exception:
+                safe.append(storable_record(record))
+        return pickle.dumps(safe, pickle.HIGHEST_PROTOCOL)
+
+
+def _remote_error(info: dict[str, Any]) -> Exception:
+    text = f"{info['type']}: {info['message']}"
+    if info.get("not_found"):
+        return StorageProcessTraceNotFound(text)
+    if info.get("unavailable"):
+        return StorageProcessUnavailable(text)
+    if info.get("schema_missing"):
+        return StorageProcessUndefinedTable(text)
+    return StorageProcessRefused(text)
+
+
+# -- the child's side ----------------------------------------------------------------------
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
+    from recalltrace.tracer._writer import is_trace_not_found
+
+    return {
+        "type": type(exc).__name__,
+        "message": (str(exc).strip().splitlines() or [""])[0][:500],
+        "not_found": is_trace_not_found(exc),
+        "unavailable": is_database_unavailable(exc),
+        "schema_missing": is_schema_missing(exc),
+    }
+
+
+def serve(from_parent: int, to_parent: int) -> None:
+    """The child's loop: read frames from the parent, store them, answer each."""
+    # Registered by ``import recalltrace``, which ``python -m`` ran before this module.
+    from recalltrace.tracer._sinks import open_default_sink
+
+    config = _receive(from_parent, None)
+    sink: Any = None
+    try:
+        while True:
+            try:
+                frame = _read_frame(from_parent)
+            except EOFError:
+                return
+            op, _, payload = frame.partition(b"\0")
+            try:
+                if sink is None:
+                    sink = open_default_sink(
+                        config["database_url"], create_schema=config["create_schema"]
+                    )
+                value = None
+                if op == b"write":
+                    sink.write_traces(pickle.loads(payload))
+                elif op == b"reference":
+                    value = sink.attach_reference(pickle.loads(payload))
+                else:
+                    raise ValueError(f"unknown request {op!r}")
+                answer = ("ok", value)
+            except Exception as exc:
+                answer = ("error", _describe(exc))
+            _send(to_parent, pickle.dumps(answer, pickle.HIGHEST_PROTOCOL), None)
+    finally:
+        if sink is not None:
+            sink.dispose()
+
+
+def _read_frame(fd: int) -> bytes:
+    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, None))
+    return _read_exact(fd, size, None)
+
+
+def main() -> None:
+    """Entry point of the child (``python -m recalltrace._storage_process``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The protocol owns stdin and stdout; anything printed goes to stderr instead.
+    from_parent = os.dup(0)
+    to_parent = os.dup(1)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    serve(from_parent, to_parent)
+
+
+if __name__ == "__main__":
+    main()

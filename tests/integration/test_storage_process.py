@@ -1,0 +1,327 @@
+"""Storing through a child process (``storage_process=True``) against a real Postgres: the
+child dying, hanging or being signalled loses and doubles nothing, its failures reach the
+writer as the kinds it already handles, and it never outlives its application."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from sqlalchemy import Engine, text
+
+import recalltrace
+from recalltrace._storage_process import StorageProcessSink
+from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
+from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.tracer._writer import is_trace_not_found
+from tests.support.factories import make_trace
+from tests.support.postgres import empty_database
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@recalltrace.rag("process-bot")
+def answer(question: str) -> str:
+    return f"answer to {question}"
+
+
+def _count(engine: Engine, table: str = "traces") -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait_for(condition: Any, what: str, limit: float = 60.0) -> None:
+    """Poll ``condition``; the limit only turns a hang into a failure."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {limit:g} s")
+        time.sleep(0.05)
+
+
+def storage_children(parent: int) -> list[int]:
+    """The live storage processes started by ``parent``, as ``ps`` would show them."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[0] != "Z" and int(stat[1]) == parent and b"recalltrace._storage_process" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def _storage_pid() -> int:
+    (pid,) = storage_children(os.getpid())
+    return pid
+
+
+@pytest.fixture
+def through_process(postgres_url: str, pg_engine: Engine) -> Iterator[Engine]:
+    recalltrace.configure(
+        database_url=postgres_url,
+        storage_process=True,
+        tracer_provider=TracerProvider(),
+        flush_interval=0.05,
+        retry_backoff=0.05,
+        shutdown_timeout=10,
+    )
+    yield pg_engine
+    recalltrace.shutdown(10)
+
+
+def test_a_killed_storage_process_is_replaced_and_nothing_is_lost_or_doubled(
+    through_process: Engine,
+) -> None:
+    before = recalltrace.ledger()
+    for i in range(30):
+        answer(f"before {i}")
+    assert recalltrace.flush(60)
+    first = _storage_pid()
+    os.kill(first, signal.SIGKILL)
+    _wait_for(lambda: not _alive(first), "the killed storage process to end")
+    for i in range(30):
+        answer(f"after {i}")
+    assert recalltrace.flush(60)
+    second = _storage_pid()
+    assert second != first
+    ledger = recalltrace.ledger()
+    assert (ledger.seen - before.seen, ledger.stored - before.stored) == (60, 60)
+    assert ledger.dropped == before.dropped
+    assert _count(through_process) == 60
+
+
+def test_a_storage_process_killed_inside_a_write_has_its_batch_written_once(
+    through_process: Engine,
+) -> None:
+    before = recalltrace.ledger()
+    answer("warm-up")
+    assert recalltrace.flush(60)
+    first = _storage_pid()
+    # Hold the traces table so the child's next COPY waits inside its transaction.
+    blocker = through_process.connect()
+    blocker.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
+    try:
+        for i in range(20):
+            answer(f"question {i}")
+        _wait_for(
+            lambda: _waiting_on_lock(through_process),
+            "the storage process to wait on the locked table",
+        )
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: not _alive(first), "the killed storage process to end")
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert recalltrace.flush(60)
+    assert _storage_pid() != first
+    assert _count(through_process) == 21
+    ledger = recalltrace.ledger()
+    assert (ledger.seen - before.seen, ledger.stored - before.stored) == (21, 21)
+    with through_process.connect() as conn:
+        jobs = conn.execute(
+            text("SELECT count(*), count(DISTINCT (trace_id, metric)) FROM scoring_jobs")
+        ).one()
+    assert jobs[0] == jobs[1], "no scoring job written twice"
+
+
+def _waiting_on_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_hung_storage_process_is_abandoned_after_the_reply_timeout(
+    postgres_url: str, pg_engine: Engine
+) -> None:
+    sink = StorageProcessSink(postgres_url, reply_timeout=2.0)
+    record = make_trace()
+    blocker = pg_engine.connect()
+    blocker.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
+    try:
+        with pytest.raises(ConnectionError) as raised:
+            sink.write_traces([record])
+        assert "did not answer within 2 s" in str(raised.value)
+        assert is_database_unavailable(raised.value), "retried as it is, attempts not used"
+    finally:
+        blocker.rollback()
+        blocker.close()
+    sink.write_traces([record])  # a new child; the first one was killed
+    sink.write_traces([record])  # a resend is stored once
+    sink.dispose()
+    assert _count(pg_engine) == 1
+
+
+def test_failures_reach_the_writer_as_the_kinds_it_handles(postgres_url: str) -> None:
+    record = make_trace()
+    unreachable = StorageProcessSink("postgresql+psycopg://postgres@127.0.0.1:1/none")
+    try:
+        with pytest.raises(Exception) as raised:
+            unreachable.write_traces([record])
+        assert is_database_unavailable(raised.value)
+        assert not is_schema_missing(raised.value)
+    finally:
+        unreachable.dispose()
+
+    found = StorageProcessSink(postgres_url)
+    try:
+        with pytest.raises(Exception) as raised:
+            found.attach_reference(ReferenceUpdate(trace_id="c" * 32, reference="x"))
+        assert is_trace_not_found(raised.value)
+        assert not is_database_unavailable(raised.value)
+    finally:
+        found.dispose()
+
+
+def test_a_database_without_tables_keeps_the_records_until_they_exist() -> None:
+    with empty_database("rt_process_no_tables") as url:
+        sink = StorageProcessSink(url, create_schema=False)
+        try:
+            with pytest.raises(Exception) as raised:
+                sink.write_traces([make_trace()])
+            assert is_schema_missing(raised.value)
+            assert not is_database_unavailable(raised.value)
+        finally:
+            sink.dispose()
+
+
+_APP = textwrap.dedent(
+    """
+    import os, sys, time
+    import recalltrace
+
+    # A long interval: what is asked after the flush waits in the queue until the end.
+    recalltrace.configure(database_url=sys.argv[1], storage_process=True,
+                          flush_interval=600, shutdown_timeout=30)
+
+    @recalltrace.rag("signalled-app")
+    def answer(question):
+        return "ok"
+
+    for i in range(200):
+        answer(f"question {i}")
+    recalltrace.flush(60)
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()  # the test has found the storage process
+    for i in range(200, 400):
+        answer(f"question {i}")
+    print("asked", flush=True)
+    if sys.argv[2] == "exit":
+        os._exit(0)
+    time.sleep(120)
+    """
+)
+
+
+def _start_app(url: str, how: str) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _APP, url, how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    assert int(proc.stdout.readline()) == proc.pid
+    (child,) = storage_children(proc.pid)
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "asked"
+    return proc, child
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_whole_process_group_stores_everything_first(
+    postgres_url: str, pg_engine: Engine, sig: signal.Signals
+) -> None:
+    proc, child = _start_app(postgres_url, "wait")
+    os.killpg(proc.pid, sig)  # as systemd, a terminal's Ctrl-C or `kill -- -PGID` does
+    proc.wait(timeout=120)
+    _wait_for(lambda: not _alive(child), "the storage process to end after its application")
+    assert _count(pg_engine) == 400
+
+
+def test_the_storage_process_ends_with_an_application_that_exits_abruptly(
+    postgres_url: str, pg_engine: Engine
+) -> None:
+    proc, child = _start_app(postgres_url, "exit")
+    proc.wait(timeout=120)
+    _wait_for(lambda: not _alive(child), "the storage process to end after its application")
+    # What was handed over before the exit is stored; the rest was still in the app's queue.
+    assert _count(pg_engine) == 200
+
+
+def test_storage_process_with_a_sink_is_refused() -> None:
+    class Sink:
+        def write_traces(self, records: Any) -> None:
+            raise AssertionError("never called")
+
+        def attach_reference(self, update: Any) -> int:
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="storage_process"):
+        recalltrace.configure(sink=Sink(), storage_process=True)
+
+
+def test_storage_process_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recalltrace.tracer import TracerConfig
+
+    monkeypatch.setenv("RECALLTRACE_STORAGE_PROCESS", "1")
+    assert TracerConfig.from_env().storage_process is True
+
+
+def test_the_writer_thread_holds_no_lock_while_the_child_works(through_process: Engine) -> None:
+    """Requests keep being accepted while the storage process is stuck in a write."""
+    answer("warm-up")
+    assert recalltrace.flush(60)
+    blocker = through_process.connect()
+    blocker.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
+    try:
+        answer("held back")
+        _wait_for(lambda: _waiting_on_lock(through_process), "the child to wait on the lock")
+        done = threading.Event()
+
+        def ask_more() -> None:
+            for i in range(50):
+                answer(f"while stuck {i}")
+            done.set()
+
+        threading.Thread(target=ask_more, daemon=True).start()
+        _wait_for(done.is_set, "requests to finish while the child is stuck")
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert recalltrace.flush(60)
+    assert _count(through_process) == 52
