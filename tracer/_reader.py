@@ -61,6 +61,13 @@ def is_plain(value: Any) -> bool:
     if kind is not dict and kind is not list and kind is not tuple:
         return False
     try:
+        if kind is dict:
+            # The common case, a flat dict of plain values (a document's metadata): no walk.
+            for key, inner in value.items():
+                if type(key) is not str or type(inner) not in _PLAIN_LEAVES:
+                    break
+            else:
+                return True
         return _walk_plain(value)
     except RuntimeError:  # changed by the application while walked: read it as its object
         return False

@@ -235,43 +235,26 @@ def assemble_record(
             read.append(item)
         else:
             read.extend(item.read())
-    # A document left out unread (its reading did not finish) has no error: the note of
-    # that is the reader's.
-    failed = [
-        (i, doc.error) for i, doc in enumerate(read) if type(doc) is UnreadableDoc and doc.error
-    ]
-    if failed:
-        shown = ", ".join(f"{i} ({error})" for i, error in failed[:10])
-        more = " ..." if len(failed) > 10 else ""
-        plural = "s" if len(failed) > 1 else ""
-        notes.append(
-            f"{len(failed)} retrieved document(s) could not be read, raising when read "
-            f"(position{plural} {shown}{more}); each is kept empty in its place"
-        )
-    blank = [
-        i
-        for i, doc in enumerate(read)
-        if not doc[0] and doc[1] is None and type(doc) is not UnreadableDoc
-    ]
-    if blank:
-        shown = ", ".join(str(i) for i in blank[:10]) + (" ..." if len(blank) > 10 else "")
-        notes.append(
-            f"{len(blank)} retrieved document(s) had neither text nor an id (positions {shown}): "
-            "their shape was not recognised; pass extractor= to @retrieval"
-        )
-    textless = [i for i, doc in enumerate(read) if not doc[0] and doc[1] is not None]
-    # A trace captured from spans says what its spans lacked in its own words (capture_build).
-    if textless and metadata.get("captured_from") != "spans":
-        shown = ", ".join(str(i) for i in textless[:10]) + (" ..." if len(textless) > 10 else "")
-        notes.append(
-            f"{len(textless)} retrieved document(s) had an id but no readable text (positions "
-            f"{shown}): only the id-based variant can use them; if the text is elsewhere (e.g. "
-            "Pinecone's metadata['text']), return it as text with extractor= on @retrieval"
-        )
+    # One pass over the documents; the notes about their shape come first, as they are read.
+    failed: list[tuple[int, str]] = []
+    blank: list[int] = []
+    textless: list[int] = []
     non_finite: list[str] = []
-    for index, (content, doc_id, score, doc_metadata) in enumerate(read):
-        if limit >= 0 and len(content) > limit:
-            content = _cut(content, limit, f"retrieved_contexts[{index}]", notes) or ""
+    loop_notes: list[str] = []
+    for index, doc in enumerate(read):
+        content, doc_id, score, doc_metadata = doc
+        if not content:
+            if type(doc) is UnreadableDoc:
+                # One left out unread (its reading did not finish) has no error: the note
+                # of that is the reader's.
+                if doc.error:
+                    failed.append((index, doc.error))
+            elif doc_id is None:
+                blank.append(index)
+            else:
+                textless.append(index)
+        elif limit >= 0 and len(content) > limit:
+            content = _cut(content, limit, f"retrieved_contexts[{index}]", loop_notes) or ""
         if score is not None and not math.isfinite(score):
             non_finite.append(f"retrieved_contexts[{index}].score")
             score = None
@@ -280,6 +263,29 @@ def assemble_record(
                 doc_metadata, found=non_finite, where=f"retrieved_contexts[{index}].metadata"
             )
         contexts.append(ContextRecord(content, doc_id, score, doc_metadata or {}))
+    if failed:
+        shown = ", ".join(f"{i} ({error})" for i, error in failed[:10])
+        more = " ..." if len(failed) > 10 else ""
+        plural = "s" if len(failed) > 1 else ""
+        notes.append(
+            f"{len(failed)} retrieved document(s) could not be read, raising when read "
+            f"(position{plural} {shown}{more}); each is kept empty in its place"
+        )
+    if blank:
+        shown = ", ".join(str(i) for i in blank[:10]) + (" ..." if len(blank) > 10 else "")
+        notes.append(
+            f"{len(blank)} retrieved document(s) had neither text nor an id (positions {shown}): "
+            "their shape was not recognised; pass extractor= to @retrieval"
+        )
+    # A trace captured from spans says what its spans lacked in its own words (capture_build).
+    if textless and metadata.get("captured_from") != "spans":
+        shown = ", ".join(str(i) for i in textless[:10]) + (" ..." if len(textless) > 10 else "")
+        notes.append(
+            f"{len(textless)} retrieved document(s) had an id but no readable text (positions "
+            f"{shown}): only the id-based variant can use them; if the text is elsewhere (e.g. "
+            "Pinecone's metadata['text']), return it as text with extractor= on @retrieval"
+        )
+    notes.extend(loop_notes)
     metadata = json_safe(metadata, found=non_finite, where="metadata")
     if non_finite:
         shown = ", ".join(non_finite[:10]) + (" ..." if len(non_finite) > 10 else "")
