@@ -122,10 +122,24 @@ def ledger(engine: Engine, stderr: str) -> tuple[int, int]:
     return stored, said_dropped(stderr)
 
 
-@pytest.mark.parametrize("worker", sorted(WORKERS))
-@pytest.mark.parametrize("event", ["sighup", "sigterm", "max_requests"])
+CASES = [
+    (worker, event, "thread")
+    for worker in sorted(WORKERS)
+    for event in ("sighup", "sigterm", "max_requests")
+] + [
+    # Through a storage process per worker (storage_process=True): started in each forked
+    # worker, never the master's; still running while the worker drains on its way out.
+    # (Not with --max-requests 50: a worker replaced every few seconds pays an interpreter
+    # start for its storage process each time, which docs/tracing.md says to avoid.)
+    ("sync", "sighup", "process"),
+    ("sync", "sigterm", "process"),
+    ("uvicorn", "sigterm", "process"),
+]
+
+
+@pytest.mark.parametrize(("worker", "event", "storage"), CASES)
 def test_every_answered_request_is_stored(
-    tmp_path: Path, pg_engine: Engine, postgres_url: str, worker: str, event: str
+    tmp_path: Path, pg_engine: Engine, postgres_url: str, worker: str, event: str, storage: str
 ) -> None:
     port = free_port()
     (tmp_path / "app.py").write_text(textwrap.dedent(APP.format(url=postgres_url)))
@@ -135,6 +149,8 @@ def test_every_answered_request_is_stored(
     if event == "max_requests":
         command += ["--max-requests", "50"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    if storage == "process":
+        env["RECALLTRACE_STORAGE_PROCESS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     server = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -10,6 +10,7 @@ every request answered in a child is a stored row, or a drop the tracer counted 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -57,21 +58,26 @@ def ledger(engine: Engine, report: dict[str, int], stderr: str) -> tuple[int, in
     return stored, int(report["dropped"]) + said
 
 
-def run_program(url: str, method: str, scenario: str) -> tuple[dict[str, int], str]:
+def run_program(
+    url: str, method: str, scenario: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, int], str]:
     done = subprocess.run(
         [sys.executable, str(PROGRAM), url, scenario, method],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     return report, done.stderr
 
 
-def check(engine: Engine, url: str, method: str, scenario: str) -> None:
-    report, stderr = run_program(url, method, scenario)
+def check(
+    engine: Engine, url: str, method: str, scenario: str, env: dict[str, str] | None = None
+) -> None:
+    report, stderr = run_program(url, method, scenario, env)
     stored, dropped = ledger(engine, report, stderr)
     assert report["answered"] >= 50
     # Storage is up: nothing may be given up, and every answered request is a row.
@@ -94,6 +100,15 @@ def test_children_records_are_stored_postgres(
     pg_engine: Engine, postgres_url: str, method: str, scenario: str
 ) -> None:
     check(pg_engine, postgres_url, method, scenario)
+
+
+@pytest.mark.parametrize("scenario", ["with", "terminate", "maxtasksperchild", "process"])
+def test_children_records_are_stored_through_storage_processes(
+    pg_engine: Engine, postgres_url: str, scenario: str
+) -> None:
+    """Each forked child starts its own storage process, which outlives the child's drain."""
+    env = {**os.environ, "RECALLTRACE_STORAGE_PROCESS": "1"}
+    check(pg_engine, postgres_url, "fork", scenario, env)
 
 
 def test_exit_drain_is_bounded_and_counts_what_it_gives_up(tmp_path: Path) -> None:
