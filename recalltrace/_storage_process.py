@@ -13,8 +13,9 @@ unreachable: retried as it is; tables missing: kept until they exist; refused: c
 the record's attempts). The ledger is kept in the application's process, so every record still
 ends in exactly one counted outcome.
 
-The child is started on the first write, with the application's interpreter
-(``sys.executable -m recalltrace._storage_process``), and started again when it is gone. It
+The child is started on the first write, with the application's interpreter and its
+``sys.path`` (``sys.executable -c "... from recalltrace._storage_process import main; main()"``),
+and started again when it is gone. It
 ignores SIGINT and SIGTERM: it ends when its pipe closes (the application exits, or the tracer
 shuts down after draining its queue), so a signal sent to the whole process group does not end
 it before the application has handed over what it holds. A child that does not answer within
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import pickle
@@ -35,7 +37,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ _HEADER = struct.Struct("!Q")
 _PIPE_SIZE = 1 << 20
 """Pipe capacity asked for (Linux), so that a batch is usually one write."""
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_PATH_VARIABLE = "RECALLTRACE_STORAGE_PROCESS_PATH"
+_BOOTSTRAP = (
+    "import json, os, sys; "
+    f"sys.path[:] = json.loads(os.environ.pop({_PATH_VARIABLE!r})); "
+    "from recalltrace._storage_process import main; main()"
+)
 
 
 class StorageProcessLost(ConnectionError):
@@ -132,10 +139,12 @@ class StorageProcessSink:
         *,
         create_schema: bool | None = None,
         reply_timeout: float = 120.0,
+        start_timeout: float = 120.0,
     ) -> None:
         self._database_url = database_url
         self._create_schema = create_schema
         self._reply_timeout = reply_timeout
+        self._start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._to_child = -1
         self._from_child = -1
@@ -177,12 +186,11 @@ class StorageProcessSink:
     # -- internals -------------------------------------------------------------------------
 
     def _start(self) -> None:
+        # The child imports what this process imports: it starts with this process's sys.path.
         env = dict(os.environ)
-        # The child imports this very copy of recalltrace, wherever it was imported from.
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env[_PATH_VARIABLE] = json.dumps(sys.path)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "recalltrace._storage_process"],
+            [sys.executable, "-c", _BOOTSTRAP],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -198,7 +206,18 @@ class StorageProcessSink:
         self._proc = proc
         self._owner = os.getpid()
         config = {"database_url": self._database_url, "create_schema": self._create_schema}
-        _send(self._to_child, pickle.dumps(config), time.monotonic() + self._reply_timeout)
+        # Starting (an interpreter, SQLAlchemy and the driver imported) has its own bound, so
+        # that a slow start on a busy host is not taken for a write that hangs.
+        deadline = time.monotonic() + self._start_timeout
+        try:
+            _send(self._to_child, pickle.dumps(config), deadline)
+            ready = _receive(self._from_child, deadline)
+        except TimeoutError as exc:
+            raise self._lost(f"did not start within {self._start_timeout:g} s") from exc
+        except (OSError, EOFError) as exc:
+            raise self._lost(f"exited while starting ({exc})") from exc
+        if ready != "ready":
+            raise self._lost(f"answered {ready!r} while starting")
 
     def _close_pipes(self) -> None:
         for fd in (self._to_child, self._from_child):
@@ -287,6 +306,10 @@ def serve(from_parent: int, to_parent: int) -> None:
     from recalltrace.tracer._sinks import open_default_sink
 
     config = _receive(from_parent, None)
+    # What the first write needs, imported before saying ready.
+    import recalltrace.storage.repository  # noqa: F401
+
+    _send(to_parent, pickle.dumps("ready"), None)
     sink: Any = None
     try:
         while True:
@@ -322,7 +345,7 @@ def _read_frame(fd: int) -> bytes:
 
 
 def main() -> None:
-    """Entry point of the child (``python -m recalltrace._storage_process``)."""
+    """Entry point of the child (also ``python -m recalltrace._storage_process``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The protocol owns stdin and stdout; anything printed goes to stderr instead.
