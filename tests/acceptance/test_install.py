@@ -101,9 +101,12 @@ def test_the_application_side_installs_without_the_judge(venv: Path) -> None:
     assert _run([str(python), "-c", probe]).strip() == "True"
 
 
+@pytest.mark.parametrize("storage_process", [False, True])
 def test_an_app_with_its_own_storage_tracer_scorers_and_migrations(
-    venv: Path, tmp_path: Path
+    venv: Path, tmp_path: Path, storage_process: bool
 ) -> None:
+    """Installed from the wheel, beside modules named like recalltrace's parts; through a
+    storage process too, which starts with the app's sys.path and still imports recalltrace's."""
     app = tmp_path / "app"
     (app / "migrations").mkdir(parents=True)
     (app / "storage.py").write_text("WHO = 'the app storage'\n")
@@ -122,7 +125,9 @@ def test_an_app_with_its_own_storage_tracer_scorers_and_migrations(
             assert scorers.WHO == "the app scorers", scorers
             assert migrations.WHO == "the app migrations", migrations
 
-            recalltrace.configure(database_url="sqlite:///app.db", sample_rate=1.0)
+            recalltrace.configure(
+                database_url="sqlite:///app.db", sample_rate=1.0, storage_process=STORAGE_PROCESS
+            )
 
 
             @recalltrace.retrieval
@@ -147,6 +152,8 @@ def test_an_app_with_its_own_storage_tracer_scorers_and_migrations(
             """
         )
     )
+    main = (app / "main.py").read_text().replace("STORAGE_PROCESS", str(storage_process))
+    (app / "main.py").write_text(main)
     python = venv / "bin" / "python"
     assert _run([str(python), "main.py"], cwd=app).strip().endswith("traced")
     recalltrace_cli = str(venv / "bin" / "recalltrace")
