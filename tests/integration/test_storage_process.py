@@ -325,3 +325,53 @@ def test_the_writer_thread_holds_no_lock_while_the_child_works(through_process: 
         blocker.close()
     assert recalltrace.flush(60)
     assert _count(through_process) == 52
+
+
+def test_a_batch_crosses_to_the_storage_process_unchanged() -> None:
+    """Every field of a record (new ones included: the encoding follows the dataclass) comes
+    back equal, the start time exactly; a value marshal cannot carry sends the batch pickled."""
+    from datetime import datetime, timezone
+
+    from recalltrace._storage_process import decode_batch, encode_batch
+    from recalltrace.storage.records import ContextRecord, TraceRecord
+
+    full = TraceRecord(
+        trace_id="e" * 32,
+        app_name="app",
+        service_name="svc",
+        started_at=datetime(2026, 11, 26, 17, 59, 58, 123457, tzinfo=timezone.utc),
+        duration_ms=12.5,
+        user_input="question",
+        response="answer",
+        retrieved_contexts=[
+            ContextRecord("text", "kb-1", 0.5, {"source": "a.md", "nested": {"n": [1, 2.5]}}),
+            ContextRecord("more", None, None, {}),
+        ],
+        reference="ref",
+        reference_contexts=["ctx"],
+        reference_context_ids=["kb-1"],
+        metadata={"tier": "pro", "n": 10**30},
+        error=True,
+        notes=["a note"],
+        otel_trace_id="1" * 32,
+        otel_span_id="2" * 16,
+        release="v1",
+        environment="prod",
+        user_id="u",
+        session_id="s",
+        tags=["t1", "t2"],
+    )
+    plain = make_trace()
+    encoded = encode_batch([full, plain])
+    assert encoded[:1] == b"M"
+    assert decode_batch(encoded) == [full, plain]
+
+    class Custom:
+        def __reduce__(self) -> Any:
+            return (str, ("custom",))
+
+    odd = make_trace()
+    odd.metadata = {"value": Custom()}
+    encoded = encode_batch([plain, odd])
+    assert encoded[:1] == b"P"
+    assert [r.trace_id for r in decode_batch(encoded)] == [plain.trace_id, odd.trace_id]
