@@ -137,6 +137,10 @@ class BatchWriter:
         self._unwritten: dict[int, TraceState] = {}  # by record id
         self._references: deque[ReferenceUpdate] = deque()
         self._held = 0  # records the writer holds (assembling, in flight, awaiting a retry)
+        # Taken from the queue and not assembled yet (in order); what a shutdown counted as
+        # dropped while they were, by id of the state, so each is counted once.
+        self._assembling: deque[TraceState] = deque()
+        self._assembling_dropped: dict[int, str] = {}
         self._accepted = 0
         self._completed = 0
         self._flush_waiters = 0
@@ -286,14 +290,19 @@ class BatchWriter:
             references = len(self._references)
             self._references.clear()
             thread_alive = self._thread is not None and self._thread.is_alive()
-        for state in states:
+            # Read together under the lock the writer moves a record from one to the other
+            # with: a record being assembled when the drain gives up is counted exactly once.
+            assembling = [s for s in self._assembling if id(s) not in self._assembling_dropped]
+            for state in assembling:
+                self._assembling_dropped[id(state)] = reason
+            ready, orphans = list(self._ready), list(self._orphans)
+        for state in states + assembling:
             self._stats.drop(reason, state.app_name, report=False)
         if references:
             self._stats.drop(reason, "", references, report=False)
-        # Records the writer holds (assembled, awaiting a retry while storage is down) are lost
-        # with the process too. A writer thread still stuck in a write is abandoned: what it
-        # holds is counted now rather than never.
-        ready, orphans = list(self._ready), list(self._orphans)
+        # Records the writer holds (being assembled, awaiting a retry while storage is down)
+        # are lost with the process too. A writer thread still stuck in a write is abandoned:
+        # what it holds is counted now rather than never.
         for pending in ready:
             if pending.dropped_as is None:  # counted once, however often this runs
                 pending.dropped_as = reason
@@ -309,7 +318,7 @@ class BatchWriter:
             self._progress.notify_all()
         if report:
             self._stats.report_drops()
-        lost = len(states) + references + len(ready) + len(orphans)
+        lost = len(states) + len(assembling) + references + len(ready) + len(orphans)
         if lost and self._schema_missing:
             # The line above says how many; this one says what to run.
             logger.warning(
@@ -415,6 +424,7 @@ class BatchWriter:
             for state in states:
                 self._unwritten.pop(state.trace_id, None)
             self._held += len(states)
+            self._assembling.extend(states)
         orphans = {orphan.update.trace_id: orphan for orphan in self._orphans}
         slice_end = time.perf_counter() + _SLICE
         for state in states:
@@ -425,7 +435,8 @@ class BatchWriter:
                 record = self._assemble(state)
             except Exception:
                 logger.exception("recalltrace writer: could not assemble trace %s", state.hex_id())
-                self._stats.drop("assembly_error", state.app_name)
+                if self._assembled(state) is None:  # else already counted by a shutdown
+                    self._stats.drop("assembly_error", state.app_name)
                 self._complete(1, held=1)
                 continue
             orphan = orphans.pop(record.trace_id, None)
@@ -433,7 +444,21 @@ class BatchWriter:
                 merge_reference_into_record(record, orphan.update)
                 self._orphans.remove(orphan)
                 self._complete(1)
-            self._ready.append(_Pending(record))
+            self._assembled(state, _Pending(record))
+
+    def _assembled(self, state: TraceState, pending: _Pending | None = None) -> str | None:
+        """``state`` (the oldest being assembled) is done: move it to the ready records as
+        ``pending`` (none when assembling it failed). Returns the reason a shutdown counted it
+        as dropped meanwhile, if one did."""
+        with self._lock:
+            self._assembling.popleft()
+            dropped_as = (
+                self._assembling_dropped.pop(id(state), None) if self._assembling_dropped else None
+            )
+            if pending is not None:
+                pending.dropped_as = dropped_as
+                self._ready.append(pending)
+        return dropped_as
 
     def _yield_to_requests(self) -> None:
         """Let the application's threads have the GIL, unless the backlog is so large that
