@@ -98,6 +98,12 @@ def _reset_writers_in_child() -> None:
 class BatchWriter:
     """Owns the queue, the writer thread and the sink."""
 
+    clock: Callable[[], float]
+    """The monotonic clock, in seconds, the writer schedules its own work on: when a failed
+    write is retried, how long a late reference waits for its record, how often a failure is
+    logged. ``time.monotonic`` unless given (a test drives a clock by hand, then calls
+    :meth:`wake`); the timeouts of :meth:`flush` and :meth:`shutdown` are always real seconds."""
+
     def __init__(
         self,
         *,
@@ -111,7 +117,9 @@ class BatchWriter:
         retry_backoff: float,
         reference_wait: float,
         close_sink: Callable[[TraceSink], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self._sink_factory = sink_factory
         self._close_sink = close_sink
         self._assemble = assemble
@@ -364,7 +372,7 @@ class BatchWriter:
                 return
 
     def _next_timeout(self) -> float:
-        now = time.monotonic()
+        now = self.clock()
         timeout = self._flush_interval
         if self._ready:
             timeout = min(timeout, self._next_attempt - now)
@@ -411,7 +419,7 @@ class BatchWriter:
         _run_cycle_hooks()
         self._take_traces()
         self._take_references()
-        if self._ready and time.monotonic() >= self._next_attempt:
+        if self._ready and self.clock() >= self._next_attempt:
             self._write_ready()
         if self._orphans:
             self._deliver_orphans()
@@ -476,7 +484,7 @@ class BatchWriter:
         with self._lock:
             updates = list(self._references)
             self._references.clear()
-        now = time.monotonic()
+        now = self.clock()
         for update in updates:
             if self._merge_into_ready(update):
                 self._complete(1)
@@ -524,7 +532,7 @@ class BatchWriter:
             self._complete(len(chunk), held=len(chunk))
 
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
-        now = time.monotonic()
+        now = self.clock()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         name = type(exc).__name__
         self._last_error = f"{name}: {first_line}" if first_line else name
@@ -566,7 +574,7 @@ class BatchWriter:
         self._next_attempt = now + self._backoff
 
     def _deliver_orphans(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for orphan in list(self._orphans):
             if now < orphan.next_try:
                 continue
