@@ -9,6 +9,7 @@ is not a bound on speed: on the slowest host it is reached only when the thing n
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,25 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         """Move the clock ``seconds`` forward."""
         self._now += seconds
+
+
+class VirtualTime(ManualClock):
+    """A clock that moves only when something waits on it: :meth:`sleep` moves it the whole
+    wait at once (and lets the event loop run), so a wait costs no real time and its length is
+    known exactly (:attr:`waits`)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        super().__init__(start)
+        self.waits: list[float] = []
+        """Every wait asked for, in seconds, in order."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on this clock."""
+        self.waits.append(seconds)
+        # A real wait always takes a little time; without it, a wait of a rounding error
+        # would be followed by the same wait again, for ever.
+        self.advance(max(seconds, 1e-6))
+        await asyncio.sleep(0)
 
 
 def wait_until(condition: Callable[[], object], what: str, guard_s: float = HANG_GUARD_S) -> None:
