@@ -280,10 +280,19 @@ def test_a_slow_body_counts_against_the_timeout(server: JudgeServer) -> None:
 
 
 def test_concurrency_limit_holds(server: JudgeServer) -> None:
-    # Each request is answered only once three are in flight (or all nine arrived): the limit
-    # is reached however slowly requests arrive, and a fourth one would be seen in flight.
-    server.hold_until = lambda: server.in_flight >= 3 or server.call_count == 9
     judge = client(server, max_concurrency=3)
+
+    def every_call_sent_or_queued() -> bool:
+        # Each of the nine calls is answered, in flight here, or queued for a slot in the
+        # client (its semaphore's waiters): every call that holds a slot has arrived.
+        queued = sum(
+            len(limits.semaphore._waiters or ()) for limits in list(judge._limits.values())
+        )
+        return server.answered + server.in_flight + queued >= 9
+
+    # Each request is answered only once every call holding a slot in the client has arrived:
+    # as many are in flight as the client lets out at once, however slowly they come.
+    server.hold_until = every_call_sent_or_queued
 
     async def many() -> None:
         await asyncio.gather(
