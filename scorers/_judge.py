@@ -334,15 +334,16 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 class _Bucket:
     """A token bucket refilled continuously at ``rate_per_minute``."""
 
-    def __init__(self, rate_per_minute: float) -> None:
+    def __init__(self, rate_per_minute: float, clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.rate = rate_per_minute / 60.0
         # A burst of up to ten seconds' worth, at least one request's worth.
         self.capacity = max(1.0, rate_per_minute / 6.0)
         self.level = self.capacity
-        self.stamp = time.monotonic()
+        self.stamp = clock()
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
         self.stamp = now
 
@@ -366,10 +367,18 @@ class _Bucket:
 class _Limits:
     """Concurrency, rate limits and a shared pause after ``Retry-After``, for one event loop."""
 
-    def __init__(self, config: JudgeConfig) -> None:
+    def __init__(
+        self,
+        config: JudgeConfig,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self.clock = clock
+        self.sleep = sleep
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
-        self.requests = _Bucket(config.requests_per_minute) if config.requests_per_minute else None
-        self.tokens = _Bucket(config.tokens_per_minute) if config.tokens_per_minute else None
+        rpm, tpm = config.requests_per_minute, config.tokens_per_minute
+        self.requests = _Bucket(rpm, clock) if rpm else None
+        self.tokens = _Bucket(tpm, clock) if tpm else None
         self.paused_until = 0.0
         self.lock = asyncio.Lock()
 
@@ -378,7 +387,7 @@ class _Limits:
         try:
             async with self.lock:  # one waiter at a time keeps the buckets fair
                 while True:
-                    waits = [self.paused_until - time.monotonic()]
+                    waits = [self.paused_until - self.clock()]
                     if self.requests is not None:
                         waits.append(self.requests.wait_time(1))
                     if self.tokens is not None:
@@ -386,7 +395,7 @@ class _Limits:
                     wait = max(waits)
                     if wait <= 0:
                         break
-                    await asyncio.sleep(wait)
+                    await self.sleep(wait)
                 if self.requests is not None:
                     self.requests.take(1)
                 if self.tokens is not None:
@@ -404,7 +413,7 @@ class _Limits:
         self.semaphore.release()
 
     def pause(self, seconds: float) -> None:
-        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+        self.paused_until = max(self.paused_until, self.clock() + seconds)
 
 
 class JudgeClient:
@@ -438,6 +447,12 @@ class JudgeClient:
         self._random = random.Random()
         self.oversized_answers = 0
         """Answers longer than :data:`MAX_ANSWER_CHARS`, cut before parsing."""
+        self.clock: Callable[[], float] = time.monotonic
+        """The monotonic clock (seconds) the rate limits and the pause after ``Retry-After``
+        are measured on; set it before the first call (a test drives a clock by hand)."""
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        """How the client waits: before a retry, for a rate limit or a pause. A test that
+        drives :attr:`clock` by hand waits on it instead."""
 
     def __repr__(self) -> str:
         return f"JudgeClient(model={self.config.model!r})"
@@ -461,7 +476,7 @@ class JudgeClient:
         loop = asyncio.get_running_loop()
         limits = self._limits.get(loop)
         if limits is None:
-            limits = self._limits[loop] = _Limits(self.config)
+            limits = self._limits[loop] = _Limits(self.config, self.clock, self.sleep)
         return limits
 
     def uses_schema(self) -> bool:
@@ -643,7 +658,7 @@ class JudgeClient:
                         unreachable=unreachable,
                     ) from exc
                 logger.debug("judge call failed (%s); retrying in %.2fs", message, delay)
-                await asyncio.sleep(delay)
+                await self.sleep(delay)
                 waited += delay
                 continue
             latency = time.perf_counter() - attempt_started

@@ -99,6 +99,8 @@ class TracerStats:
         self._per_thread: list[tuple[dict[str, int], dict[str, int]]] = []
         self.dropped: dict[tuple[str, str], int] = {}
         self._last_drop_log = 0.0
+        self.clock: Callable[[], float] = time.monotonic
+        """The monotonic clock (seconds) the drop lines are spaced on; a test may drive one."""
         self._unreported: dict[str, int] = {}
         self.stored: dict[str, int] = {}
         self.not_read: dict[str, int] = {}
@@ -195,7 +197,7 @@ class TracerStats:
             key = (reason, app)
             self.dropped[key] = self.dropped.get(key, 0) + count
             self._unreported[reason] = self._unreported.get(reason, 0) + count
-            due = report and time.monotonic() - self._last_drop_log >= 10.0
+            due = report and self.clock() - self._last_drop_log >= 10.0
         if due:
             self.report_drops()
 
@@ -211,7 +213,7 @@ class TracerStats:
 
     def report_drops_when_due(self) -> None:
         """:meth:`report_drops` if ten seconds passed since the last line (writer cycles)."""
-        if self._unreported and time.monotonic() - self._last_drop_log >= 10.0:
+        if self._unreported and self.clock() - self._last_drop_log >= 10.0:
             self.report_drops()
 
     def report_drops(self) -> None:
@@ -220,7 +222,7 @@ class TracerStats:
             if not self._unreported:
                 return
             pending, self._unreported = self._unreported, {}
-            self._last_drop_log = time.monotonic()
+            self._last_drop_log = self.clock()
         total = sum(pending.values())
         reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(pending.items()))
         logger.warning(
@@ -234,7 +236,7 @@ class TracerStats:
         """The drops not reported yet were said another way (the ledger's line at exit)."""
         with self._lock:
             self._unreported = {}
-            self._last_drop_log = time.monotonic()
+            self._last_drop_log = self.clock()
 
     def dropped_total(self, reason: str | None = None) -> int:
         """Dropped records so far, of one reason or all."""

@@ -98,6 +98,12 @@ def _reset_writers_in_child() -> None:
 class BatchWriter:
     """Owns the queue, the writer thread and the sink."""
 
+    clock: Callable[[], float]
+    """The monotonic clock, in seconds, the writer schedules its own work on: when a failed
+    write is retried, how long a late reference waits for its record, how often a failure is
+    logged. ``time.monotonic`` unless given (a test drives a clock by hand, then calls
+    :meth:`wake`); the timeouts of :meth:`flush` and :meth:`shutdown` are always real seconds."""
+
     def __init__(
         self,
         *,
@@ -111,7 +117,9 @@ class BatchWriter:
         retry_backoff: float,
         reference_wait: float,
         close_sink: Callable[[TraceSink], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
         self._sink_factory = sink_factory
         self._close_sink = close_sink
         self._assemble = assemble
@@ -137,6 +145,10 @@ class BatchWriter:
         self._unwritten: dict[int, TraceState] = {}  # by record id
         self._references: deque[ReferenceUpdate] = deque()
         self._held = 0  # records the writer holds (assembling, in flight, awaiting a retry)
+        # Taken from the queue and not assembled yet (in order); what a shutdown counted as
+        # dropped while they were, by id of the state, so each is counted once.
+        self._assembling: deque[TraceState] = deque()
+        self._assembling_dropped: dict[int, str] = {}
         self._accepted = 0
         self._completed = 0
         self._flush_waiters = 0
@@ -289,14 +301,19 @@ class BatchWriter:
             references = len(self._references)
             self._references.clear()
             thread_alive = self._thread is not None and self._thread.is_alive()
-        for state in states:
+            # Read together under the lock the writer moves a record from one to the other
+            # with: a record being assembled when the drain gives up is counted exactly once.
+            assembling = [s for s in self._assembling if id(s) not in self._assembling_dropped]
+            for state in assembling:
+                self._assembling_dropped[id(state)] = reason
+            ready, orphans = list(self._ready), list(self._orphans)
+        for state in states + assembling:
             self._stats.drop(reason, state.app_name, report=False)
         if references:
             self._stats.drop(reason, "", references, report=False)
-        # Records the writer holds (assembled, awaiting a retry while storage is down) are lost
-        # with the process too. A writer thread still stuck in a write is abandoned: what it
-        # holds is counted now rather than never.
-        ready, orphans = list(self._ready), list(self._orphans)
+        # Records the writer holds (being assembled, awaiting a retry while storage is down)
+        # are lost with the process too. A writer thread still stuck in a write is abandoned:
+        # what it holds is counted now rather than never.
         for pending in ready:
             if pending.dropped_as is None:  # counted once, however often this runs
                 pending.dropped_as = reason
@@ -312,7 +329,7 @@ class BatchWriter:
             self._progress.notify_all()
         if report:
             self._stats.report_drops()
-        lost = len(states) + references + len(ready) + len(orphans)
+        lost = len(states) + len(assembling) + references + len(ready) + len(orphans)
         if lost and self._schema_missing:
             # The line above says how many; this one says what to run.
             logger.warning(
@@ -358,7 +375,7 @@ class BatchWriter:
                 return
 
     def _next_timeout(self) -> float:
-        now = time.monotonic()
+        now = self.clock()
         timeout = self._flush_interval
         if self._ready:
             timeout = min(timeout, self._next_attempt - now)
@@ -405,7 +422,7 @@ class BatchWriter:
         _run_cycle_hooks()
         self._take_traces()
         self._take_references()
-        if self._ready and time.monotonic() >= self._next_attempt:
+        if self._ready and self.clock() >= self._next_attempt:
             self._write_ready()
         if self._orphans:
             self._deliver_orphans()
@@ -418,6 +435,7 @@ class BatchWriter:
             for state in states:
                 self._unwritten.pop(state.trace_id, None)
             self._held += len(states)
+            self._assembling.extend(states)
         orphans = {orphan.update.trace_id: orphan for orphan in self._orphans}
         slice_end = time.perf_counter() + _SLICE
         for state in states:
@@ -428,7 +446,8 @@ class BatchWriter:
                 record = self._assemble(state)
             except Exception:
                 logger.exception("recalltrace writer: could not assemble trace %s", state.hex_id())
-                self._stats.drop("assembly_error", state.app_name)
+                if self._assembled(state) is None:  # else already counted by a shutdown
+                    self._stats.drop("assembly_error", state.app_name)
                 self._complete(1, held=1)
                 continue
             orphan = orphans.pop(record.trace_id, None)
@@ -436,7 +455,21 @@ class BatchWriter:
                 merge_reference_into_record(record, orphan.update)
                 self._orphans.remove(orphan)
                 self._complete(1)
-            self._ready.append(_Pending(record))
+            self._assembled(state, _Pending(record))
+
+    def _assembled(self, state: TraceState, pending: _Pending | None = None) -> str | None:
+        """``state`` (the oldest being assembled) is done: move it to the ready records as
+        ``pending`` (none when assembling it failed). Returns the reason a shutdown counted it
+        as dropped meanwhile, if one did."""
+        with self._lock:
+            self._assembling.popleft()
+            dropped_as = (
+                self._assembling_dropped.pop(id(state), None) if self._assembling_dropped else None
+            )
+            if pending is not None:
+                pending.dropped_as = dropped_as
+                self._ready.append(pending)
+        return dropped_as
 
     def _yield_to_requests(self) -> None:
         """Let the application's threads have the GIL, unless the backlog is so large that
@@ -454,7 +487,7 @@ class BatchWriter:
         with self._lock:
             updates = list(self._references)
             self._references.clear()
-        now = time.monotonic()
+        now = self.clock()
         for update in updates:
             if self._merge_into_ready(update):
                 self._complete(1)
@@ -502,7 +535,7 @@ class BatchWriter:
             self._complete(len(chunk), held=len(chunk))
 
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
-        now = time.monotonic()
+        now = self.clock()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         name = type(exc).__name__
         self._last_error = f"{name}: {first_line}" if first_line else name
@@ -544,7 +577,7 @@ class BatchWriter:
         self._next_attempt = now + self._backoff
 
     def _deliver_orphans(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for orphan in list(self._orphans):
             if now < orphan.next_try:
                 continue

@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +19,7 @@ from recalltrace.scorers import (
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
 from recalltrace.scorers.catalog import judge_tasks
 from tests.support import ROOT
+from tests.support.clocks import HANG_GUARD_S, VirtualTime, finishes
 from tests.support.judge_server import JudgeServer, Reply
 
 MESSAGES = [
@@ -62,7 +62,7 @@ def client(
         "model": "openai/test-judge",
         "api_base": server.base_url,
         "api_key": "test",
-        "timeout_s": 2.0,
+        "timeout_s": HANG_GUARD_S,  # only a hang guard here; the timeout tests set their own
         "max_retries": 2,
         "max_retry_wait_s": 3.0,
         "backoff_initial_s": 0.01,
@@ -70,6 +70,14 @@ def client(
     }
     settings.update(options)
     return JudgeClient(on_call=records.append if records is not None else None, **settings)
+
+
+def on_virtual_time(judge: JudgeClient) -> VirtualTime:
+    """Make ``judge`` wait on a clock that moves only by its own waits (no real time)."""
+    clock = VirtualTime()
+    judge.clock = clock
+    judge.sleep = clock.sleep
+    return clock
 
 
 def chat(judge: JudgeClient):
@@ -176,9 +184,10 @@ def test_known_model_gets_structured_output_and_a_cost(server: JudgeServer) -> N
 def test_429_with_retry_after_is_honoured(server: JudgeServer) -> None:
     records: list[JudgeCallRecord] = []
     server.script(Reply.error(429, retry_after=0.4), Reply.json(GOOD))
-    started = time.perf_counter()
-    reply = chat(client(server, records))
-    assert time.perf_counter() - started >= 0.4
+    judge = client(server, records)
+    clock = on_virtual_time(judge)
+    reply = chat(judge)
+    assert clock.waits == [0.4]  # the retry waited what the server asked, once
     assert reply.attempts == 2 and server.call_count == 2
     assert [r.error_type for r in records] == ["RateLimitError", None]
     assert records[0].status_code == 429
@@ -247,11 +256,11 @@ def test_auth_permission_and_unknown_model_are_terminal(
 @pytest.mark.usefixtures("route")
 def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> None:
     records: list[JudgeCallRecord] = []
-    server.script(Reply.json(GOOD, delay=3), Reply.json(GOOD, delay=3))
-    started = time.perf_counter()
+    # Answers that would come after ten minutes: the call ends only if the timeout cuts them.
+    server.script(Reply.json(GOOD, delay=600), Reply.json(GOOD, delay=600))
+    judge = client(server, records, timeout_s=0.4, max_retries=1)
     with pytest.raises(TransientJudgeError):
-        chat(client(server, records, timeout_s=0.4, max_retries=1))
-    assert time.perf_counter() - started < 2.0
+        finishes(lambda: chat(judge), "a judge call past its timeout")
     # Two attempts, each cut at the timeout. The server sees the second one only if it was
     # sent within its 0.4 s: on a loaded machine LiteLLM's own preparation of the request can
     # use the whole timeout, so the count the server saw is not what this test is about.
@@ -261,16 +270,29 @@ def test_a_slow_response_past_the_timeout_is_transient(server: JudgeServer) -> N
 
 @pytest.mark.usefixtures("route")
 def test_a_slow_body_counts_against_the_timeout(server: JudgeServer) -> None:
+    # A body trickled over ten minutes, then a prompt answer (within even a loaded host's 3 s).
     server.script(
-        Reply(content='{"context_recall_score": 0.8, "reason": "x"}', slow_body=3), Reply.json(GOOD)
+        Reply(content='{"context_recall_score": 0.8, "reason": "x"}', slow_body=600),
+        Reply.json(GOOD),
     )
-    reply = chat(client(server, timeout_s=0.5))
+    reply = finishes(lambda: chat(client(server, timeout_s=3.0)), "a trickled answer")
     assert reply.attempts == 2 and server.call_count == 2
 
 
 def test_concurrency_limit_holds(server: JudgeServer) -> None:
-    server.handler = lambda request: Reply.json(GOOD, delay=0.15)
     judge = client(server, max_concurrency=3)
+
+    def every_call_sent_or_queued() -> bool:
+        # Each of the nine calls is answered, in flight here, or queued for a slot in the
+        # client (its semaphore's waiters): every call that holds a slot has arrived.
+        queued = sum(
+            len(limits.semaphore._waiters or ()) for limits in list(judge._limits.values())
+        )
+        return server.answered + server.in_flight + queued >= 9
+
+    # Each request is answered only once every call holding a slot in the client has arrived:
+    # as many are in flight as the client lets out at once, however slowly they come.
+    server.hold_until = every_call_sent_or_queued
 
     async def many() -> None:
         await asyncio.gather(
@@ -291,9 +313,9 @@ def test_concurrency_limit_holds(server: JudgeServer) -> None:
 
 def test_requests_per_minute_limit_spaces_requests(server: JudgeServer) -> None:
     judge = client(server, requests_per_minute=60)  # a burst of 10, then one a second
+    clock = on_virtual_time(judge)
 
-    async def many() -> float:
-        started = time.perf_counter()
+    async def many() -> None:
         await asyncio.gather(
             *(
                 judge.chat(
@@ -304,9 +326,10 @@ def test_requests_per_minute_limit_spaces_requests(server: JudgeServer) -> None:
                 for _ in range(11)
             )
         )
-        return time.perf_counter() - started
 
-    assert asyncio.run(many()) >= 0.9
+    asyncio.run(many())
+    # The eleventh request waited for the bucket to refill one request: a second.
+    assert sum(clock.waits) == pytest.approx(1.0)
     assert server.call_count == 11
 
 
@@ -314,16 +337,16 @@ def test_tokens_per_minute_limit_waits_for_tokens(server: JudgeServer) -> None:
     # 600 tokens a minute: a burst of 100 tokens, then 10 a second; each call is estimated
     # at about 30 prompt tokens plus max_tokens=20, so the third call must wait.
     judge = client(server, tokens_per_minute=600, max_tokens=20)
+    clock = on_virtual_time(judge)
 
-    async def many() -> float:
-        started = time.perf_counter()
+    async def many() -> None:
         for _ in range(3):
             await judge.chat(
                 MESSAGES, schema_name="judge_recall", schema=judge_tasks()["judge_recall"].schema
             )
-        return time.perf_counter() - started
 
-    assert asyncio.run(many()) >= 0.5
+    asyncio.run(many())
+    assert len(clock.waits) >= 1 and sum(clock.waits) >= 0.5
 
 
 def test_on_call_hook_errors_do_not_break_calls(server: JudgeServer) -> None:

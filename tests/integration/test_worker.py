@@ -13,7 +13,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from recalltrace.scorers import JudgeConfig
 from recalltrace.scorers._judge import LITELLM_HTTP_FLAG
@@ -22,6 +22,7 @@ from recalltrace.scorers.worker import Worker, WorkerOptions
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.models import JobStatus, Score, ScoringJob
 from recalltrace.storage.records import ReferenceUpdate
+from tests.support.clocks import HANG_GUARD_S, wait_until
 from tests.support.factories import make_repository, make_trace
 from tests.support.judge_server import JudgeServer, Reply
 
@@ -481,26 +482,37 @@ def test_a_job_longer_than_its_lease_keeps_it(database_url: str) -> None:
 def test_an_idle_worker_wakes_on_notify_not_on_its_poll_interval(pg_engine: Any) -> None:
     repo = make_repository(pg_engine, metrics=["id_based_context_recall"])
     url = pg_engine.url.render_as_string(hide_password=False)
-    worker = worker_for(url, metrics=["id_based_context_recall"], poll_interval_s=30.0, listen=True)
+    # Its poll interval is an hour: only the NOTIFY can wake it within a test.
+    worker = worker_for(
+        url, metrics=["id_based_context_recall"], poll_interval_s=3600.0, listen=True
+    )
     runner = threading.Thread(target=lambda: asyncio.run(worker.run()))
     runner.start()
     try:
-        time.sleep(2.0)  # idle: nothing to claim, LISTEN connection up
+        # Idle: nothing to claim, and its LISTEN is in place (a notify before it is missed).
+        wait_until(lambda: listening(pg_engine), "the worker never listened")
         repo.write_traces([full_trace() for _ in range(3)])
-        written = time.monotonic()
-        deadline = written + 10
-        while (
-            time.monotonic() < deadline
-            and len(scores_by_metric(url).get("id_based_context_recall", [])) < 3
-        ):
-            time.sleep(0.05)
-        waited = time.monotonic() - written
+        wait_until(
+            lambda: len(scores_by_metric(url).get("id_based_context_recall", [])) == 3,
+            "the worker slept through the NOTIFY",
+        )
     finally:
         worker.request_stop()
-        runner.join(30)
+        runner.join(HANG_GUARD_S)
         worker.close()
     assert len(scores_by_metric(url)["id_based_context_recall"]) == 3
-    assert waited < 5, f"scored after {waited:.1f} s: the worker slept through the NOTIFY"
+
+
+def listening(engine: Any) -> bool:
+    """Whether a session of this database is listening for new jobs."""
+    with engine.connect() as conn:
+        count = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query ILIKE 'LISTEN%'"
+            )
+        ).scalar_one()
+    return int(count) > 0
 
 
 def test_once_does_not_wait_a_poll_interval_after_its_last_job(sqlite_url: str) -> None:

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,7 @@ def judge() -> Iterator[JudgeServer]:
         yield server
 
 
-def run_once(
-    tmp_path: Path, judge: JudgeServer, *extra: str
-) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_once(tmp_path: Path, judge: JudgeServer, *extra: str) -> subprocess.CompletedProcess[str]:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     upgrade(url)
     repo = make_repository(create_engine_from_url(url), metrics=[METRIC])
@@ -49,10 +46,9 @@ def run_once(
     command = [sys.executable, "-m", "recalltrace", "worker", "--once", "--database-url", url]
     command += ["--metric", METRIC, "--no-progress", "--judge-model", "openai/test-judge"]
     command += ["--judge-api-base", judge.base_url, *extra]
-    started = time.monotonic()
-    # Well past any deadline below: the old worker never ended and is killed here.
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
-    return done, time.monotonic() - started
+    # Only turns a run that does not end into a failure: the judge below answers after ten
+    # minutes at the earliest, and its timeout is as long, so only the deadline ends the run.
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def unscored(done: subprocess.CompletedProcess[str]) -> int:
@@ -65,7 +61,7 @@ def test_an_always_failing_judge_gets_each_job_a_bounded_number_of_times(
     tmp_path: Path, judge: JudgeServer
 ) -> None:
     judge.handler = lambda request: Reply.error(500)
-    done, _ = run_once(tmp_path, judge, "--judge-max-retries", "1")
+    done = run_once(tmp_path, judge, "--judge-max-retries", "1")
     assert done.returncode == 3, done.stdout + done.stderr
     # One claim a run for a job that failed transiently: at most 1 + retries calls each.
     assert judge.call_count <= JOBS * 2, judge.call_count
@@ -84,11 +80,10 @@ def test_a_hanging_or_trickling_judge_ends_the_run_at_its_deadline(
         return Reply(content=answer.content, slow_body=600)
 
     judge.handler = slow
-    done, took = run_once(
-        tmp_path, judge, "--judge-timeout", "60", "--deadline", "6", "--grace-period", "2"
+    done = run_once(
+        tmp_path, judge, "--judge-timeout", "600", "--deadline", "6", "--grace-period", "2"
     )
     assert done.returncode == 3, done.stdout + done.stderr
-    assert took < 60, took
     assert unscored(done) == JOBS
     assert "deadline" in done.stdout
     assert "Traceback" not in done.stderr
@@ -99,7 +94,7 @@ def test_calls_that_time_out_count_against_the_budget(tmp_path: Path, judge: Jud
         return Reply(content=auto_answer(request).content, delay=600)
 
     judge.handler = hang
-    done, _ = run_once(
+    done = run_once(
         tmp_path,
         judge,
         "--judge-timeout", "2", "--judge-max-retries", "0", "--concurrency", "1",

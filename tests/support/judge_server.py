@@ -50,6 +50,7 @@ from typing import Any
 from aiohttp import web
 
 from recalltrace.scorers.catalog import judge_tasks
+from tests.support.clocks import HANG_GUARD_S
 
 __all__ = ["JudgeServer", "Reply", "auto_answer", "detect_task"]
 
@@ -280,6 +281,9 @@ class JudgeServer:
         self.answered = 0
         """How many chat requests got their whole answer (a request its client gave up on
         before the answer was sent is not counted)."""
+        self.hold_until: Callable[[], bool] | None = None
+        """When set, each request, counted in flight, waits until it returns true (at most
+        ``HANG_GUARD_S``) before its answer: requests are made to overlap without timing."""
 
     # scripting ---------------------------------------------------------------------------
     def script(self, *replies: Reply) -> None:
@@ -294,6 +298,7 @@ class JudgeServer:
             self.requests.clear()
             self.request_headers.clear()
             self.handler = auto_answer
+            self.hold_until = None
             self.max_in_flight = 0
 
     @property
@@ -404,6 +409,11 @@ class JudgeServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            hold = self.hold_until
+            if hold is not None:
+                deadline = time.monotonic() + HANG_GUARD_S
+                while not hold() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
             wait = self.latency + reply.delay
             if wait > 0:
                 await asyncio.sleep(wait)

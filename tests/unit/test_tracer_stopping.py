@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 import recalltrace
 from tests.support import ROOT
+from tests.support.clocks import HANG_GUARD_S, finishes, wait_until
 from tests.support.tracer_helpers import FlakySink, dropped, make_traced
 
 
@@ -31,17 +31,16 @@ def test_flush_without_a_timeout_gives_up_while_storage_is_down(
     try:
         for index in range(7):
             answer(f"q{index}")
-        started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="recalltrace"):
-            assert recalltrace.flush() is False
-        assert time.monotonic() - started < 5
+            # Without flush_timeout it would wait for storage to come back: for ever.
+            assert finishes(recalltrace.flush, "flush() while storage is down") is False
         lines = [r.getMessage() for r in caplog.records if "flush gave up" in r.getMessage()]
         assert len(lines) == 1
         assert "7 record(s) not stored yet" in lines[0]
         assert "ConnectionError" in lines[0]
     finally:
         sink.down = False
-        recalltrace.shutdown(2)
+        recalltrace.shutdown(HANG_GUARD_S)
 
 
 def test_shutdown_while_storage_is_down_counts_and_says_the_exact_number(
@@ -52,7 +51,8 @@ def test_shutdown_while_storage_is_down_counts_and_says_the_exact_number(
     before = dropped("shutdown")
     for index in range(50):
         answer(f"q{index}")
-    time.sleep(0.3)  # the writer has taken them and is retrying against the down sink
+    # The writer has taken (some of) them and is retrying against the down sink.
+    wait_until(lambda: sink.failures >= 1, "the writer never tried to store")
     with caplog.at_level(logging.WARNING, logger="recalltrace"):
         assert recalltrace.shutdown(0.5) is False
     assert dropped("shutdown") - before == 50

@@ -20,6 +20,7 @@ import recalltrace
 from recalltrace.storage.records import TraceRecord
 from recalltrace.tracer._runtime import stats
 from tests.support import ROOT
+from tests.support.clocks import HANG_GUARD_S, ManualClock, finishes, wait_until
 from tests.support.tracer_helpers import (
     FileSink,
     FlakySink,
@@ -48,7 +49,8 @@ def answer(question: str) -> str:
 
 
 class BlockingSink(MemorySink):
-    """Blocks every write until ``release`` is set (a very slow database)."""
+    """Blocks every write until ``release`` is set (a very slow database); nothing is stored
+    before that (short of a hang)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,16 +59,44 @@ class BlockingSink(MemorySink):
 
     def write_traces(self, records: Sequence[TraceRecord]) -> None:
         self.entered.set()
-        self.release.wait(10)
+        self.release.wait(HANG_GUARD_S)
         super().write_traces(records)
 
 
-def _wait_for(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+class MissingSink(MemorySink):
+    """Counts the references it was asked to attach to a record it does not hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.missed = 0
+
+    def attach_reference(self, update: Any) -> int:
+        try:
+            return super().attach_reference(update)
+        except LookupError:
+            self.missed += 1
+            raise
+
+
+def _wait_for(condition: Any) -> None:
+    wait_until(condition, "the writer did not get there")
+
+
+def _manual_clock() -> ManualClock:
+    """The writer's clock, moved by hand from now on."""
+    from recalltrace.tracer import _runtime
+
+    assert _runtime.current is not None
+    clock = ManualClock()
+    _runtime.current.writer.clock = clock
+    return clock
+
+
+def _wake_writer() -> None:
+    from recalltrace.tracer import _runtime
+
+    assert _runtime.current is not None
+    _runtime.current.writer.wake(now=True)
 
 
 def _dropped_points(state: Traced) -> dict[tuple[str, str], float]:
@@ -94,7 +124,7 @@ def test_records_are_written_in_batches() -> None:
 
 def test_flush_interval_writes_without_a_full_batch(traced: Traced) -> None:
     answer("lonely")
-    _wait_for(lambda: len(traced.sink.records) == 1, timeout=2.0)
+    _wait_for(lambda: len(traced.sink.records) == 1)
 
 
 # -- the queue never blocks and never grows past its bound ----------------------------------------
@@ -103,20 +133,21 @@ def test_flush_interval_writes_without_a_full_batch(traced: Traced) -> None:
 def test_full_queue_drops_without_blocking_and_counts(caplog: pytest.LogCaptureFixture) -> None:
     sink = BlockingSink()
     state = make_traced(sink=sink, max_queue_size=5, max_batch_size=2, flush_interval=0.01)
+    # The drop lines are spaced on this clock: it stands still, so one line says all 46.
+    stats().clock = ManualClock()
     stats()._last_drop_log = 0.0
     before = dropped("queue_full")
     try:
         answer("first")
-        assert sink.entered.wait(5)  # the writer is now stuck inside the sink
-        slowest = 0.0
+        assert sink.entered.wait(HANG_GUARD_S)  # the writer is now stuck inside the sink
         sizes = []
         with caplog.at_level(logging.WARNING, logger="recalltrace.tracer"):
             for i in range(50):
-                start = time.perf_counter()
                 assert answer(f"q{i}") == f"answer to q{i}"
-                slowest = max(slowest, time.perf_counter() - start)
                 sizes.append(state.metric_points("rag.tracer.queue.size")[0][1])
-        assert slowest < 0.5
+        # Every call returned while the writer was still inside its first write, which ends
+        # only when the test releases it: none of them waited for the writer.
+        assert sink.records == [] and not sink.release.is_set()
         assert max(sizes) <= 5
         lost = dropped("queue_full") - before
         assert lost == 50 - 4  # "first" is held by the writer, four more fit in the bound
@@ -124,8 +155,9 @@ def test_full_queue_drops_without_blocking_and_counts(caplog: pytest.LogCaptureF
         warnings = [r for r in caplog.records if "dropped" in r.getMessage()]
         assert len(warnings) == 1, "drops are logged at a limited rate"
     finally:
+        stats().clock = time.monotonic
         sink.release.set()
-        recalltrace.shutdown(2)
+        recalltrace.shutdown(HANG_GUARD_S)
     assert len(sink.records) == 5
 
 
@@ -228,9 +260,10 @@ def test_shutdown_drains_and_later_traces_are_dropped() -> None:
 
 
 def test_flush_with_nothing_queued_returns_at_once(traced: Traced) -> None:
-    start = time.perf_counter()
-    assert recalltrace.flush(5)
-    assert time.perf_counter() - start < 0.5
+    answer("stored")
+    assert recalltrace.flush(HANG_GUARD_S)
+    # Nothing is queued now: a flush with an hour to wait returns True without using it.
+    assert finishes(lambda: recalltrace.flush(3600), "flush with nothing queued")
 
 
 def test_flush_at_exit_in_a_short_lived_process(tmp_path: Path) -> None:
@@ -323,10 +356,13 @@ def test_reference_after_the_trace_was_stored_goes_to_storage(traced: Traced) ->
     assert [u.trace_id for u in traced.sink.references] == ids
 
 
-def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
+def test_reference_waits_for_a_trace_still_in_flight() -> None:
+    sink = MissingSink()
+    make_traced(sink=sink, reference_wait=2.0)
+    clock = _manual_clock()  # reference_wait never passes unless the test moves the clock
     trace_id = "ab" * 16
     recalltrace.set_reference(trace_id, reference="gold")
-    time.sleep(0.1)  # the writer tried and got TraceNotFound
+    _wait_for(lambda: sink.missed == 1)  # the writer tried and got TraceNotFound
     record = TraceRecord(
         trace_id=trace_id,
         app_name="other-process",
@@ -334,38 +370,49 @@ def test_reference_waits_for_a_trace_still_in_flight(traced: Traced) -> None:
         started_at=__import__("datetime").datetime.now(__import__("datetime").timezone.utc),
         duration_ms=1.0,
     )
-    traced.sink.write_traces([record])  # stored meanwhile, e.g. by another process
-    # flush() does not wait for it (the record might never come), but the writer keeps trying.
-    deadline = time.monotonic() + 5
-    while traced.sink.by_id(trace_id).reference != "gold":
-        assert time.monotonic() < deadline, "the late reference was never attached"
-        time.sleep(0.02)
+    try:
+        sink.write_traces([record])  # stored meanwhile, e.g. by another process
+        # flush() does not wait for it (the record might never come), but the writer keeps
+        # trying: its next try is due a moment later, well within reference_wait.
+        assert recalltrace.flush(HANG_GUARD_S)
+        assert sink.by_id(trace_id).reference is None
+        clock.advance(1.0)
+        _wake_writer()
+        _wait_for(lambda: sink.by_id(trace_id).reference == "gold")
+        assert sink.missed == 1
+    finally:
+        recalltrace.shutdown(HANG_GUARD_S)
 
 
 def test_reference_for_an_unknown_trace_is_dropped_after_waiting() -> None:
-    make_traced(reference_wait=0.5)
+    sink = MissingSink()
+    make_traced(sink=sink, reference_wait=0.5)
+    clock = _manual_clock()
     before = dropped("reference_not_found")
     try:
         recalltrace.set_reference("cd" * 16, reference="nobody")
+        _wait_for(lambda: sink.missed == 1)
+        clock.advance(0.4)  # a retry is due, reference_wait is not over
+        _wake_writer()
+        _wait_for(lambda: sink.missed == 2)
         assert dropped("reference_not_found") == before
-        deadline = time.monotonic() + 5
-        while dropped("reference_not_found") == before:
-            assert time.monotonic() < deadline, "the orphan reference was never counted"
-            time.sleep(0.02)
+        clock.advance(0.2)  # past reference_wait: the last try, then it is counted
+        _wake_writer()
+        _wait_for(lambda: dropped("reference_not_found") > before)
         assert dropped("reference_not_found") == before + 1
+        assert sink.missed == 3
     finally:
-        recalltrace.shutdown(1)
+        recalltrace.shutdown(HANG_GUARD_S)
 
 
 def test_an_unknown_reference_does_not_hold_flush_for_reference_wait() -> None:
     make_traced(reference_wait=30.0)
+    _manual_clock()  # stands still: reference_wait never passes
     try:
         recalltrace.set_reference("cd" * 16, reference="nobody")
-        started = time.monotonic()
-        assert recalltrace.flush(10)
-        assert time.monotonic() - started < 2  # it used to wait the full 30 s
+        assert recalltrace.flush(HANG_GUARD_S)  # it used to wait until reference_wait passed
     finally:
-        recalltrace.shutdown(1)
+        recalltrace.shutdown(HANG_GUARD_S)
 
 
 def test_a_malformed_reference_id_says_what_an_id_is() -> None:
