@@ -300,6 +300,7 @@ class JudgeServer:
             self.handler = auto_answer
             self.hold_until = None
             self.max_in_flight = 0
+            self.answered = 0
 
     @property
     def call_count(self) -> int:
