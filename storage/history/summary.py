@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage import _postgres, rollups, summary_cache
+from recalltrace.storage import _postgres, diagnose_rollups, rollups, summary_cache
 from recalltrace.storage._dialect import as_utc
 from recalltrace.storage.history._base import HistoryBase
 from recalltrace.storage.history.selection import (
@@ -238,6 +238,18 @@ class SummaryQueries(HistoryBase):
                         fill_only=True,
                     )
                 )
+
+        # The hourly rollups of ``scores diagnose`` (every app), over the same days.
+        for key, key_version in self.versions.items():
+            looked += diagnose_rollups.fill(
+                self.engine,
+                self.dialect,
+                metric=key,
+                version=key_version,
+                lower=since,
+                upper=until,
+                now=now,
+            )
 
         def cost_of(attributes: Mapping[str, str]) -> int:
             hours = rollups.cost_hours(
