@@ -16,6 +16,7 @@ from sqlalchemy import Engine, select
 
 from recalltrace.scorers import ScoreResult
 from recalltrace.scorers.variants.id_based_context_recall import IDBasedContextRecall
+from recalltrace.scorers.variants.non_llm_context_recall import NonLLMContextRecall
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.history import History
 from recalltrace.storage.models import DiagnoseCache
@@ -26,6 +27,7 @@ from tests.support.factories import make_history, make_repository
 
 pytestmark = pytest.mark.postgres
 
+STRING_METRIC = "non_llm_context_recall"
 APP = "rolled-app"
 HOURS = 4
 PER_HOUR = 300
@@ -35,6 +37,11 @@ def result(record: TraceRecord, metric: str, *, failed: bool = False) -> ScoreRe
     """The result a worker stores, the same on both databases (drawn per trace)."""
     if failed:
         return ScoreResult(metric=metric, value=None, status="failed", reason="judge timed out")
+    if metric == STRING_METRIC:
+        return NonLLMContextRecall().score(
+            reference_contexts=record.reference_contexts,
+            retrieved_contexts=[c.content for c in record.retrieved_contexts],
+        )
     if metric == ID_METRIC:
         return IDBasedContextRecall().score(
             reference_context_ids=record.reference_context_ids,
@@ -82,6 +89,7 @@ def same(left: Any, right: Any, path: str = "") -> list[str]:
 CASES: list[dict[str, Any]] = [
     {"metric": ID_METRIC, "all_slices": True, "limit": 50},
     {"metric": LLM_METRIC, "all_slices": True, "limit": 50},
+    {"metric": STRING_METRIC, "all_slices": True, "limit": 50},
     {"metric": ID_METRIC, "app": APP, "where": [("environment", "production")]},
     {"metric": ID_METRIC, "where": [("release", "2.4.1")], "max_values": 3, "min_count": 5},
 ]
@@ -92,6 +100,7 @@ def check_equal(pg: History, lite: History, since: datetime) -> None:
         rolled = pg.diagnose(since=since, **case).as_dict()
         scored = lite.diagnose(since=since, **case).as_dict()
         assert rolled["scored"] > 0 and rolled["slices_tested"] > 0, case
+        assert rolled["missed_references"] or rolled["unsupported_claims"], case
         assert same(rolled, scored) == [], case
 
 
@@ -110,8 +119,9 @@ def stored_hours(engine: Engine) -> set[datetime]:
 
 def test_rolled_up_diagnosis_equals_the_scores(pg_engine: Engine, sqlite_url: str) -> None:
     lite_engine = create_engine_from_url(sqlite_url)
-    pg_repo = make_repository(pg_engine)
-    lite_repo = make_repository(lite_engine)
+    metrics = [ID_METRIC, LLM_METRIC, STRING_METRIC]
+    pg_repo = make_repository(pg_engine, metrics=metrics)
+    lite_repo = make_repository(lite_engine, metrics=metrics)
     now = datetime.now(timezone.utc)
     first_hour = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
     rng = random.Random(34)
@@ -121,6 +131,10 @@ def test_rolled_up_diagnosis_equals_the_scores(pg_engine: Engine, sqlite_url: st
         batch = traffic(rng, PER_HOUR, app=APP, planted=True, start=start)
         for record in batch:
             record.started_at = max(record.started_at, first_hour + timedelta(hours=hour))
+            # Reference contexts for the string variant, the first retrieved half the time.
+            record.reference_contexts = (record.reference or "").split(". ")
+            if rng.random() < 0.5:
+                record.retrieved_contexts[0].content = record.reference_contexts[0]
         records += batch
     # A quarter of the oldest hour's results fail first; they are retried later.
     oldest = [r for r in records if r.started_at < first_hour + timedelta(hours=1)]
