@@ -317,7 +317,10 @@ NOTIFY_RAW = "SELECT pg_notify(%s, '')"
 
 
 # -- scores diagnose: per-hour sums (storage.diagnose_rollups) --------------------------------
-DIAGNOSE_COLUMNS = "section, key, value, label, n, total, total_sq, example_ids, example_keys"
+_DIAGNOSE_FIELDS = (
+    "section", "key", "value", "label", "n", "total", "total_sq", "example_ids", "example_keys",
+)  # fmt: skip
+DIAGNOSE_COLUMNS = ", ".join(_DIAGNOSE_FIELDS)
 """The columns of a per-hour diagnose row (after ``bucket_start``), as ``diagnose_cache``
 stores them."""
 
@@ -470,37 +473,109 @@ def diagnose_claims_sql(attributes: Sequence[str], with_app: bool) -> str:
     )
 
 
-def diagnose_store_sql(hours_sql: str, max_values: int) -> TextClause:
-    """Store the per-hour rows of ``hours_sql`` (over ``:starts``) in ``diagnose_cache``
-    under ``:metric``, ``:version``, ``:scope``: a slice attribute with more than
-    ``max_values`` values in an hour is stored as one ``overflow`` row instead of its values,
-    and every hour of ``:starts`` gets its ``hour`` row. Run under the fill lock, after
-    deleting what those hours held."""
+def diagnose_fill_slices_sql(max_chars: int) -> str:
+    """:func:`diagnose_slices_sql` for whole hours of ``:starts``, every variant of
+    ``:metrics``/``:versions`` at once, all apps: one pass over each hour's traces, whose
+    attributes and documents' metadata are read once for all their variants' results. Rows:
+    ``bucket_start, metric, version``, then :data:`DIAGNOSE_COLUMNS`."""
+    scored = """sc.trace_id = t.trace_id AND sc.status = 'scored'
+                AND (sc.metric, sc.version) IN (
+                    SELECT * FROM unnest(CAST(:metrics AS text[]), CAST(:versions AS text[])))
+                AND sc.trace_started_at >= p.bucket_start
+                AND sc.trace_started_at < p.bucket_start + interval '1 hour'"""
+    hour = "t.started_at >= p.bucket_start AND t.started_at < p.bucket_start + interval '1 hour'"
+    requests = f"""
+            SELECT sc.metric, sc.version, a.key, a.value, count(*) AS n,
+                   sum(sc.value) AS total, sum(sc.value * sc.value) AS total_sq,
+                   CAST(NULL AS text[]) AS example_ids, CAST(NULL AS float8[]) AS example_keys
+            FROM traces AS t JOIN scores AS sc ON {scored}
+            CROSS JOIN LATERAL (VALUES ('app', CAST(sc.app_name AS text)),
+                                       ('service', CAST(t.service_name AS text)),
+                                       ('user_id', CAST(t.user_id AS text)),
+                                       ('session_id', CAST(t.session_id AS text))) AS a(key, value)
+            WHERE {hour}
+            GROUP BY sc.metric, sc.version, a.key, a.value"""
+    documents = f"""
+            SELECT sc.metric, sc.version, 'document.' || t.k AS key, CAST(t.v AS text) AS value,
+                   count(*) AS n, sum(sc.value) AS total, sum(sc.value * sc.value) AS total_sq,
+                   (array_agg(CAST(t.trace_id AS text) ORDER BY sc.value, t.trace_id))[1:3]
+                       AS example_ids,
+                   (array_agg(sc.value ORDER BY sc.value, t.trace_id))[1:3] AS example_keys
+            FROM (
+                -- each trace's pairs once (OFFSET 0 keeps the planner from reading them again
+                -- for each of the trace's results)
+                SELECT t.trace_id, d.k, d.v
+                FROM traces AS t
+                CROSS JOIN LATERAL (
+                    SELECT DISTINCT kv.key AS k, CAST(kv.value AS VARCHAR(500)) AS v
+                    FROM retrieved_contexts AS c
+                    CROSS JOIN LATERAL jsonb_each_text(c.metadata) AS kv
+                    WHERE c.trace_id = t.trace_id
+                      AND jsonb_typeof(c.metadata -> kv.key) IN ('string', 'number', 'boolean')
+                      AND length(CAST(kv.value AS VARCHAR(500))) <= {int(max_chars)}) AS d
+                WHERE {hour}
+                OFFSET 0
+            ) AS t
+            JOIN scores AS sc ON {scored}
+            GROUP BY sc.metric, sc.version, t.k, t.v"""
+    return f"""
+        SELECT p.bucket_start, g.metric, g.version, 'slice', g.key, g.value, CAST(NULL AS text),
+               g.n, CAST(g.total AS float8), CAST(g.total_sq AS float8), g.example_ids,
+               g.example_keys
+        FROM unnest(CAST(:starts AS timestamptz[])) AS p(bucket_start)
+        CROSS JOIN LATERAL ({requests}
+            UNION ALL{documents}
+        ) AS g"""
+
+
+def diagnose_of_variant(hours_sql: str) -> str:
+    """The rows of a one-variant statement (over ``:metric``, ``:version``) with the variant:
+    ``bucket_start, metric, version``, then :data:`DIAGNOSE_COLUMNS`."""
+    fields = ", ".join(f"x.{name}" for name in _DIAGNOSE_FIELDS)
+    return f"""
+        SELECT x.bucket_start, CAST(:metric AS text), CAST(:version AS text), {fields}
+        FROM ({hours_sql}) AS x"""
+
+
+def diagnose_store_sql(rows_sql: str, max_values: int) -> TextClause:
+    """Store the rows of ``rows_sql`` (``bucket_start, metric, version``, then
+    :data:`DIAGNOSE_COLUMNS`) in ``diagnose_cache`` under ``:scope``: a slice attribute with
+    more than ``max_values`` values in an hour is stored as one ``overflow`` row instead of its
+    values. Run under the fill lock, after deleting what those hours held."""
     return text(
         f"""
-        WITH computed AS ({hours_sql}
+        WITH computed AS ({rows_sql}
         ), counted AS (
-            SELECT c.*, count(*) OVER (PARTITION BY c.bucket_start, c.section, c.key) AS values
-            FROM computed AS c
+            SELECT c.*, count(*) OVER (
+                       PARTITION BY c.bucket_start, c.metric, c.version, c.section, c.key
+                   ) AS values
+            FROM computed AS c (bucket_start, metric, version, {DIAGNOSE_COLUMNS})
         ), kept AS (
-            SELECT bucket_start, {DIAGNOSE_COLUMNS} FROM counted
+            SELECT bucket_start, metric, version, {DIAGNOSE_COLUMNS} FROM counted
             WHERE section <> 'slice' OR values <= {int(max_values)}
             UNION ALL
-            SELECT DISTINCT bucket_start, 'overflow', key, CAST(NULL AS text), CAST(NULL AS text),
-                   values, CAST(0 AS float8), CAST(0 AS float8), CAST(NULL AS text[]),
-                   CAST(NULL AS float8[])
+            SELECT DISTINCT bucket_start, metric, version, 'overflow', key, CAST(NULL AS text),
+                   CAST(NULL AS text), values, CAST(0 AS float8), CAST(0 AS float8),
+                   CAST(NULL AS text[]), CAST(NULL AS float8[])
             FROM counted WHERE section = 'slice' AND values > {int(max_values)}
-            UNION ALL
-            SELECT h, 'hour', '', CAST(NULL AS text), CAST(NULL AS text), 0,
-                   CAST(0 AS float8), CAST(0 AS float8), CAST(NULL AS text[]),
-                   CAST(NULL AS float8[])
-            FROM unnest(CAST(:starts AS timestamptz[])) AS h
         )
         INSERT INTO diagnose_cache (bucket_start, metric, version, scope, {DIAGNOSE_COLUMNS},
                                     computed_at)
-        SELECT bucket_start, :metric, :version, :scope, {DIAGNOSE_COLUMNS}, now() FROM kept
+        SELECT bucket_start, metric, version, :scope, {DIAGNOSE_COLUMNS}, now() FROM kept
         """
     )
+
+
+DIAGNOSE_STORED_HOURS = text(
+    f"""
+    INSERT INTO diagnose_cache (bucket_start, metric, version, scope, {DIAGNOSE_COLUMNS},
+                                computed_at)
+    SELECT h, v.metric, v.version, :scope, 'hour', '', NULL, NULL, 0, 0, 0, NULL, NULL, now()
+    FROM unnest(CAST(:starts AS timestamptz[])) AS h
+    CROSS JOIN unnest(CAST(:metrics AS text[]), CAST(:versions AS text[])) AS v(metric, version)
+    """
+)
+"""Mark the hours ``:starts`` of every variant of ``:metrics``/``:versions`` stored."""
 
 
 def _diagnose_merged(hours_sql: str, section: str) -> str:

@@ -149,54 +149,77 @@ def window_hours(
     )
 
 
-def _hours_sql(metric: str, attributes: Sequence[str], with_app: bool) -> str:
-    """Every per-hour statement ``metric``'s diagnosis reads, as one ``UNION ALL``."""
-    parts = [_postgres.diagnose_slices_sql(attributes, with_app, MAX_METADATA_CHARS)]
-    if metric in REFERENCE_KINDS:
-        parts.append(
-            _postgres.diagnose_references_sql(REFERENCE_KINDS[metric], attributes, with_app)
-        )
-    if metric in CLAIM_METRICS:
-        parts.append(_postgres.diagnose_claims_sql(attributes, with_app))
-    return "\n        UNION ALL".join(parts)
-
-
 # -- the fill -------------------------------------------------------------------------------------
 def fill(
     engine: Engine,
     dialect: Dialect,
     *,
-    metric: str,
-    version: str,
+    versions: Mapping[str, str],
     lower: datetime,
     upper: datetime,
     now: datetime,
 ) -> int:
-    """Store the ended hours of ``[lower, upper)`` not stored yet for ``metric`` at
-    ``version``, every app together, :data:`FILL_HOURS` per transaction under the fill lock.
-    Returns how many hours it stored."""
+    """Store the ended hours of ``[lower, upper)`` not stored yet for each variant of
+    ``versions`` (metric: version), every app together, :data:`FILL_HOURS` hours per
+    transaction under the fill lock. Returns how many (variant, hour) pairs it stored."""
     complete, _partial = split_window(lower, upper, now)
+    missing: dict[datetime, set[str]] = {}
     with engine.connect() as conn:
-        stored = _stored_hours(conn, metric, version, "", complete)
-    missing = [hour for hour in complete if hour not in stored]
-    statement = _postgres.diagnose_store_sql(_hours_sql(metric, (), False), MAX_ROLLED_VALUES)
-    for first in range(0, len(missing), FILL_HOURS):
-        hours = missing[first : first + FILL_HOURS]
+        for metric, version in versions.items():
+            stored = _stored_hours(conn, metric, version, "", complete)
+            for hour in complete:
+                if hour not in stored:
+                    missing.setdefault(hour, set()).add(metric)
+    hours = sorted(missing)
+    done = 0
+    for first in range(0, len(hours), FILL_HOURS):
+        batch = hours[first : first + FILL_HOURS]
+        metrics = sorted(set().union(*(missing[h] for h in batch)))
         with engine.begin() as conn:
             dialect.lock_for_fill(conn)
             dialect.tune_for_aggregates(conn)
-            # Under the lock: what another fill stored meanwhile is replaced, not doubled.
-            conn.execute(
-                delete(DiagnoseCache).where(
-                    DiagnoseCache.metric == metric,
-                    DiagnoseCache.version == version,
-                    DiagnoseCache.scope == "",
-                    DiagnoseCache.bucket_start.in_(hours),
-                )
-            )
+            _store(conn, {m: versions[m] for m in metrics}, batch)
+        done += sum(len(missing[h]) for h in batch)
+    return done
+
+
+def _store(conn: Connection, versions: Mapping[str, str], hours: list[datetime]) -> None:
+    """Compute and store every section of ``hours`` for each variant of ``versions`` (what
+    another fill stored meanwhile is replaced, not doubled)."""
+    conn.execute(
+        delete(DiagnoseCache).where(
+            DiagnoseCache.metric.in_(list(versions)),
+            DiagnoseCache.scope == "",
+            DiagnoseCache.bucket_start.in_(hours),
+        )
+    )
+    every = {
+        "scope": "",
+        "starts": hours,
+        "metrics": list(versions),
+        "versions": list(versions.values()),
+    }
+    slices_sql = _postgres.diagnose_fill_slices_sql(MAX_METADATA_CHARS)
+    conn.execute(_postgres.diagnose_store_sql(slices_sql, MAX_ROLLED_VALUES), every)
+    for metric, version in versions.items():
+        sql = _evidence_sql(metric, (), False)
+        if sql is not None:
             window = _bindings(metric, version, "", None, {}, min(hours), max(hours) + HOUR)
-            conn.execute(statement, {**window, "starts": hours})
-    return len(missing)
+            conn.execute(
+                _postgres.diagnose_store_sql(_postgres.diagnose_of_variant(sql), MAX_ROLLED_VALUES),
+                {**window, "starts": hours},
+            )
+    conn.execute(_postgres.DIAGNOSE_STORED_HOURS, every)
+
+
+def _evidence_sql(metric: str, attributes: Sequence[str], with_app: bool) -> str | None:
+    """The per-hour statement of ``metric``'s references or claims (``None``: it has
+    neither)."""
+    if metric in REFERENCE_KINDS:
+        return _postgres.diagnose_references_sql(REFERENCE_KINDS[metric], attributes, with_app)
+    if metric in CLAIM_METRICS:
+        return _postgres.diagnose_claims_sql(attributes, with_app)
+    return None
 
 
 # -- the reads ------------------------------------------------------------------------------------

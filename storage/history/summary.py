@@ -240,16 +240,9 @@ class SummaryQueries(HistoryBase):
                 )
 
         # The hourly rollups of ``scores diagnose`` (every app), over the same days.
-        for key, key_version in self.versions.items():
-            looked += diagnose_rollups.fill(
-                self.engine,
-                self.dialect,
-                metric=key,
-                version=key_version,
-                lower=since,
-                upper=until,
-                now=now,
-            )
+        looked += diagnose_rollups.fill(
+            self.engine, self.dialect, versions=self.versions, lower=since, upper=until, now=now
+        )
 
         def cost_of(attributes: Mapping[str, str]) -> int:
             hours = rollups.cost_hours(
