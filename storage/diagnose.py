@@ -62,7 +62,12 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from recalltrace.storage import diagnose_rollups
-from recalltrace.storage.diagnose_rollups import MAX_METADATA_CHARS, Hours, RolledSlices
+from recalltrace.storage.diagnose_rollups import (
+    DOCUMENT_PREFIX,
+    MAX_METADATA_CHARS,
+    Hours,
+    RolledSlices,
+)
 from recalltrace.storage.diagnose_rows import (
     Diagnosis,
     MissedReference,
@@ -96,9 +101,6 @@ EXAMPLES = 3
 
 REQUEST_ATTRIBUTES = ("release", "environment", "tag", "app", "service", "user_id", "session_id")
 """The request attributes sliced, in this order."""
-
-DOCUMENT_PREFIX = "document."
-"""Slices of retrieved documents' metadata are named ``document.KEY``."""
 
 MISSED_REFERENCE_METRICS = ("id_based_context_recall", "non_llm_context_recall")
 CLAIM_METRICS = ("llm_context_recall",)
@@ -285,7 +287,7 @@ def diagnose(
     if rolled_slices is not None and not any(
         key.startswith(DOCUMENT_PREFIX) for key in rolled_slices.overflow
     ):
-        documents, too_many = _rolled_documents(rolled_slices, max_values)
+        documents, too_many = diagnose_rollups.documents(rolled_slices, max_values)
     else:
         documents, too_many = _document_slices(history, scope, max_values)
         rolled_slices = None  # the documents' examples too come from the scores
@@ -384,15 +386,15 @@ def _rolled_hours(
     where: Sequence[tuple[str, str]],
 ) -> Hours | None:
     """The window's hours for the rollups (``storage.diagnose_rollups``) where the caches are
-    kept and the filters are ones the rollups are kept for (app, release, environment);
-    ``None``: every section reads the scores."""
+    kept, the filters are ones the rollups are kept for (app, release, environment) and at
+    least half the window's hours are stored; ``None``: every section reads the scores."""
     if not history.dialect.keeps_caches:
         return None
     scoped = Selection({metric: version}, since, until, app, tuple(where)).scope()
     if scoped is None:
         return None
     scoped_app, attributes = scoped
-    return diagnose_rollups.window_hours(
+    hours = diagnose_rollups.window_hours(
         history.engine,
         history.dialect,
         metric=metric,
@@ -403,28 +405,14 @@ def _rolled_hours(
         since=since,
         until=until,
     )
+    # Hour by hour, the scores cost more than in one pass over the window: a window mostly
+    # not rolled up (no worker running, an app or release scope) is read in one pass.
+    return hours if hours is not None and len(hours.live) <= len(hours.cached) else None
 
 
 def _rolled_attribute(rolled: RolledSlices, attribute: str) -> bool:
     """Whether the rollups hold every value of ``attribute`` in the window."""
     return attribute in diagnose_rollups.ROLLED_ATTRIBUTES and attribute not in rolled.overflow
-
-
-def _rolled_documents(
-    rolled: RolledSlices, max_values: int
-) -> tuple[dict[str, dict[str | None, GroupSums]], dict[str, int]]:
-    """:func:`_document_slices` from the rollups."""
-    slices: dict[str, dict[str | None, GroupSums]] = {}
-    too_many: dict[str, int] = {}
-    for attribute, sums in sorted(rolled.sums.items()):
-        if not attribute.startswith(DOCUMENT_PREFIX):
-            continue
-        key = attribute.removeprefix(DOCUMENT_PREFIX)
-        if len(sums) > max_values:
-            too_many[key] = len(sums)
-        else:
-            slices[key] = {**sums, None: GroupSums(0, 0.0, 0.0, 0)}
-    return slices, too_many
 
 
 def _trace_cardinalities(

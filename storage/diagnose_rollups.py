@@ -42,6 +42,9 @@ from recalltrace.storage.history_rows import GroupSums
 from recalltrace.storage.models import DiagnoseCache, Score
 from recalltrace.storage.rollups import HOUR, split_window
 
+DOCUMENT_PREFIX = "document."
+"""Slices of retrieved documents' metadata are named ``document.KEY``."""
+
 MAX_METADATA_CHARS = 200
 """Document metadata values longer than this are not slice values."""
 
@@ -248,6 +251,25 @@ def slices(conn: Connection, hours: Hours) -> RolledSlices:
         if row.ids:
             out.examples[(row.key, row.value)] = list(row.ids)
     return out
+
+
+def documents(
+    rolled: RolledSlices, max_values: int
+) -> tuple[dict[str, dict[str | None, GroupSums]], dict[str, int]]:
+    """Per metadata key with at most ``max_values`` values in the window: each value's sums
+    (and the empty group of the traces without it); and the keys with more, with their
+    number of values."""
+    slices: dict[str, dict[str | None, GroupSums]] = {}
+    too_many: dict[str, int] = {}
+    for attribute, sums in sorted(rolled.sums.items()):
+        if not attribute.startswith(DOCUMENT_PREFIX):
+            continue
+        key = attribute.removeprefix(DOCUMENT_PREFIX)
+        if len(sums) > max_values:
+            too_many[key] = len(sums)
+        else:
+            slices[key] = {**sums, None: GroupSums(0, 0.0, 0.0, 0)}
+    return slices, too_many
 
 
 def references(

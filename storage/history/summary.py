@@ -195,12 +195,13 @@ class SummaryQueries(HistoryBase):
         no user query pays for them: day buckets of the last ``days`` days and hour buckets of
         the last ``hours`` hours, for every app together and for each of (at most ``apps``)
         apps, every metric at its version; the hourly rollups of the last ``days`` days that
-        ``scores compare`` by release, environment or tag and ``scores cost`` read (every app
-        together); and the summaries and costs filtered by each of the ``releases`` releases
-        and ``environments`` environments seen most recently. Postgres only (elsewhere nothing is
-        cached; returns 0). Returns how many summary rows those windows hold plus the rollup
-        rows it computed. Workers call this in the background; when everything is stored
-        already it reads the stored rows and a few index probes per scope."""
+        ``scores compare`` by release, environment or tag, ``scores diagnose`` and ``scores
+        cost`` read (every app together); and the summaries and costs filtered by each of the
+        ``releases`` releases and ``environments`` environments seen most recently. Postgres
+        only (elsewhere nothing is cached; returns 0). Returns how many summary rows those
+        windows hold plus the rollup rows it computed. Workers call this in the background;
+        when everything is stored already it reads the stored rows and a few index probes per
+        scope."""
         if not self.dialect.keeps_caches:
             return 0
         if now is None:

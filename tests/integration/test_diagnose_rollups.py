@@ -146,11 +146,12 @@ def test_rolled_up_diagnosis_equals_the_scores(pg_engine: Engine, sqlite_url: st
     pg, lite = make_history(pg_engine), make_history(lite_engine)
     since = first_hour - timedelta(minutes=30)
 
-    # Nothing stored yet: every hour computed live.
+    # Nothing stored yet: every section read from the scores in one pass.
     assert stored_hours(pg_engine) == set()
     check_equal(pg, lite, since)
 
-    # The workers' fill stores the ended hours; the current one is still read live.
+    # The workers' fill stores the ended hours; the current one is still computed (and the
+    # app and release scopes, never stored, read from the scores).
     pg.warm_summaries()
     ended = {first_hour + timedelta(hours=h) for h in range(HOURS - 1)}
     assert stored_hours(pg_engine) >= ended
