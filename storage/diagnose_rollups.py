@@ -18,8 +18,9 @@ and release or environment filters, as ``group_cache``) ``diagnose_cache`` keeps
 
 The workers' background pass (``History.warm_summaries``) stores the ended hours of the last
 days for every variant, all apps together; a diagnosis reads those and computes the others (the
-window's partial edges, the newest hour, any hour not stored yet, every hour of another scope)
-with the same per-hour statement, so stored and computed hours are summed alike. A score written,
+window's partial edges, the newest hour, any hour not stored yet) with the same per-hour
+statements, so stored and computed hours are summed alike (``storage.diagnose`` reads a window
+mostly not stored, such as every window of another scope, from the scores in one pass). A score written,
 replaced or deleted drops its hour (``storage.summary_cache.invalidate``, with the other
 caches'), and fills hold the same exclusive lock as the other caches' fills. The statements are
 Postgres's (:mod:`storage._postgres`).
