@@ -20,10 +20,10 @@ The workers' background pass (``History.warm_summaries``) stores the ended hours
 days for every variant, all apps together; a diagnosis reads those and computes the others (the
 window's partial edges, the newest hour, any hour not stored yet) with the same per-hour
 statements, so stored and computed hours are summed alike (``storage.diagnose`` reads a window
-mostly not stored, such as every window of another scope, from the scores in one pass). A score written,
-replaced or deleted drops its hour (``storage.summary_cache.invalidate``, with the other
-caches'), and fills hold the same exclusive lock as the other caches' fills. The statements are
-Postgres's (:mod:`storage._postgres`).
+mostly not stored, such as every window of another scope, from the scores in one pass). A
+score written, replaced or deleted drops its hour (``storage.summary_cache.invalidate``, with
+the other caches'), and fills hold the same exclusive lock as the other caches' fills. The
+statements are Postgres's (:mod:`storage._postgres`).
 """
 
 from __future__ import annotations
