@@ -97,6 +97,7 @@ END
 
 
 FILLED_TABLES = ("traces", "trace_tags", "retrieved_contexts", "scores", "scoring_jobs")
+CACHES = ("summary_cache", "group_cache", "diagnose_cache", "cost_cache")
 
 
 def _drop_indexes(conn: Any) -> list[str]:
@@ -321,6 +322,7 @@ def add_canary(engine: Engine, now: datetime) -> None:
         for table, column in (
             ("summary_cache", "bucket_start"),
             ("group_cache", "bucket_start"),
+            ("diagnose_cache", "bucket_start"),
             ("cost_cache", "hour"),
         ):
             conn.execute(
@@ -332,7 +334,7 @@ def add_canary(engine: Engine, now: datetime) -> None:
 def remove_canary(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM traces WHERE release = :canary"), {"canary": CANARY})
-        for table in ("summary_cache", "group_cache", "cost_cache"):
+        for table in CACHES:
             conn.execute(text(f"DELETE FROM {table}"))
 
 
@@ -358,12 +360,17 @@ def _verdict(name: str, ms: float, target: float) -> str:
     return "MISSES"
 
 
+DIAGNOSED = ("id_based_context_recall", "non_llm_context_recall", "llm_context_recall")
+"""The variants ``scores diagnose`` is timed for: each has its own section."""
+
+
 def _diagnose_cases(history: Any, week: datetime, scores: int, repeat: int) -> None:
     """``scores diagnose`` of a 7-day window, per metric with its own section, after the
-    workers' fill (the rollups it reads for release, environment and tag are then stored)."""
+    workers' fill (the hourly rollups it reads are then stored but for the newest hour and
+    the window's first, partial one)."""
     target = DIAGNOSE_TARGET_MS[min(DIAGNOSE_TARGET_MS, key=lambda n: abs(n - scores))]
     print(f"\nscores diagnose, 7 days: median of {repeat} runs (target {target:.0f} ms)")
-    for metric in ("id_based_context_recall", "non_llm_context_recall", "llm_context_recall"):
+    for metric in DIAGNOSED:
         ms, found = _median_ms(lambda m=metric: history.diagnose(metric=m, since=week), repeat)
         verdict = _verdict(f"diagnose --metric {metric}", ms, target)
         print(
@@ -404,14 +411,14 @@ def main() -> int:
         if kept is None:
             with engine.begin() as conn:
                 conn.execute(text("DROP TABLE IF EXISTS bench_fill"))
-                for table in ("summary_cache", *reversed(FILLED_TABLES)):
+                for table in (*CACHES, *reversed(FILLED_TABLES)):
                     conn.execute(text(f"TRUNCATE {table} CASCADE"))
             traces = populate(engine, args.scores, now)
         else:
             traces, now = kept
             print(f"reusing the database kept from a run at {now:%Y-%m-%d %H:%M} UTC")
             with engine.begin() as conn:  # what an earlier run stored is not this run's
-                for table in ("summary_cache", "group_cache", "cost_cache"):
+                for table in CACHES:
                     conn.execute(text(f"DELETE FROM {table}"))
         with engine.connect() as conn:
             stored = conn.execute(text("SELECT count(*) FROM scores")).scalar_one()
@@ -430,8 +437,8 @@ def main() -> int:
         held = history.warm_summaries()
         print(
             f"workers' background fill of ended buckets (summaries: 31 days by day, 48 hours by "
-            f"hour, all apps, each app, the 5 latest releases and environments; compare and "
-            f"cost rollups: 31 days by hour, all apps), once on empty caches: "
+            f"hour, all apps, each app, the 5 latest releases and environments; compare, "
+            f"diagnose and cost rollups: 31 days by hour, all apps), once on empty caches: "
             f"{time.perf_counter() - began:.1f} s "
             f"({held:,} rows stored or read); a pass with everything stored: "
             f"{_median_ms(history.warm_summaries, 3)[0]:.0f} ms"
@@ -558,7 +565,7 @@ def main() -> int:
                 print(f"{name:<54} {'-':>8} {ms:>10.1f}  {len(result):>5}  {verdict}")
         finally:
             remove_canary(engine)
-        print("\nfirst run on empty caches (no worker has filled them):")
+        print("\nfirst run on empty caches (no worker has filled them; diagnose: every cache):")
         for name, run in cases:
             if name.startswith(CACHED):
                 with engine.begin() as conn:
@@ -567,6 +574,14 @@ def main() -> int:
                 began = time.perf_counter()
                 run()
                 print(f"{name:<54} {(time.perf_counter() - began) * 1000:>8.1f}")
+        for metric in DIAGNOSED:  # every hour of the week computed from the scores
+            with engine.begin() as conn:
+                for table in CACHES:
+                    conn.execute(text(f"DELETE FROM {table}"))
+            began = time.perf_counter()
+            history.diagnose(metric=metric, since=week)
+            name = f"diagnose --metric {metric} (7 days)"
+            print(f"{name:<54} {(time.perf_counter() - began) * 1000:>8.1f}")
         engine.dispose()
     if MISSED:
         print(f"\nTARGET MISSED by {len(MISSED)} quer{'y' if len(MISSED) == 1 else 'ies'}: "

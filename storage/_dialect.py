@@ -27,7 +27,13 @@ from sqlalchemy.engine import Connection
 from recalltrace.storage import _postgres
 from recalltrace.storage.contracts import NOTIFY_CHANNEL
 from recalltrace.storage.db import is_postgres
-from recalltrace.storage.models import CostCache, GroupCache, SummaryCache, UTCDateTime
+from recalltrace.storage.models import (
+    CostCache,
+    DiagnoseCache,
+    GroupCache,
+    SummaryCache,
+    UTCDateTime,
+)
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import TraceRecord
@@ -167,6 +173,40 @@ class Dialect:
     def tune_for_aggregates(self, conn: Connection) -> None:
         """Settings of this transaction for a few large aggregates over a window (none)."""
 
+    # -- JSON in aggregates ----------------------------------------------------------------
+    def json_elements(self, column: Any, key: str) -> Any:
+        """The elements of the JSON array ``column[key]`` as a table with a ``value`` column
+        (text for strings, a JSON object for objects)."""
+        return func.json_each(column, f"$.{key}").table_valued("value")
+
+    def json_field(self, element: Any, key: str) -> Any:
+        """``element[key]`` of a JSON object element (its SQL value here, text on Postgres)."""
+        return func.json_extract(element, f"$.{key}")
+
+    def json_text(self, element: Any) -> Any:
+        """A JSON string element (of :meth:`json_elements`) as text."""
+        return element
+
+    def json_is(self, field: Any, value: bool | int) -> Any:
+        """Whether a field of :meth:`json_field` holds the JSON ``value``."""
+        return field == value
+
+    def json_item(self, column: Any, index: Any) -> Any:
+        """The JSON array ``column``'s item at ``index`` (a string item as text)."""
+        return func.json_extract(column, func.printf("$[%d]", index))
+
+    def json_scalar_pairs(self, column: Any) -> tuple[Any, Any]:
+        """The (key, value) pairs of the JSON object ``column`` as a table, and the condition
+        keeping the scalar values (strings, numbers, booleans)."""
+        pairs = func.json_each(column).table_valued("key", "value", "type")
+        return pairs, pairs.c.type.in_(("text", "integer", "real", "true", "false"))
+
+    def recent_first(self, trace_id: Any, started: Any, when: Any, count: int) -> Any | None:
+        """An aggregate of the ``count`` most recent trace ids among a group's rows where
+        ``when`` holds, where the backend has one (Postgres); ``None``: rank them in a second
+        query."""
+        return None
+
     def distinct_values(self, conn: Connection, column: Any, limit: int) -> list[Any]:
         """Up to ``limit`` distinct non-null values of the table column ``column``, in order."""
         return list(
@@ -258,6 +298,7 @@ class PostgresDialect(Dialect):
             cutoff = changes.deleted_before
             conn.execute(delete(SummaryCache).where(SummaryCache.bucket_start <= cutoff))
             conn.execute(delete(GroupCache).where(GroupCache.bucket_start <= cutoff))
+            conn.execute(delete(DiagnoseCache).where(DiagnoseCache.bucket_start <= cutoff))
             conn.execute(delete(CostCache))  # scores stored at any time went
 
     def tune_for_aggregates(self, conn: Connection) -> None:
@@ -265,6 +306,27 @@ class PostgresDialect(Dialect):
         # million scores); room to hash a window's distinct pairs in memory, not sort on disk.
         conn.exec_driver_sql("SET LOCAL jit = off")
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+
+    def json_elements(self, column: Any, key: str) -> Any:
+        return _postgres.json_elements(column, key)
+
+    def json_field(self, element: Any, key: str) -> Any:
+        return _postgres.json_field(element, key)
+
+    def json_text(self, element: Any) -> Any:
+        return _postgres.json_text(element)
+
+    def json_is(self, field: Any, value: bool | int) -> Any:
+        return _postgres.json_is(field, value)
+
+    def json_item(self, column: Any, index: Any) -> Any:
+        return _postgres.json_item(column, index)
+
+    def json_scalar_pairs(self, column: Any) -> tuple[Any, Any]:
+        return _postgres.json_scalar_pairs(column)
+
+    def recent_first(self, trace_id: Any, started: Any, when: Any, count: int) -> Any | None:
+        return _postgres.recent_first(trace_id, started, when, count)
 
     def distinct_values(self, conn: Connection, column: Any, limit: int) -> list[Any]:
         # DISTINCT would read every row (most of a second at ten million scores).

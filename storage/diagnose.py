@@ -29,9 +29,13 @@ Three sections over one metric's scored results in one window (and the history's
   space ignored), how often it was judged and how often not supported, with the reference it
   came from and the reference documents that should have supported it (from example traces).
 
-On Postgres the request-attribute sums come from the history's hourly rollups where they serve
-(release, environment, tag: ``History.group_summaries``); everything else is one aggregate
-query per section, run by the database. Filter values travel as bound parameters.
+On Postgres every section is summed from hourly rollups where the filters allow (app, release,
+environment): release, environment and tag from ``History.group_summaries``' rollups, the other
+attributes, the documents' metadata, the references and the claims from
+:mod:`storage.diagnose_rollups` (hours the workers stored, the others computed by the same
+per-hour statements). Elsewhere (SQLite, or filters by tag, user, session or service) each
+section is one aggregate query over the window's scores, with the backend's JSON functions
+(``Dialect.json_*``). Filter values travel as bound parameters.
 """
 
 from __future__ import annotations
@@ -44,24 +48,26 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
-    Integer,
     Select,
-    String,
     case,
     cast,
     func,
     literal,
-    literal_column,
     or_,
     select,
     true,
     tuple_,
-    type_coerce,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.engine import Connection
 
+from recalltrace.storage import diagnose_rollups
+from recalltrace.storage.diagnose_rollups import (
+    DOCUMENT_PREFIX,
+    MAX_METADATA_CHARS,
+    Hours,
+    RolledSlices,
+)
 from recalltrace.storage.diagnose_rows import (
     Diagnosis,
     MissedReference,
@@ -76,18 +82,16 @@ from recalltrace.storage.diagnose_stats import (
     welch,
     wilson,
 )
+from recalltrace.storage.history.selection import Selection, scope_key
+from recalltrace.storage.history_rows import GroupSums
 from recalltrace.storage.models import RetrievedContext, Score, Trace, TraceTag
 
 if TYPE_CHECKING:
     from recalltrace.storage.history import History
-    from recalltrace.storage.history_rows import GroupSums
 
 MAX_SLICE_VALUES = 50
 """An attribute or metadata key with more distinct values than this in the window is not
 sliced."""
-
-MAX_METADATA_CHARS = 200
-"""Document metadata values longer than this are not slice values."""
 
 DEFAULT_LIMIT = 10
 """Rows per section unless asked otherwise."""
@@ -97,9 +101,6 @@ EXAMPLES = 3
 
 REQUEST_ATTRIBUTES = ("release", "environment", "tag", "app", "service", "user_id", "session_id")
 """The request attributes sliced, in this order."""
-
-DOCUMENT_PREFIX = "document."
-"""Slices of retrieved documents' metadata are named ``document.KEY``."""
 
 MISSED_REFERENCE_METRICS = ("id_based_context_recall", "non_llm_context_recall")
 CLAIM_METRICS = ("llm_context_recall",)
@@ -173,33 +174,6 @@ def _reading(history: History) -> Iterator[Connection]:
     with history.engine.begin() as conn:
         history.dialect.tune_for_aggregates(conn)
         yield conn
-
-
-def _recent_examples(postgres: bool, trace_id: Any, started: Any, when: Any) -> Any:
-    """Postgres: the aggregate of the ``EXAMPLES`` most recent trace ids among the rows where
-    ``when`` holds (one pass, no second scan)."""
-    ordered = func.array_agg(aggregate_order_by(trace_id, started.desc(), trace_id)).filter(when)
-    return type_coerce(ordered, ARRAY(String))[1:EXAMPLES]
-
-
-def _elements(postgres: bool, column: Any, key: str) -> Any:
-    """The elements of the JSON array ``column[key]`` as a table with a ``value`` column
-    (text for strings, a JSON object for objects)."""
-    if postgres:
-        return func.jsonb_array_elements(column.op("->")(key)).table_valued("value")
-    return func.json_each(column, f"$.{key}").table_valued("value")
-
-
-def _field(postgres: bool, element: Any, key: str) -> Any:
-    """``element[key]`` of a JSON object element, as text (Postgres) or its SQL value (SQLite)."""
-    if postgres:
-        return element.op("->>")(key)
-    return func.json_extract(element, f"$.{key}")
-
-
-def _text_of(postgres: bool, element: Any) -> Any:
-    """A JSON string element as text."""
-    return element.op("#>>")(literal_column("'{}'")) if postgres else element
 
 
 # -- the diagnosis -----------------------------------------------------------------------------
@@ -278,6 +252,12 @@ def diagnose(
     if total[0] == 0:
         return empty
 
+    rolled = _rolled_hours(history, metric, metric_version, since, until, app, where)
+    rolled_slices: RolledSlices | None = None
+    if rolled is not None:
+        with _reading(history) as conn:
+            rolled_slices = diagnose_rollups.slices(conn, rolled)
+
     # -- slices
     filtered = {name for name, _value in where}
     candidates: dict[str, Mapping[str | None, GroupSums]] = {}
@@ -293,13 +273,24 @@ def diagnose(
             continue
         if attribute in distinct and distinct[attribute] < (2 if attribute == "service" else 1):
             continue  # no value, or one service (never missing): no slice to test, no join
-        sums = by_release if attribute == "release" else groups(attribute)
+        if attribute == "release":
+            sums = by_release
+        elif rolled_slices is not None and _rolled_attribute(rolled_slices, attribute):
+            sums = rolled_slices.sums.get(attribute, {})
+        else:
+            sums = groups(attribute)
         named = sum(1 for g in sums if g is not None)
         if named > max_values:
             skipped_attributes[attribute] = named
             continue
         candidates[attribute] = sums
-    documents, too_many = _document_slices(history, scope, max_values)
+    if rolled_slices is not None and not any(
+        key.startswith(DOCUMENT_PREFIX) for key in rolled_slices.overflow
+    ):
+        documents, too_many = diagnose_rollups.documents(rolled_slices, max_values)
+    else:
+        documents, too_many = _document_slices(history, scope, max_values)
+        rolled_slices = None  # the documents' examples too come from the scores
     skipped_attributes.update({DOCUMENT_PREFIX + key: n for key, n in too_many.items()})
     for key, sums in documents.items():
         candidates[DOCUMENT_PREFIX + key] = sums
@@ -357,13 +348,13 @@ def diagnose(
             )
         )
     rows.sort(key=lambda r: (-r.impact, r.attribute, r.value))
-    rows = _with_document_examples(history, scope, rows[:limit])
+    rows = _with_document_examples(history, scope, rows[:limit], rolled_slices)
 
     missed: list[MissedReference] | None = None
     missed_total = 0
     if metric in MISSED_REFERENCE_METRICS:
-        missed, missed_total = _missed_references(history, scope, metric, total[0], limit)
-    claims = _unsupported_claims(history, scope, limit) if metric in CLAIM_METRICS else None
+        missed, missed_total = _missed_references(history, scope, metric, total[0], limit, rolled)
+    claims = _unsupported_claims(history, scope, limit, rolled) if metric in CLAIM_METRICS else None
     return Diagnosis(
         **{
             **empty.__dict__,
@@ -383,6 +374,45 @@ def diagnose(
             "claims": claims,
         }
     )
+
+
+def _rolled_hours(
+    history: History,
+    metric: str,
+    version: str,
+    since: datetime | None,
+    until: datetime | None,
+    app: str | None,
+    where: Sequence[tuple[str, str]],
+) -> Hours | None:
+    """The window's hours for the rollups (``storage.diagnose_rollups``) where the caches are
+    kept, the filters are ones the rollups are kept for (app, release, environment) and at
+    least half the window's hours are stored; ``None``: every section reads the scores."""
+    if not history.dialect.keeps_caches:
+        return None
+    scoped = Selection({metric: version}, since, until, app, tuple(where)).scope()
+    if scoped is None:
+        return None
+    scoped_app, attributes = scoped
+    hours = diagnose_rollups.window_hours(
+        history.engine,
+        history.dialect,
+        metric=metric,
+        version=version,
+        scope=scope_key(scoped_app, attributes),
+        app=scoped_app,
+        attributes=attributes,
+        since=since,
+        until=until,
+    )
+    # Hour by hour, the scores cost more than in one pass over the window: a window mostly
+    # not rolled up (no worker running, an app or release scope) is read in one pass.
+    return hours if hours is not None and len(hours.live) <= len(hours.cached) else None
+
+
+def _rolled_attribute(rolled: RolledSlices, attribute: str) -> bool:
+    """Whether the rollups hold every value of ``attribute`` in the window."""
+    return attribute in diagnose_rollups.ROLLED_ATTRIBUTES and attribute not in rolled.overflow
 
 
 def _trace_cardinalities(
@@ -412,18 +442,10 @@ def _trace_cardinalities(
 def _metadata_pairs(history: History, scope: _Scope) -> Any:
     """The distinct (trace, value, metadata key, metadata value) of the scope's scored traces'
     retrieved documents, as a CTE (scalar values of at most MAX_METADATA_CHARS only)."""
-    postgres = history.dialect.postgres
     scored = scope.select(Score.trace_id.label("trace_id"), Score.value.label("score")).cte(
         "scored"
     )
-    if postgres:
-        pairs = func.jsonb_each_text(RetrievedContext.metadata_).table_valued("key", "value")
-        scalar: ColumnElement[bool] = func.jsonb_typeof(
-            RetrievedContext.metadata_.op("->")(pairs.c.key)
-        ).in_(("string", "number", "boolean"))
-    else:
-        pairs = func.json_each(RetrievedContext.metadata_).table_valued("key", "value", "type")
-        scalar = pairs.c.type.in_(("text", "integer", "real", "true", "false"))
+    pairs, scalar = history.dialect.json_scalar_pairs(RetrievedContext.metadata_)
     value = cast(pairs.c.value, RetrievedContext.context_id.type)
     return (
         select(
@@ -446,8 +468,6 @@ def _document_slices(
 ) -> tuple[dict[str, dict[str | None, GroupSums]], dict[str, int]]:
     """Per metadata key with at most ``max_values`` values: each value's sums (over distinct
     traces); and the keys with more, with their number of values."""
-    from recalltrace.storage.history_rows import GroupSums
-
     pairs = _metadata_pairs(history, scope)
     grouped = (
         select(
@@ -483,9 +503,10 @@ def _document_slices(
 
 
 def _with_document_examples(
-    history: History, scope: _Scope, rows: list[SliceRow]
+    history: History, scope: _Scope, rows: list[SliceRow], rolled: RolledSlices | None
 ) -> list[SliceRow]:
-    """``rows`` with the lowest-scoring traces of each document-metadata slice."""
+    """``rows`` with the lowest-scoring traces of each document-metadata slice (from the
+    rollups when the slices came from there)."""
     wanted = [
         (r.attribute.removeprefix(DOCUMENT_PREFIX), r.value)
         for r in rows
@@ -493,6 +514,10 @@ def _with_document_examples(
     ]
     if not wanted:
         return rows
+    examples: dict[tuple[str, str], list[str]] = {}
+    if rolled is not None:
+        examples = {(k, v): rolled.examples.get((DOCUMENT_PREFIX + k, v), []) for k, v in wanted}
+        return _named_examples(rows, examples)
     pairs = _metadata_pairs(history, scope)
     ranked = (
         select(
@@ -506,11 +531,16 @@ def _with_document_examples(
         .where(tuple_(pairs.c.k, pairs.c.v).in_(wanted))
         .subquery()
     )
-    examples: dict[tuple[str, str], list[str]] = {}
     with _reading(history) as conn:
         stmt = select(ranked.c.k, ranked.c.v, ranked.c.trace_id).where(ranked.c.rank <= EXAMPLES)
         for k, v, trace_id in conn.execute(stmt.order_by(ranked.c.k, ranked.c.v, ranked.c.rank)):
             examples.setdefault((k, str(v)), []).append(trace_id)
+    return _named_examples(rows, examples)
+
+
+def _named_examples(
+    rows: list[SliceRow], examples: Mapping[tuple[str, str], list[str]]
+) -> list[SliceRow]:
     out = []
     for r in rows:
         if r.attribute.startswith(DOCUMENT_PREFIX):
@@ -521,108 +551,50 @@ def _with_document_examples(
 
 
 # -- missed references -------------------------------------------------------------------------
-def _missed_references(
-    history: History, scope: _Scope, metric: str, scored: int, limit: int
-) -> tuple[list[MissedReference], int]:
-    postgres = history.dialect.postgres
+def _reference_hits(history: History, scope: _Scope, metric: str) -> Any:
+    """``(ref, hit, trace_id, started)`` per reference of each scored result's evidence, as a
+    subquery: ``hit`` 1 when the request retrieved it."""
+    dialect = history.dialect
     if metric == "id_based_context_recall":
-        kind = "id"
-        if postgres:
-            # One pass over the evidence: found ids then missing ids, told apart by position.
-            empty: Any = literal_column("'[]'::jsonb")
-            found_ids = func.coalesce(Score.details.op("->")("found_ids"), empty)
-            both = found_ids.op("||")(func.coalesce(Score.details.op("->")("missing_ids"), empty))
-            element = func.jsonb_array_elements_text(both).table_valued(
-                "value", with_ordinality="ordinality"
-            )
-            hit = case((element.c.ordinality <= func.jsonb_array_length(found_ids), 1), else_=0)
-            hits = (
+        parts = []
+        for key, flag in (("found_ids", 1), ("missing_ids", 0)):
+            element = dialect.json_elements(Score.details, key)
+            parts.append(
                 scope.select(
-                    element.c.value.label("ref"),
-                    hit.label("hit"),
+                    dialect.json_text(element.c.value).label("ref"),
+                    literal(flag).label("hit"),
                     Score.trace_id.label("trace_id"),
                     Score.trace_started_at.label("started"),
-                )
-                .join(element, true())
-                .subquery()
+                ).join(element, true())
             )
-        else:
-            parts = []
-            for key, flag in (("found_ids", 1), ("missing_ids", 0)):
-                element = _elements(postgres, Score.details, key)
-                parts.append(
-                    scope.select(
-                        _text_of(postgres, element.c.value).label("ref"),
-                        literal(flag).label("hit"),
-                        Score.trace_id.label("trace_id"),
-                        Score.trace_started_at.label("started"),
-                    ).join(element, true())
-                )
-            hits = union_all(*parts).subquery()
-    else:
-        kind = "context"
-        element = _elements(postgres, Score.details, "matches")
-        index = _field(postgres, element.c.value, "reference_index")
-        found = _field(postgres, element.c.value, "found")
-        reference: Any
-        if postgres:
-            reference = Trace.reference_contexts.op("->>")(cast(index, Integer))
-            matched = case((found == "true", 1), else_=0)
-        else:
-            reference = func.json_extract(Trace.reference_contexts, func.printf("$[%d]", index))
-            matched = case((found == 1, 1), else_=0)
-        hits = (
-            scope.select(
-                reference.label("ref"),
-                matched.label("hit"),
-                Score.trace_id.label("trace_id"),
-                Score.trace_started_at.label("started"),
-                trace=True,
-            )
-            .join(element, true())
-            .subquery()
+        return union_all(*parts).subquery()
+    element = dialect.json_elements(Score.details, "matches")
+    index = dialect.json_field(element.c.value, "reference_index")
+    found = dialect.json_field(element.c.value, "found")
+    return (
+        scope.select(
+            dialect.json_item(Trace.reference_contexts, index).label("ref"),
+            case((dialect.json_is(found, True), 1), else_=0).label("hit"),
+            Score.trace_id.label("trace_id"),
+            Score.trace_started_at.label("started"),
+            trace=True,
         )
-    needed = func.count()
-    retrieved = func.sum(hits.c.hit)
-    columns: list[Any] = [hits.c.ref, needed, retrieved]
-    if postgres:
-        columns.append(_recent_examples(postgres, hits.c.trace_id, hits.c.started, hits.c.hit == 0))
-    stmt = (
-        select(*columns)
-        .where(hits.c.ref.is_not(None))
-        .group_by(hits.c.ref)
-        .having(needed > retrieved)
+        .join(element, true())
+        .subquery()
     )
+
+
+def _missed_references(
+    history: History, scope: _Scope, metric: str, scored: int, limit: int, rolled: Hours | None
+) -> tuple[list[MissedReference], int]:
+    kind = "id" if metric == "id_based_context_recall" else "context"
     examples: dict[str, list[str]] = {}
     with _reading(history) as conn:
-        groups = []
-        for row in conn.execute(stmt):
-            groups.append((str(row[0]), int(row[1]), int(row[2])))
-            if postgres:
-                examples[str(row[0])] = list(row[3] or ())
-        groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
-        shown = groups[:limit]
-        if shown and not postgres:
-            ranked = (
-                select(
-                    hits.c.ref,
-                    hits.c.trace_id,
-                    func.row_number()
-                    .over(
-                        partition_by=hits.c.ref,
-                        order_by=(hits.c.started.desc(), hits.c.trace_id),
-                    )
-                    .label("rank"),
-                )
-                .where(hits.c.hit == 0, hits.c.ref.in_([g[0] for g in shown]))
-                .subquery()
-            )
-            for ref, trace_id in conn.execute(
-                select(ranked.c.ref, ranked.c.trace_id)
-                .where(ranked.c.rank <= EXAMPLES)
-                .order_by(ranked.c.ref, ranked.c.rank)
-            ):
-                examples.setdefault(str(ref), []).append(trace_id)
+        if rolled is not None:
+            groups, examples = diagnose_rollups.references(conn, rolled, limit)
+        else:
+            groups = _scored_references(history, conn, scope, metric, limit, examples)
+    groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
     rows = [
         MissedReference(
             reference=ref,
@@ -634,18 +606,74 @@ def _missed_references(
             interval=wilson(k, n),
             example_trace_ids=tuple(examples.get(ref, ())),
         )
-        for ref, n, k in shown
+        for ref, n, k in groups[:limit]
     ]
     return rows, len(groups)
 
 
+def _scored_references(
+    history: History,
+    conn: Connection,
+    scope: _Scope,
+    metric: str,
+    limit: int,
+    examples: dict[str, list[str]],
+) -> list[tuple[str, int, int]]:
+    """:func:`_missed_references`' groups from the scores, filling ``examples`` for the
+    ``limit`` most missed."""
+    hits = _reference_hits(history, scope, metric)
+    needed = func.count()
+    retrieved = func.sum(hits.c.hit)
+    columns: list[Any] = [hits.c.ref, needed, retrieved]
+    recent = history.dialect.recent_first(
+        hits.c.trace_id, hits.c.started, hits.c.hit == 0, EXAMPLES
+    )
+    if recent is not None:
+        columns.append(recent)
+    stmt = (
+        select(*columns)
+        .where(hits.c.ref.is_not(None))
+        .group_by(hits.c.ref)
+        .having(needed > retrieved)
+    )
+    groups = []
+    for row in conn.execute(stmt):
+        groups.append((str(row[0]), int(row[1]), int(row[2])))
+        if recent is not None:
+            examples[str(row[0])] = list(row[3] or ())
+    groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
+    shown = groups[:limit]
+    if shown and recent is None:
+        ranked = (
+            select(
+                hits.c.ref,
+                hits.c.trace_id,
+                func.row_number()
+                .over(partition_by=hits.c.ref, order_by=(hits.c.started.desc(), hits.c.trace_id))
+                .label("rank"),
+            )
+            .where(hits.c.hit == 0, hits.c.ref.in_([g[0] for g in shown]))
+            .subquery()
+        )
+        for ref, trace_id in conn.execute(
+            select(ranked.c.ref, ranked.c.trace_id)
+            .where(ranked.c.rank <= EXAMPLES)
+            .order_by(ranked.c.ref, ranked.c.rank)
+        ):
+            examples.setdefault(str(ref), []).append(trace_id)
+    return groups
+
+
 # -- unsupported claims ------------------------------------------------------------------------
-def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[UnsupportedClaim]:
-    postgres = history.dialect.postgres
-    element = _elements(postgres, Score.details, "claims")
-    statement = _field(postgres, element.c.value, "statement")
-    attributed = _field(postgres, element.c.value, "attributed")
-    unsupported_flag = attributed.in_(("0",)) if postgres else attributed == 0
+def _scored_claims(
+    history: History, conn: Connection, scope: _Scope, limit: int
+) -> tuple[list[tuple[str, str, int, int]], dict[str, list[str]]]:
+    """The ``limit`` claims most often unsupported, from the scores, with recent traces where
+    each was not supported."""
+    dialect = history.dialect
+    element = dialect.json_elements(Score.details, "claims")
+    statement = dialect.json_field(element.c.value, "statement")
+    unsupported_flag = dialect.json_is(dialect.json_field(element.c.value, "attributed"), 0)
     claims = (
         scope.select(
             func.lower(func.trim(statement)).label("claim"),
@@ -659,11 +687,11 @@ def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[Uns
     )
     unsupported = func.sum(claims.c.unsupported)
     columns: list[Any] = [claims.c.claim, func.min(claims.c.statement), unsupported, func.count()]
-    if postgres:
-        unsupported_rows = claims.c.unsupported == 1
-        columns.append(
-            _recent_examples(postgres, claims.c.trace_id, claims.c.started, unsupported_rows)
-        )
+    recent = dialect.recent_first(
+        claims.c.trace_id, claims.c.started, claims.c.unsupported == 1, EXAMPLES
+    )
+    if recent is not None:
+        columns.append(recent)
     stmt = (
         select(*columns)
         .where(claims.c.claim.is_not(None))
@@ -672,34 +700,44 @@ def _unsupported_claims(history: History, scope: _Scope, limit: int) -> list[Uns
         .order_by(unsupported.desc(), func.count().desc(), claims.c.claim)
         .limit(limit)
     )
+    rows = conn.execute(stmt).all()
+    groups = [(r[0], str(r[1]), int(r[2]), int(r[3])) for r in rows]
+    ids_of: dict[str, list[str]] = {}
+    if recent is not None:
+        ids_of = {r[0]: list(r[4] or ()) for r in rows}
+    elif groups:
+        ranked = (
+            select(
+                claims.c.claim,
+                claims.c.trace_id,
+                func.row_number()
+                .over(
+                    partition_by=claims.c.claim,
+                    order_by=(claims.c.started.desc(), claims.c.trace_id),
+                )
+                .label("rank"),
+            )
+            .where(claims.c.unsupported == 1, claims.c.claim.in_([g[0] for g in groups]))
+            .subquery()
+        )
+        for claim, trace_id in conn.execute(
+            select(ranked.c.claim, ranked.c.trace_id)
+            .where(ranked.c.rank <= EXAMPLES)
+            .order_by(ranked.c.claim, ranked.c.rank)
+        ):
+            ids_of.setdefault(claim, []).append(trace_id)
+    return groups, ids_of
+
+
+def _unsupported_claims(
+    history: History, scope: _Scope, limit: int, rolled: Hours | None
+) -> list[UnsupportedClaim]:
     examples: dict[str, list[tuple[str, str | None, list[str] | None]]] = {}
     with _reading(history) as conn:
-        rows = conn.execute(stmt).all()
-        groups = [(r[0], str(r[1]), int(r[2]), int(r[3])) for r in rows]
-        ids_of: dict[str, list[str]] = {}
-        if postgres:
-            ids_of = {r[0]: list(r[4] or ()) for r in rows}
-        elif groups:
-            ranked = (
-                select(
-                    claims.c.claim,
-                    claims.c.trace_id,
-                    func.row_number()
-                    .over(
-                        partition_by=claims.c.claim,
-                        order_by=(claims.c.started.desc(), claims.c.trace_id),
-                    )
-                    .label("rank"),
-                )
-                .where(claims.c.unsupported == 1, claims.c.claim.in_([g[0] for g in groups]))
-                .subquery()
-            )
-            for claim, trace_id in conn.execute(
-                select(ranked.c.claim, ranked.c.trace_id)
-                .where(ranked.c.rank <= EXAMPLES)
-                .order_by(ranked.c.claim, ranked.c.rank)
-            ):
-                ids_of.setdefault(claim, []).append(trace_id)
+        if rolled is not None:
+            groups, ids_of = diagnose_rollups.claims(conn, rolled, limit)
+        else:
+            groups, ids_of = _scored_claims(history, conn, scope, limit)
         wanted = [t for ids in ids_of.values() for t in ids]
         traces = {
             t: (reference, ids)

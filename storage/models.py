@@ -23,12 +23,15 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# Arrays where the caches are kept (Postgres); JSON elsewhere, where no row is ever stored.
+TextArray = JSON(none_as_null=True).with_variant(ARRAY(Text), "postgresql")
+FloatArray = JSON(none_as_null=True).with_variant(ARRAY(Float), "postgresql")
 # SQLite only auto-increments INTEGER PRIMARY KEY columns, not BIGINT ones.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -366,6 +369,46 @@ class GroupCache(Base):
     total_sq: Mapped[float] = mapped_column(Float)
     fractional: Mapped[int] = mapped_column(Integer)
     first_started: Mapped[datetime] = mapped_column(UTCDateTime())
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DiagnoseCache(Base):
+    """Per ended hour of trace start, variant version and scope (app and release or
+    environment filters, as ``GroupCache.scope``): what ``scores diagnose`` sums (Postgres
+    only, see ``storage.diagnose_rollups``).
+
+    ``section`` says what a row holds: ``slice`` (``key`` an attribute such as ``app`` or
+    ``document.source``, ``value`` one of its values, NULL for the traces without it: the
+    scored count, sum and sum of squares, and for documents the lowest-scoring traces),
+    ``reference`` (``key`` ``id`` or ``context``, ``value`` the reference: how many requests
+    needed it, how many retrieved it, recent ones that missed it), ``claim`` (``value`` the
+    claim as grouped, ``label`` its first statement: judged, unsupported, recent unsupported
+    traces), ``overflow`` (``key`` a slice attribute with too many values that hour to keep:
+    read from the scores) and ``hour`` (the hour is stored). Example traces come with their
+    sort keys (``example_keys``, ascending), so hours merge into the window's order. Rows are
+    removed with the summary cache's (see :class:`SummaryCache`).
+    """
+
+    __tablename__ = "diagnose_cache"
+    __table_args__ = (
+        Index("ix_diagnose_cache_hour", "metric", "version", "scope", "section", "bucket_start"),
+        Index("ix_diagnose_cache_metric_hour", "metric", "bucket_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    metric: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(32))
+    scope: Mapped[str] = mapped_column(String(200))
+    section: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(Text)
+    value: Mapped[str | None] = mapped_column(Text)
+    label: Mapped[str | None] = mapped_column(Text)
+    n: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[float] = mapped_column(Float)
+    total_sq: Mapped[float] = mapped_column(Float)
+    example_ids: Mapped[list[str] | None] = mapped_column(TextArray)
+    example_keys: Mapped[list[float] | None] = mapped_column(FloatArray)
     computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage import _postgres, rollups, summary_cache
+from recalltrace.storage import _postgres, diagnose_rollups, rollups, summary_cache
 from recalltrace.storage._dialect import as_utc
 from recalltrace.storage.history._base import HistoryBase
 from recalltrace.storage.history.selection import (
@@ -195,12 +195,13 @@ class SummaryQueries(HistoryBase):
         no user query pays for them: day buckets of the last ``days`` days and hour buckets of
         the last ``hours`` hours, for every app together and for each of (at most ``apps``)
         apps, every metric at its version; the hourly rollups of the last ``days`` days that
-        ``scores compare`` by release, environment or tag and ``scores cost`` read (every app
-        together); and the summaries and costs filtered by each of the ``releases`` releases
-        and ``environments`` environments seen most recently. Postgres only (elsewhere nothing is
-        cached; returns 0). Returns how many summary rows those windows hold plus the rollup
-        rows it computed. Workers call this in the background; when everything is stored
-        already it reads the stored rows and a few index probes per scope."""
+        ``scores compare`` by release, environment or tag, ``scores diagnose`` and ``scores
+        cost`` read (every app together); and the summaries and costs filtered by each of the
+        ``releases`` releases and ``environments`` environments seen most recently. Postgres
+        only (elsewhere nothing is cached; returns 0). Returns how many summary rows those
+        windows hold plus the rollup rows it computed. Workers call this in the background;
+        when everything is stored already it reads the stored rows and a few index probes per
+        scope."""
         if not self.dialect.keeps_caches:
             return 0
         if now is None:
@@ -238,6 +239,11 @@ class SummaryQueries(HistoryBase):
                         fill_only=True,
                     )
                 )
+
+        # The hourly rollups of ``scores diagnose`` (every app), over the same days.
+        looked += diagnose_rollups.fill(
+            self.engine, self.dialect, versions=self.versions, lower=since, upper=until, now=now
+        )
 
         def cost_of(attributes: Mapping[str, str]) -> int:
             hours = rollups.cost_hours(

@@ -23,6 +23,7 @@ TABLES = (
     "workers",
     "summary_cache",
     "group_cache",
+    "diagnose_cache",
     "cost_cache",
     "scores",
     "scoring_jobs",
