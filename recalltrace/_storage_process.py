@@ -156,12 +156,6 @@ class StorageProcessSink:
         self._from_child = -1
         self._owner = os.getpid()
 
-    @property
-    def pid(self) -> int | None:
-        """The storage process's pid while it runs."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
     def write_traces(self, records: Sequence[Any]) -> None:
         """Store a batch through the child; returns once it is committed."""
         self._call("write", encode_batch(records))

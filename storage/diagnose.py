@@ -611,6 +611,33 @@ def _missed_references(
     return rows, len(groups)
 
 
+def _recent_examples(
+    conn: Connection, rows: Any, key: Any, wanted: Any, keys: list[Any]
+) -> dict[Any, list[str]]:
+    """The ``EXAMPLES`` latest trace ids per ``key`` value in ``keys`` among the ``rows`` where
+    ``wanted`` holds (``rows`` has ``trace_id`` and ``started``): the path for a dialect without
+    an aggregate that keeps them (``Dialect.recent_first``)."""
+    ranked = (
+        select(
+            key.label("key"),
+            rows.c.trace_id,
+            func.row_number()
+            .over(partition_by=key, order_by=(rows.c.started.desc(), rows.c.trace_id))
+            .label("rank"),
+        )
+        .where(wanted, key.in_(keys))
+        .subquery()
+    )
+    found: dict[Any, list[str]] = {}
+    for value, trace_id in conn.execute(
+        select(ranked.c.key, ranked.c.trace_id)
+        .where(ranked.c.rank <= EXAMPLES)
+        .order_by(ranked.c.key, ranked.c.rank)
+    ):
+        found.setdefault(value, []).append(trace_id)
+    return found
+
+
 def _scored_references(
     history: History,
     conn: Connection,
@@ -644,23 +671,10 @@ def _scored_references(
     groups.sort(key=lambda g: (-(g[1] - g[2]), -g[1], g[0]))
     shown = groups[:limit]
     if shown and recent is None:
-        ranked = (
-            select(
-                hits.c.ref,
-                hits.c.trace_id,
-                func.row_number()
-                .over(partition_by=hits.c.ref, order_by=(hits.c.started.desc(), hits.c.trace_id))
-                .label("rank"),
-            )
-            .where(hits.c.hit == 0, hits.c.ref.in_([g[0] for g in shown]))
-            .subquery()
-        )
-        for ref, trace_id in conn.execute(
-            select(ranked.c.ref, ranked.c.trace_id)
-            .where(ranked.c.rank <= EXAMPLES)
-            .order_by(ranked.c.ref, ranked.c.rank)
-        ):
-            examples.setdefault(str(ref), []).append(trace_id)
+        for ref, ids in _recent_examples(
+            conn, hits, hits.c.ref, hits.c.hit == 0, [g[0] for g in shown]
+        ).items():
+            examples[str(ref)] = ids
     return groups
 
 
@@ -706,26 +720,9 @@ def _scored_claims(
     if recent is not None:
         ids_of = {r[0]: list(r[4] or ()) for r in rows}
     elif groups:
-        ranked = (
-            select(
-                claims.c.claim,
-                claims.c.trace_id,
-                func.row_number()
-                .over(
-                    partition_by=claims.c.claim,
-                    order_by=(claims.c.started.desc(), claims.c.trace_id),
-                )
-                .label("rank"),
-            )
-            .where(claims.c.unsupported == 1, claims.c.claim.in_([g[0] for g in groups]))
-            .subquery()
+        ids_of = _recent_examples(
+            conn, claims, claims.c.claim, claims.c.unsupported == 1, [g[0] for g in groups]
         )
-        for claim, trace_id in conn.execute(
-            select(ranked.c.claim, ranked.c.trace_id)
-            .where(ranked.c.rank <= EXAMPLES)
-            .order_by(ranked.c.claim, ranked.c.rank)
-        ):
-            ids_of.setdefault(claim, []).append(trace_id)
     return groups, ids_of
 
 
