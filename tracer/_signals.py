@@ -20,6 +20,12 @@ A stopping signal that arrives while the process's last drain runs (a pool worke
 while it drains at its exit) takes effect as soon as that drain ends, which ``shutdown_timeout``
 bounds.
 
+A handler runs in the main thread between two of its instructions, wherever that thread is. When
+it finds the thread inside the tracer (queuing a record, holding a lock the drain needs), it does
+nothing yet and has the signal sent to the main thread again a moment later, until the thread
+has left the tracer (for at most about a second; then it goes ahead, and the drain on its helper
+thread is bounded by ``shutdown_timeout``).
+
 A gunicorn worker replaces every signal handler right after the fork (``init_signals``), so a
 worker of a ``--preload`` application would lose ours; in a forked child of a gunicorn master the
 worker classes' ``init_signals`` are wrapped to put the handler back in front once they ran.
@@ -31,13 +37,15 @@ call ``recalltrace.shutdown()`` from the framework's own hook (FastAPI's lifespa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -59,6 +67,17 @@ _wrapped: set[Any] = set()
 _handling = threading.Event()
 _wakeup_fd = -1
 _RESENDS = 5
+# The tracer's own source files: a handler interrupting one of them waits until it is left.
+_TRACER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PATHS = sysconfig.get_paths()
+_STDLIB_DIRS = tuple({os.path.join(_PATHS[key], "") for key in ("stdlib", "platstdlib")})
+_PACKAGE_DIRS = tuple({os.path.join(_PATHS[key], "") for key in ("purelib", "platlib")})
+# Redelivery of a signal that found the main thread inside the tracer: a pipe written from the
+# handler (a plain system call, no lock) and read by one thread per process.
+_REDELIVER_AFTER_S = 0.002
+_MAX_REDELIVERIES = 500
+_redeliver_pipe: tuple[int, int, int] | None = None  # (read end, write end, owning pid)
+_redeliveries: dict[int, int] = {}
 
 
 def install(drain: Callable[[str, bool], None], eager: Callable[[], None]) -> bool:
@@ -118,6 +137,9 @@ def _handle(signum: int, frame: FrameType | None) -> None:
         # The last drain is running (this handler interrupted it): let it finish first.
         _deferred.append(signum)
         return
+    if _inside_tracer(frame) and _redeliver_later(signum):
+        return
+    _redeliveries.pop(signum, None)
     if callable(previous) and previous is not signal.default_int_handler:
         if _eager is not None:
             _eager()
@@ -131,6 +153,68 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     _run_drain(f"{name} received", final=True)
     signal.signal(signum, signal.SIG_DFL)
     signal.raise_signal(signum)
+
+
+def _inside_tracer(frame: FrameType | None) -> bool:
+    """True when the interrupted thread is running the tracer's own code, directly or through
+    the standard library (a ``json`` or ``logging`` call made by the tracer). Not when it runs
+    the application's code, even inside a traced call: that is never held up."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_TRACER_DIR):
+            return True
+        if not _in_standard_library(filename):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _in_standard_library(filename: str) -> bool:
+    if filename.startswith("<frozen "):
+        return True
+    return filename.startswith(_STDLIB_DIRS) and not filename.startswith(_PACKAGE_DIRS)
+
+
+def _redeliver_later(signum: int) -> bool:
+    """Have ``signum`` sent to the main thread again shortly; False when it was already sent
+    again too often (the thread stays inside the tracer: go ahead now)."""
+    global _redeliver_pipe
+    count = _redeliveries.get(signum, 0)
+    if count >= _MAX_REDELIVERIES or not hasattr(signal, "pthread_kill"):
+        return False
+    pid = os.getpid()
+    if _redeliver_pipe is None or _redeliver_pipe[2] != pid:
+        main = threading.main_thread().ident
+        read_end, write_end = os.pipe()
+        try:
+            threading.Thread(
+                target=_redeliver, args=(read_end, main), name="recalltrace-signals", daemon=True
+            ).start()
+        except RuntimeError:  # the interpreter is ending: no thread can start
+            os.close(read_end)
+            os.close(write_end)
+            return False
+        _redeliver_pipe = (read_end, write_end, pid)
+    try:
+        os.write(_redeliver_pipe[1], bytes([signum]))
+    except OSError:
+        return False
+    _redeliveries[signum] = count + 1
+    return True
+
+
+def _redeliver(read_end: int, main: int | None) -> None:
+    keep_off_this_thread()
+    while True:
+        try:
+            received = os.read(read_end, 64)
+        except OSError:
+            return
+        if not received or main is None:
+            return
+        time.sleep(_REDELIVER_AFTER_S)
+        for signum in dict.fromkeys(received):
+            signal.pthread_kill(main, signum)
 
 
 def _run_drain(why: str, final: bool) -> None:
@@ -167,7 +251,7 @@ def _watch_for_reraise() -> None:
     sys.setprofile(watch)
 
 
-@contextmanager
+@contextlib.contextmanager
 def final_drain() -> Iterator[None]:
     """Mark the process's last drain: a SIGTERM or SIGINT arriving meanwhile is delivered, as it
     would have been, once the drain is over."""
@@ -199,9 +283,17 @@ def after_fork_in_child() -> None:
     """In a forked child: forget the parent's stopping state, and when the parent is a gunicorn
     master, put the handler back in front once the worker set up its own."""
     global _watching, _final_running, _wakeup_fd, _handling
+    global _redeliver_pipe
     _watching = False
     _final_running = False
     _deferred.clear()
+    _redeliveries.clear()
+    if _redeliver_pipe is not None:
+        # The parent's: its reading thread is not in this process.
+        for end in _redeliver_pipe[:2]:
+            with contextlib.suppress(OSError):
+                os.close(end)
+        _redeliver_pipe = None
     _handling = threading.Event()
     if _wakeup_fd != -1:
         # The parent's pipe: its watcher would take this child's signals for its own.

@@ -70,7 +70,30 @@ if mode == "app-handler":
     def own(signum, frame):
         print("own handler ran", flush=True)
     signal.signal(signal.SIGTERM, own)
-recalltrace.configure(database_url=url, flush_interval=60.0, sample_rate=1.0)
+recalltrace.configure(
+    database_url=url, flush_interval=60.0, sample_rate=1.0, shutdown_timeout=10.0
+)
+if mode == "inside-the-tracer":
+    # The signal arrives while the main thread is inside the tracer, holding the writer's
+    # lock (queuing the 25th record): the handler runs right there, in that thread. The
+    # queue's append, compiled as one of the tracer's files, sends it.
+    import collections
+    from recalltrace.tracer import _runtime
+
+    INTERRUPTING = (
+        "class Interrupting(collections.deque):\\n"
+        "    def append(self, item):\\n"
+        "        super().append(item)\\n"
+        "        if len(self) == 25:\\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\\n"
+        "            for _ in range(1000):\\n"
+        "                pass\\n"
+    )
+    where = os.path.join(os.path.dirname(_runtime.__file__), "_interrupting.py")
+    space = {"collections": collections, "os": os, "signal": signal}
+    exec(compile(INTERRUPTING, where, "exec"), space)
+    writer = _runtime.current.writer
+    writer._queue = space["Interrupting"](writer._queue)
 
 @recalltrace.rag
 def answer(question):
@@ -119,6 +142,20 @@ def test_sigterm_with_the_default_action_drains_then_ends_as_before(tmp_path: Pa
     assert stored(f"sqlite:///{tmp_path / 'stop.db'}") == 25
 
 
+def test_sigterm_arriving_inside_the_tracer_waits_until_it_left_then_drains(
+    tmp_path: Path,
+) -> None:
+    # A pool worker told to stop while it queues a record: the handler interrupts the main
+    # thread inside the tracer, holding the lock the drain needs. It is delivered again once
+    # the thread left the tracer, and the drain stores everything, instead of waiting out
+    # shutdown_timeout for a lock that its own thread holds and losing the queue.
+    done = run(tmp_path, "inside-the-tracer")
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "still running" not in done.stdout
+    assert "25 queued record(s) stored, 0 dropped before exit" in done.stderr, done.stderr
+    assert stored(f"sqlite:///{tmp_path / 'stop.db'}") == 25
+
+
 def test_sigterm_goes_to_the_applications_own_handler_unchanged(tmp_path: Path) -> None:
     done = run(tmp_path, "app-handler")
     assert done.returncode == 0, done.stderr
@@ -147,3 +184,41 @@ def test_a_typo_in_recalltrace_metrics_is_refused_at_configure(
     monkeypatch.setenv("RECALLTRACE_METRICS", "id_based_context_recall,llm_contex_recall")
     with pytest.raises(ValueError, match="unknown metric 'llm_contex_recall'; known metrics"):
         recalltrace.configure(database_url=f"sqlite:///{tmp_path / 'x.db'}")
+
+
+USER_CODE_INTERRUPTED = """
+import os, signal, sys
+import recalltrace
+
+recalltrace.configure(database_url=sys.argv[1], flush_interval=60.0, sample_rate=1.0)
+
+@recalltrace.rag
+def answer(question):
+    # The application's own code, inside a traced call: Ctrl-C reaches it at once, as without
+    # recalltrace (the handler holds back only while the tracer's own code runs).
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+    except KeyboardInterrupt:
+        return "interrupted inside"
+    return "not interrupted"
+
+print(answer("q"), flush=True)
+"""
+
+
+def test_a_signal_inside_the_applications_code_of_a_traced_call_is_not_held_back(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", USER_CODE_INTERRUPTED, f"sqlite:///{tmp_path / 'user.db'}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted inside"
