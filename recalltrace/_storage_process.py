@@ -1,11 +1,14 @@
 """Storing trace records from a separate process (the tracer's ``storage_process`` option).
 
-The tracer's writer thread assembles and scrubs each record in the application's process as
-always; with ``storage_process=True`` it then hands every batch to a child process over a pipe
-(one pickled frame per batch) and waits for the child's answer, instead of talking to the
-database itself. The database driver's work (row encoding, COPY, the round trips of a
-transaction) then runs on the child's interpreter, not between the application's threads: a
-busy web server keeps its GIL for its requests.
+The tracer's writer thread assembles each record in the application's process as always; with
+``storage_process=True`` it then hands every batch to a child process over a pipe (one frame
+per batch) and waits for the child's answer, instead of talking to the database itself. The
+child scrubs the records (with the tracer's scrubbing options; a scrubbing ``callback`` is the
+application's code, so with one the writer thread scrubs as before) and stores them: the
+scrubbing rules and the database driver's work (row encoding, COPY, the round trips of a
+transaction) run on the child's interpreter, not between the application's threads, and a busy
+web server keeps its GIL for its requests. Nothing is stored unscrubbed: the child scrubs a
+batch before it writes it.
 
 The writer sees an ordinary sink: ``write_traces`` returns when the child has committed the
 batch, and raises what the writer already knows how to handle when it could not (storage
@@ -44,6 +47,7 @@ from datetime import datetime
 from typing import Any
 
 from recalltrace.storage.records import ContextRecord, TraceRecord
+from recalltrace.tracer import ScrubbingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -146,9 +150,13 @@ class StorageProcessSink:
         create_schema: bool | None = None,
         reply_timeout: float = 120.0,
         start_timeout: float = 120.0,
+        scrubbing: ScrubbingOptions | None = None,
     ) -> None:
+        if scrubbing is not None and scrubbing.callback is not None:
+            raise ValueError("a scrubbing callback runs in the application: scrub there")
         self._database_url = database_url
         self._create_schema = create_schema
+        self._scrubbing = scrubbing
         self._reply_timeout = reply_timeout
         self._start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -205,7 +213,11 @@ class StorageProcessSink:
         os.set_blocking(self._to_child, False)
         self._proc = proc
         self._owner = os.getpid()
-        config = {"database_url": self._database_url, "create_schema": self._create_schema}
+        config = {
+            "database_url": self._database_url,
+            "create_schema": self._create_schema,
+            "scrubbing": self._scrubbing,
+        }
         # Starting (an interpreter, SQLAlchemy and the driver imported) has its own bound, so
         # that a slow start on a busy host is not taken for a write that hangs.
         deadline = time.monotonic() + self._start_timeout
@@ -343,8 +355,15 @@ def serve(from_parent: int, to_parent: int) -> None:
     from recalltrace.tracer._sinks import open_default_sink
 
     config = _receive(from_parent, None)
-    # What the first write needs, imported before saying ready.
+    # What the first write needs, imported (and the scrubber's rules compiled) before saying
+    # ready.
     import recalltrace.storage.repository  # noqa: F401
+
+    scrubber = None
+    if config.get("scrubbing") is not None:
+        from recalltrace.tracer._scrub import build_scrubber
+
+        scrubber = build_scrubber(config["scrubbing"])
 
     _send(to_parent, pickle.dumps("ready"), None)
     sink: Any = None
@@ -362,9 +381,16 @@ def serve(from_parent: int, to_parent: int) -> None:
                     )
                 value = None
                 if op == b"write":
-                    sink.write_traces(decode_batch(payload))
+                    records = decode_batch(payload)
+                    if scrubber is not None:
+                        for record in records:
+                            scrubber.scrub_record(record)
+                    sink.write_traces(records)
                 elif op == b"reference":
-                    value = sink.attach_reference(pickle.loads(payload))
+                    update = pickle.loads(payload)
+                    if scrubber is not None:
+                        update = scrubber.scrub_reference(update)
+                    value = sink.attach_reference(update)
                 else:
                     raise ValueError(f"unknown request {op!r}")
                 answer = ("ok", value)

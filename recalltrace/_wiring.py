@@ -112,10 +112,15 @@ def run_worker(
 
 
 def default_sink(
-    database_url: str | None, *, create_schema: bool | None = None, separate_process: bool = False
+    database_url: str | None,
+    *,
+    create_schema: bool | None = None,
+    separate_process: bool = False,
+    scrubbing: Any = None,
 ) -> Any:
     """The tracer's default sink: the repository on ``database_url`` (or, with
-    ``separate_process``, a child process that stores through it: ``recalltrace._storage_process``).
+    ``separate_process``, a child process that stores through it: ``recalltrace._storage_process``;
+    ``scrubbing``, the options that process scrubs the records with).
 
     ``create_schema`` is the tracer's ``auto_migrate``: ``True`` creates or upgrades the
     schema; ``None`` creates it in a Postgres database that has none of it (no recalltrace table,
@@ -127,7 +132,7 @@ def default_sink(
     if separate_process:
         from recalltrace._storage_process import StorageProcessSink
 
-        return StorageProcessSink(database_url, create_schema=create_schema)
+        return StorageProcessSink(database_url, create_schema=create_schema, scrubbing=scrubbing)
     repository = open_repository(database_url, create_schema=True if create_schema else None)
     if create_schema is None and repository.is_postgres:
         import logging

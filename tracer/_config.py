@@ -263,10 +263,11 @@ class TracerConfig:
     always creates and upgrades. A database without the tables keeps the records (bounded) and
     one line says to run ``recalltrace db upgrade``."""
     storage_process: bool = option(False, env=[("RECALLTRACE_STORAGE_PROCESS", _truthy)])
-    """Store through a child process the writer starts (the database driver's work then runs
-    on the child's interpreter, not between the application's threads: for a busy service
-    storing many records). The records are still assembled and scrubbed in the application's
-    process, and the ledger kept there. Applies to the default sink only (not with ``sink=``)."""
+    """Store through a child process the writer starts (the scrubbing rules and the database
+    driver's work then run on the child's interpreter, not between the application's threads:
+    for a busy service storing many records). The records are still assembled in the
+    application's process, and the ledger kept there; with a scrubbing ``callback`` they are
+    scrubbed there too. Applies to the default sink only (not with ``sink=``)."""
     flush_timeout: float = option(30.0, env=[("RECALLTRACE_FLUSH_TIMEOUT", _float)])
     """Seconds :func:`flush` waits when called without a timeout (it never waits forever, e.g.
     while the database is down); it returns False and logs what is still waiting."""

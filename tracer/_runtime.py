@@ -21,7 +21,7 @@ from opentelemetry import trace as otel_trace
 
 from recalltrace.storage.records import ReferenceUpdate
 from recalltrace.tracer import _signals
-from recalltrace.tracer._config import TracerConfig
+from recalltrace.tracer._config import ScrubbingOptions, TracerConfig
 from recalltrace.tracer._conventions import (
     DEPLOYMENT_ENVIRONMENT,
     DEPLOYMENT_ENVIRONMENT_OLD,
@@ -151,6 +151,17 @@ class Runtime:
         self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
+        # With a storage process, that process scrubs the records before it stores them (off
+        # the application's interpreter), unless a scrubbing callback (application code) is set.
+        self.scrubbing_elsewhere: ScrubbingOptions | None = None
+        if config.storage_process and config.sink is None and self.scrubber is not None:
+            options = (
+                config.scrubbing
+                if isinstance(config.scrubbing, ScrubbingOptions)
+                else ScrubbingOptions()
+            )
+            if options.callback is None:
+                self.scrubbing_elsewhere = options
         self.genai_attributes = config.genai_span_attributes
         self.stats = _stats
         # App names label the metrics; one taken from a received span name is user text.
@@ -168,6 +179,11 @@ class Runtime:
             retry_backoff=config.retry_backoff,
             reference_wait=config.reference_wait,
             close_sink=None if config.sink is not None else _dispose,
+            prepare_reference=(
+                self.scrubber.scrub_reference
+                if self.scrubber is not None and self.scrubbing_elsewhere is None
+                else None
+            ),
         )
 
     def _open_sink(self) -> TraceSink:
@@ -178,6 +194,7 @@ class Runtime:
             self.config.database_url,
             create_schema=self.config.auto_migrate,
             separate_process=self.config.storage_process,
+            scrubbing=self.scrubbing_elsewhere,
         )
 
     def _assemble(self, state: TraceState) -> TraceRecord:
@@ -213,7 +230,7 @@ class Runtime:
     def _assemble_now(self, state: TraceState) -> TraceRecord:
         return assemble_record(
             state,
-            self.scrubber,
+            None if self.scrubbing_elsewhere is not None else self.scrubber,
             self.config.max_text_length,
             release=self.release,
             environment=self.environment,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from recalltrace.tracer._config import TraceSink
+    from recalltrace.tracer._config import ScrubbingOptions, TraceSink
 
 _factory: Callable[..., TraceSink] | None = None
 _check: Callable[[], None] | None = None
@@ -38,14 +38,22 @@ def open_default_sink(
     *,
     create_schema: bool | None = None,
     separate_process: bool = False,
+    scrubbing: ScrubbingOptions | None = None,
 ) -> TraceSink:
     """Open the registered default sink (``create_schema``: the tracer's ``auto_migrate``;
     ``True`` runs the migrations first, ``None`` creates a schema that is missing entirely,
     ``False`` leaves a Postgres schema alone; ``separate_process``: the tracer's
-    ``storage_process``); raises ``RuntimeError`` if none is registered."""
+    ``storage_process``; ``scrubbing``: with ``separate_process``, the ``ScrubbingOptions``
+    that process scrubs each record with before storing it, in place of the writer thread);
+    raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "
             "or pass sink= to configure()"
         )
-    return _factory(database_url, create_schema=create_schema, separate_process=separate_process)
+    return _factory(
+        database_url,
+        create_schema=create_schema,
+        separate_process=separate_process,
+        scrubbing=scrubbing,
+    )

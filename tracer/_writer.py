@@ -118,8 +118,12 @@ class BatchWriter:
         reference_wait: float,
         close_sink: Callable[[TraceSink], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prepare_reference: Callable[[ReferenceUpdate], ReferenceUpdate] | None = None,
     ) -> None:
         self.clock = clock
+        # Applied on this thread to each late reference before it is merged or stored (the
+        # scrubber's, where records are scrubbed in this process).
+        self._prepare_reference = prepare_reference
         self._sink_factory = sink_factory
         self._close_sink = close_sink
         self._assemble = assemble
@@ -489,6 +493,8 @@ class BatchWriter:
             self._references.clear()
         now = self.clock()
         for update in updates:
+            if self._prepare_reference is not None:
+                update = self._prepare_reference(update)
             if self._merge_into_ready(update):
                 self._complete(1)
                 continue

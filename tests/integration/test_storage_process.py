@@ -375,3 +375,63 @@ def test_a_batch_crosses_to_the_storage_process_unchanged() -> None:
     encoded = encode_batch([plain, odd])
     assert encoded[:1] == b"P"
     assert [r.trace_id for r in decode_batch(encoded)] == [plain.trace_id, odd.trace_id]
+
+
+def _stored_question(engine: Engine, app: str) -> tuple[str, list[str]]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT user_input, notes FROM traces WHERE app_name = :app"), {"app": app}
+        ).one()
+    return row[0], list(row[1] or [])
+
+
+def test_the_storage_process_scrubs_with_the_tracers_options(
+    postgres_url: str, pg_engine: Engine
+) -> None:
+    """The child scrubs each record before it stores it, with the options given to
+    ``configure`` (the application's interpreter no longer runs the rules)."""
+    recalltrace.configure(
+        database_url=postgres_url,
+        storage_process=True,
+        tracer_provider=TracerProvider(),
+        flush_interval=0.05,
+        scrubbing=recalltrace.ScrubbingOptions(extra_patterns=[r"zebra-\d+"], replacement="[GONE]"),
+    )
+    try:
+        ask = recalltrace.rag("scrubbed-in-child")(lambda question: "ok")
+        ask("my code is zebra-4242, my mail ann@example.org")
+        assert recalltrace.flush(60)
+        question, notes = _stored_question(pg_engine, "scrubbed-in-child")
+        assert question == "my code is [GONE], my mail [GONE]"
+        assert any("user_input" in note for note in notes), notes
+    finally:
+        recalltrace.shutdown(10)
+
+
+def test_a_scrubbing_callback_still_runs_in_the_application(
+    postgres_url: str, pg_engine: Engine
+) -> None:
+    """A callback is the application's code: with one, the records are scrubbed in the
+    application's process as without a storage process."""
+    seen: list[tuple[int, str]] = []
+
+    def keep_domain(match: recalltrace.ScrubMatch) -> str | None:
+        seen.append((os.getpid(), match.value))
+        return "someone@" + match.value.split("@", 1)[1] if "@" in match.value else None
+
+    recalltrace.configure(
+        database_url=postgres_url,
+        storage_process=True,
+        tracer_provider=TracerProvider(),
+        flush_interval=0.05,
+        scrubbing=recalltrace.ScrubbingOptions(callback=keep_domain),
+    )
+    try:
+        ask = recalltrace.rag("callback-in-app")(lambda question: "ok")
+        ask("write to ann@example.org")
+        assert recalltrace.flush(60)
+        question, _notes = _stored_question(pg_engine, "callback-in-app")
+        assert question == "write to someone@example.org"
+        assert seen == [(os.getpid(), "ann@example.org")]
+    finally:
+        recalltrace.shutdown(10)

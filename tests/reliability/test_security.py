@@ -117,6 +117,44 @@ def test_stored_records_hold_no_secret(stored_secret_trace: str) -> None:
     assert "svc" in dump  # the user name next to the redacted password
 
 
+@pytest.mark.parametrize("storage_process", [False, True], ids=["thread", "process"])
+def test_a_late_reference_is_scrubbed_before_it_is_stored(
+    database_url: str, storage_process: bool
+) -> None:
+    """Ground truth set after the request ended (``set_reference(trace_id, ...)``) is text like
+    any other: scrubbed whether its trace is stored already or still waits to be written."""
+    make_traced(
+        open_storage=True,
+        database_url=database_url,
+        flush_interval=30.0,
+        storage_process=storage_process,
+    )
+    ids: list[str | None] = []
+
+    @recalltrace.rag("late-reference")
+    def ask(question: str) -> str:
+        ids.append(recalltrace.current_trace_id())
+        return ANSWER
+
+    late = {
+        "reference": f"Rotate {SECRETS['stripe']} first.",
+        "reference_contexts": [f"The token is {SECRETS['github']}."],
+        "reference_context_ids": [SECRET_REFERENCE_ID],
+    }
+    try:
+        ask(QUESTION)
+        assert recalltrace.flush(15.0)  # stored: the reference is attached in the database
+        recalltrace.set_reference(ids[0], **late)
+        ask(QUESTION)  # queued, not written yet: the reference joins the record in memory
+        recalltrace.set_reference(ids[1], **late)
+        assert recalltrace.flush(15.0)
+    finally:
+        recalltrace.shutdown(5.0)
+    dump = dump_database(database_url)
+    assert dump.count("Rotate [REDACTED] first.") == 2, dump[-2000:]
+    assert leaked(dump) == []
+
+
 @pytest.mark.postgres
 def test_the_judge_never_receives_what_scrubbing_removed(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
