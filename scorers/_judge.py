@@ -305,8 +305,11 @@ def classify_error(exc: BaseException) -> Literal["transient", "terminal", "reje
     return "transient"
 
 
-def retry_after_seconds(exc: BaseException) -> float | None:
-    """The server's ``Retry-After`` (or ``retry-after-ms``) hint in seconds, if it sent one."""
+def retry_after_seconds(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
+    """The server's ``Retry-After`` (or ``retry-after-ms``) hint in seconds, if it sent one.
+
+    An HTTP date is read against ``now`` (the wall clock, seconds since the epoch).
+    """
     headers: Any = getattr(exc, "litellm_response_headers", None)
     if headers is None:
         response = getattr(exc, "response", None)
@@ -328,7 +331,7 @@ def retry_after_seconds(exc: BaseException) -> float | None:
         when = email.utils.parsedate_to_datetime(str(value))
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, when.timestamp() - now())
 
 
 class _Bucket:

@@ -20,6 +20,7 @@ import argparse
 import array
 import gc
 import json
+import os
 import resource
 import sys
 import threading
@@ -146,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-write-attempts", type=int, default=5)
     parser.add_argument("--retry-backoff", type=float, default=0.5)
     parser.add_argument("--flush-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--progress-file",
+        default=None,
+        help="a file kept holding the number of calls made so far (read by the load harness)",
+    )
     args = parser.parse_args(argv)
 
     from opentelemetry.sdk.trace import TracerProvider
@@ -191,6 +197,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
+    if args.progress_file:
+        progress_fd = os.open(args.progress_file, os.O_WRONLY | os.O_CREAT, 0o644)
+
+        def report_progress() -> None:
+            # A thread of its own: it goes on reporting (the same count) when the calls stop,
+            # which is how the harness sees a request path waiting on storage.
+            while not stop_sampling.wait(0.02):
+                os.pwrite(progress_fd, made[0].to_bytes(8, "little"), 0)
+
+        threading.Thread(target=report_progress, daemon=True).start()
     interval = 1.0 / args.rate
     gc.collect()
     print("STARTED", flush=True)

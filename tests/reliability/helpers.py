@@ -74,13 +74,16 @@ class ConnectionKiller:
                 )
             )
 
-    def outage(self, seconds: float, every: float = 0.1) -> None:
-        """Refuse connections and kill the open ones for ``seconds``, then allow them."""
+    def outage(
+        self, seconds: float, every: float = 0.1, until: Callable[[], bool] | None = None
+    ) -> None:
+        """Refuse connections and kill the open ones for ``seconds`` (or, given ``until``,
+        until it returns true), then allow them."""
         self.allow_connections(False)
         self.outages += 1
         try:
             end = time.monotonic() + seconds
-            while time.monotonic() < end:
+            while not until() if until is not None else time.monotonic() < end:
                 self.kill()
                 time.sleep(every)
         finally:
@@ -93,15 +96,20 @@ class ConnectionKiller:
             self.kill()
             time.sleep(every)
 
-    def hang(self, url: str, seconds: float) -> None:
-        """Make every write to ``traces`` wait ``seconds``: a transaction holds the table's
-        ACCESS EXCLUSIVE lock (a database that hangs instead of failing)."""
+    def hang(self, url: str, seconds: float, until: Callable[[], bool] | None = None) -> None:
+        """Make every write to ``traces`` wait ``seconds`` (or, given ``until``, until it
+        returns true): a transaction holds the table's ACCESS EXCLUSIVE lock (a database that
+        hangs instead of failing)."""
         engine = create_engine_from_url(url, pool_size=1, max_overflow=0)
         try:
             with engine.begin() as conn:
                 conn.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
                 self.hangs += 1
-                time.sleep(seconds)
+                if until is None:
+                    time.sleep(seconds)
+                else:
+                    while not until():
+                        time.sleep(0.01)
         finally:
             engine.dispose()
 

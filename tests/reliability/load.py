@@ -4,12 +4,23 @@ An app process (``tests.reliability.app_process``) calls a traced request at a f
 its database refuses connections for a window of the run, so the tracer's queue reaches its
 bound on purpose. Returns the app's own summary plus what was stored, so that the caller can
 check that every call is accounted for: stored or counted as dropped, exactly.
+
+The fault windows are counted in calls, not seconds: a window ``(begin, end)`` starts once the
+app has made ``begin x rate`` calls and ends once it has made ``end x rate``. On a quiet host
+that is the same as seconds; on a busy one the calls lag the clock and the windows follow them.
+It also makes "no call waits on storage" exact: a request path that waited on the refusing or
+hanging database would make no call during the fault, so the fault would never end; the
+harness ends it after :data:`~tests.support.clocks.HANG_GUARD_S` without a call and reports
+``stalled``.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -22,6 +33,7 @@ from tests.reliability.helpers import (
     spawn,
     with_application_name,
 )
+from tests.support.clocks import HANG_GUARD_S
 
 APP_NAME = "rt_load_app"
 
@@ -38,34 +50,63 @@ def run_load(
     flush_timeout: float = 60.0,
 ) -> dict[str, Any]:
     """Run the app for ``seconds`` at ``rate``; refuse its database from ``outage[0]`` to
-    ``outage[1]`` seconds into the run, and make its writes hang from ``hang[0]`` to
-    ``hang[1]``. The summary gets ``stored`` (traces in the database)."""
+    ``outage[1]`` seconds' worth of calls into the run, and make its writes hang from
+    ``hang[0]`` to ``hang[1]``. The summary gets ``stored`` (traces in the database) and
+    ``stalled`` (faults during which the app made no call for :data:`HANG_GUARD_S`)."""
     app_url = with_application_name(url, APP_NAME)
+    with tempfile.NamedTemporaryFile(prefix="rt-load-", suffix=".calls", delete=False) as progress:
+        progress.write(bytes(8))
     proc = spawn(
         [
             "-m", "tests.reliability.app_process", "--database-url", app_url, "--mode", mode,
             "--rate", str(rate), "--seconds", str(seconds),
             "--max-queue-size", str(max_queue_size), "--flush-timeout", str(flush_timeout),
+            "--progress-file", progress.name,
         ]
     )  # fmt: skip
     killer = ConnectionKiller(url, (APP_NAME,))
     fault_error: list[BaseException] = []
+    stalled = [0]
+
+    def calls_made() -> int:
+        with open(progress.name, "rb") as handle:
+            return int.from_bytes(handle.read(8), "little")
+
+    def reached(calls: float) -> Callable[[], bool]:
+        """True once the app has made ``calls`` calls; true as well (counted as a stall)
+        when it has made none for HANG_GUARD_S, or when it has exited."""
+        last = [calls_made(), time.monotonic()]
+
+        def check() -> bool:
+            made = calls_made()
+            if made >= calls or proc.poll() is not None:
+                return True
+            if made != last[0]:
+                last[0], last[1] = made, time.monotonic()
+            elif time.monotonic() - last[1] > HANG_GUARD_S:
+                stalled[0] += 1
+                return True
+            return False
+
+        return check
+
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.strip() == "STARTED", line + (proc.stderr.read() if proc.stderr else "")
-        started = time.monotonic()
 
         def inject() -> None:
             faults = [(window, "outage") for window in [outage] if window is not None]
             faults += [(window, "hang") for window in [hang] if window is not None]
             try:
                 for (begin, end), kind in sorted(faults):
-                    time.sleep(max(0.0, started + begin - time.monotonic()))
+                    start_at = reached(begin * rate)
+                    while not start_at():
+                        time.sleep(0.01)
                     if kind == "outage":
-                        killer.outage(end - begin)
+                        killer.outage(end - begin, until=reached(end * rate))
                     else:
-                        killer.hang(url, end - begin)
+                        killer.hang(url, end - begin, until=reached(end * rate))
             except BaseException as exc:
                 fault_error.append(exc)
 
@@ -78,6 +119,7 @@ def run_load(
             proc.kill()
             proc.communicate()
         killer.close()
+        os.unlink(progress.name)
     if fault_error:
         raise fault_error[0]
     assert proc.returncode == 0, err[-3000:]
@@ -89,6 +131,7 @@ def run_load(
     summary["killed_connections"] = killer.killed
     summary["outages"] = killer.outages
     summary["hangs"] = killer.hangs
+    summary["stalled"] = stalled[0]
     return summary
 
 

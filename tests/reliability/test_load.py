@@ -31,9 +31,10 @@ def check_load(summary: dict[str, Any], *, max_queue_size: int) -> None:
     assert set(dropped) == {"queue_full"}, dropped
     assert summary["stored"] + sum(dropped.values()) == summary["calls"], summary
     assert summary["stored"] > max_queue_size
-    # Nothing blocks: no call waited for the database (a call waiting on the hanging write
-    # would take up to 2 s).
-    assert summary["max_ms"] < 250, summary
+    # Nothing blocks: calls went on while the database refused and while it hung (the fault
+    # windows end after a number of calls; a request path waiting on the database would never
+    # reach it, and the harness would end the fault as a stall).
+    assert summary["stalled"] == 0, summary
 
 
 def test_bound_reached_under_load_counts_every_drop(postgres_url: str) -> None:

@@ -215,8 +215,12 @@ def test_retry_after_in_seconds_milliseconds_and_http_date() -> None:
     assert retry_after_seconds(FakeError(429, {"retry-after-ms": "250"})) == 0.25
     assert retry_after_seconds(FakeError(429, {})) is None
     assert retry_after_seconds(FakeError(429, None)) is None
-    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
-    assert 25 <= (retry_after_seconds(FakeError(429, {"retry-after": when})) or 0) <= 31
+    now = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
+    when = format_datetime(now + timedelta(seconds=30), usegmt=True)
+    hinted = FakeError(429, {"retry-after": when})
+    assert retry_after_seconds(hinted, now=now.timestamp) == 30.0
+    # A date already past asks for no wait at all.
+    assert retry_after_seconds(hinted, now=(now + timedelta(minutes=5)).timestamp) == 0.0
 
 
 @pytest.mark.parametrize(
