@@ -164,8 +164,8 @@ def fill(
     now: datetime,
 ) -> int:
     """Store the ended hours of ``[lower, upper)`` not stored yet for each variant of
-    ``versions`` (metric: version), every app together, :data:`FILL_HOURS` hours per
-    transaction under the fill lock. Returns how many (variant, hour) pairs it stored."""
+    ``versions`` (metric: version), every app together, newest first, :data:`FILL_HOURS` hours
+    per transaction under the fill lock. Returns how many (variant, hour) pairs it stored."""
     complete, _partial = split_window(lower, upper, now)
     missing: dict[datetime, set[str]] = {}
     with engine.connect() as conn:
@@ -174,7 +174,9 @@ def fill(
             for hour in complete:
                 if hour not in stored:
                     missing.setdefault(hour, set()).add(metric)
-    hours = sorted(missing)
+    # Newest first: a diagnosis of the last days is served by the first batches, and a pass cut
+    # short (a worker stopped) has stored what is asked most.
+    hours = sorted(missing, reverse=True)
     done = 0
     for first in range(0, len(hours), FILL_HOURS):
         batch = hours[first : first + FILL_HOURS]

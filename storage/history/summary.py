@@ -240,11 +240,6 @@ class SummaryQueries(HistoryBase):
                     )
                 )
 
-        # The hourly rollups of ``scores diagnose`` (every app), over the same days.
-        looked += diagnose_rollups.fill(
-            self.engine, self.dialect, versions=self.versions, lower=since, upper=until, now=now
-        )
-
         def cost_of(attributes: Mapping[str, str]) -> int:
             hours = rollups.cost_hours(
                 self.engine,
@@ -282,6 +277,12 @@ class SummaryQueries(HistoryBase):
                             {name: value},
                         )
                     )
+        # The hourly rollups of ``scores diagnose`` (every app), over the same days, last: on a
+        # large history their first fill is the longest part, and the rest is not held up by it
+        # (it stores the newest hours first, so the usual week is served early).
+        looked += diagnose_rollups.fill(
+            self.engine, self.dialect, versions=self.versions, lower=since, upper=until, now=now
+        )
         return looked
 
     def _summary_cached(
