@@ -1,23 +1,26 @@
 """A FastAPI service at full speed: requests per second with the tracer against hand-written spans.
 
-One uvicorn process (one worker) serves ``benchmarks.saturation_app``; ``hey`` (Debian's package,
-``apt-get install hey``) keeps ``--connections`` requests in flight for ``--seconds`` and reports
-the throughput. Variants, alternated in rotated order over ``--repetitions`` rounds so that drift
-of the machine affects all of them alike: no tracing; OpenTelemetry spans written by hand; the
-decorators at sample rate 0; at 0.1 and at 1 storing the sampled requests to Postgres, from the
-tracer's writer thread (``rate0.1``, ``rate1``: the default) and through a storage process
-(``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a busy service). Each
-throughput is compared with the hand-written spans' in the same round; the median of the rounds'
-ratios is checked against the targets (the storage-process variants carry the storing
-targets; the writer-thread variants are shown beside them), and the run exits 1 when one is
-missed. Server CPU includes the storage process's. After every
-traced run the service's ledger is read: a request seen but neither stored, sampled out nor
-counted as dropped fails the run.
+One uvicorn process (one worker) per variant serves ``benchmarks.saturation_app``; ``hey``
+(Debian's package, ``apt-get install hey``) keeps ``--connections`` requests in flight for
+``--seconds`` and reports the throughput. Variants: no tracing; OpenTelemetry spans written by
+hand; the decorators at sample rate 0; at 0.1 and at 1 storing the sampled requests to Postgres,
+from the tracer's writer thread (``rate0.1``, ``rate1``: the default) and through a storage
+process (``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a busy service).
+
+Every variant's server is started and warmed up first, and stays up; then ``--repetitions``
+rounds each give every variant one short slice of load, in rotated order, and a variant's
+throughput is divided by the hand-written spans' of the same round. This machine's speed drifts
+by tens of percent within a minute; short slices, close together, see the same machine, and the
+median of many rounds' ratios is what stays comparable from run to run. The median is checked
+against the targets (the storage-process variants carry the storing targets; the writer-thread
+variants are shown beside them), and the run exits 1 when one is missed. Server CPU includes the
+storage process's. At the end every traced server's ledger is read: a request seen but neither
+stored, sampled out nor counted as dropped fails the run.
 
 Everything shares the machine's cores (the server, ``hey``, Postgres and the tracer's writer
 thread), as in a deployment where the database or a sidecar lives on the same host.
 
-Run: ``python -m benchmarks.saturation [--seconds 10] [--connections 32] [--repetitions 3]``
+Run: ``python -m benchmarks.saturation [--seconds 3] [--connections 32] [--repetitions 9]``
 """
 
 from __future__ import annotations
@@ -97,50 +100,54 @@ def _hey(url: str, seconds: float, connections: int) -> float:
     return float(match.group(1))
 
 
-def run_variant(
-    variant: str, database_url: str, *, seconds: float, connections: int, warmup: float
-) -> dict[str, Any]:
-    port = _free_port()
-    env = dict(os.environ)
-    env.update(
-        SATURATION_VARIANT=variant,
-        SATURATION_DATABASE_URL=database_url,
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    for name in [key for key in env if key.startswith(("RECALLTRACE_", "OTEL_"))]:
-        del env[name]
-    command = [
-        sys.executable, "-m", "uvicorn", "benchmarks.saturation_app:app",
-        "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(f"{base}/ask?q=ready", proc)
+class Server:
+    """One variant's uvicorn process, started and warmed up, serving until :meth:`stop`."""
+
+    def __init__(self, variant: str, database_url: str, warmup: float, connections: int) -> None:
+        self.variant = variant
+        port = _free_port()
+        env = dict(os.environ)
+        env.update(
+            SATURATION_VARIANT=variant,
+            SATURATION_DATABASE_URL=database_url,
+            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        for name in [key for key in env if key.startswith(("RECALLTRACE_", "OTEL_"))]:
+            del env[name]
+        command = [
+            sys.executable, "-m", "uvicorn", "benchmarks.saturation_app:app",
+            "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env)
+        self.base = f"http://127.0.0.1:{port}"
+        _wait_ready(f"{self.base}/ask?q=ready", self.proc)
         if warmup > 0:
-            _hey(f"{base}/ask", warmup, connections)
-        server_before, postgres_before = tree_cpu_s(proc.pid), postgres_cpu_s()
+            _hey(f"{self.base}/ask", warmup, connections)
+
+    def measure(self, seconds: float, connections: int) -> dict[str, float]:
+        """One slice of load: requests per second, and CPU per request of the server (its
+        storage process included) and of Postgres."""
+        server_before, postgres_before = tree_cpu_s(self.proc.pid), postgres_cpu_s()
         started = time.monotonic()
-        rps = _hey(f"{base}/ask", seconds, connections)
+        rps = _hey(f"{self.base}/ask", seconds, connections)
         served = rps * (time.monotonic() - started)
-        server_ms = (tree_cpu_s(proc.pid) - server_before) * 1000 / max(served, 1)
-        postgres_ms = (postgres_cpu_s() - postgres_before) * 1000 / max(served, 1)
-        with urllib.request.urlopen(f"{base}/ledger", timeout=90) as response:
-            ledger = json.loads(response.read())
-    finally:
-        proc.terminate()
+        return {
+            "rps": rps,
+            "server_ms": (tree_cpu_s(self.proc.pid) - server_before) * 1000 / max(served, 1),
+            "postgres_ms": (postgres_cpu_s() - postgres_before) * 1000 / max(served, 1),
+        }
+
+    def ledger(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.base}/ledger", timeout=90) as response:
+            return dict(json.loads(response.read()))
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            proc.wait(30)
+            self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return {
-        "variant": variant,
-        "rps": rps,
-        "ledger": ledger,
-        "server_ms": server_ms,
-        "postgres_ms": postgres_ms,
-    }
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _ledger_problem(ledger: dict[str, Any]) -> str | None:
@@ -155,10 +162,10 @@ def _ledger_problem(ledger: dict[str, Any]) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per run")
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds of load per slice")
+    parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per server")
     parser.add_argument("--connections", type=int, default=32, help="requests in flight")
-    parser.add_argument("--repetitions", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--repetitions", type=int, default=9, help="rounds, in rotated order")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
     )
@@ -170,32 +177,38 @@ def main() -> None:
     if unknown or "otel" not in variants:
         raise SystemExit(f"--variants: unknown {unknown}, or 'otel' (the baseline) missing")
 
-    rounds: list[dict[str, dict[str, Any]]] = []
+    rounds: list[dict[str, dict[str, float]]] = []
+    ledgers: dict[str, dict[str, Any]] = {}
     with scratch_database("recalltrace_bench_saturation") as url:
-        for index in range(args.repetitions):
-            shift = index % len(variants)
-            results: dict[str, dict[str, Any]] = {}
-            for variant in variants[shift:] + variants[:shift]:
-                result = run_variant(
-                    variant,
-                    url,
-                    seconds=args.seconds,
-                    connections=args.connections,
-                    warmup=args.warmup,
-                )
-                results[variant] = result
-                print(
-                    f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s, CPU per "
-                    f"request: server {result['server_ms']:.2f} ms, Postgres "
-                    f"{result['postgres_ms']:.2f} ms"
-                    + (f"  ledger {result['ledger']}" if result["ledger"] else ""),
-                    flush=True,
-                )
-            rounds.append(results)
+        servers: dict[str, Server] = {}
+        try:
+            for variant in variants:
+                servers[variant] = Server(variant, url, args.warmup, args.connections)
+            for index in range(args.repetitions):
+                shift = index % len(variants)
+                results: dict[str, dict[str, float]] = {}
+                for variant in variants[shift:] + variants[:shift]:
+                    result = servers[variant].measure(args.seconds, args.connections)
+                    results[variant] = result
+                    print(
+                        f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s, CPU per "
+                        f"request: server {result['server_ms']:.2f} ms, Postgres "
+                        f"{result['postgres_ms']:.2f} ms",
+                        flush=True,
+                    )
+                rounds.append(results)
+            for variant, server in servers.items():
+                ledgers[variant] = server.ledger()
+                if ledgers[variant]:
+                    print(f"{variant} ledger {ledgers[variant]}")
+        finally:
+            for server in servers.values():
+                server.stop()
 
     print(
-        f"\n{args.connections} connections, {args.seconds:g} s per run after {args.warmup:g} s "
-        f"warm-up, {args.repetitions} alternating rounds (one uvicorn worker)"
+        f"\n{args.connections} connections, {args.seconds:g} s slices, {args.repetitions} rounds "
+        f"in rotated order, every server warmed up for {args.warmup:g} s first (one uvicorn "
+        "worker each)"
     )
     print(
         f"{'variant':<10}{'req/s (median)':>16}{'server ms/req':>15}{'Postgres ms/req':>17}"
@@ -206,7 +219,7 @@ def main() -> None:
         rps = statistics.median(r[variant]["rps"] for r in rounds)
         shares = [r[variant]["rps"] / r["otel"]["rps"] for r in rounds]
         share = statistics.median(shares)
-        listed = " / ".join(f"{s:.2f}" for s in shares)
+        listed = " ".join(f"{s:.2f}" for s in shares)
         server = statistics.median(r[variant]["server_ms"] for r in rounds)
         postgres = statistics.median(r[variant]["postgres_ms"] for r in rounds)
         line = f"{variant:<10}{rps:>16.1f}{server:>15.2f}{postgres:>17.2f}"
@@ -218,19 +231,16 @@ def main() -> None:
             line += f"  target >= {target:.2f}: {verdict}"
         print(line)
     problems = [
-        f"{variant} round {i + 1}: {problem}"
-        for i, r in enumerate(rounds)
-        for variant, result in r.items()
-        if (problem := _ledger_problem(result["ledger"])) is not None
+        f"{variant}: {problem}"
+        for variant, ledger in ledgers.items()
+        if (problem := _ledger_problem(ledger)) is not None
     ]
     for problem in problems:
         print(f"ledger: {problem}")
     drops = {
-        variant: sum(sum(r[variant]["ledger"]["dropped"].values()) for r in rounds)
-        for variant in variants
-        if rounds[0][variant]["ledger"]
+        variant: sum(ledger["dropped"].values()) for variant, ledger in ledgers.items() if ledger
     }
-    print(f"dropped (counted) over all rounds: {drops}")
+    print(f"dropped (counted): {drops}")
     if missed or problems:
         raise SystemExit(1)
 
