@@ -577,6 +577,20 @@ DIAGNOSE_STORED_HOURS = text(
 )
 """Mark the hours ``:starts`` of every variant of ``:metrics``/``:versions`` stored."""
 
+DIAGNOSE_EMPTY_HOURS = text(
+    """
+    SELECT h, m FROM unnest(CAST(:starts AS timestamptz[])) AS h
+    CROSS JOIN unnest(CAST(:metrics AS text[])) AS m
+    WHERE NOT EXISTS (
+        SELECT 1 FROM scores AS s
+        WHERE s.metric = m AND s.trace_started_at >= h
+          AND s.trace_started_at < h + interval '1 hour'
+    )
+    """
+)
+"""The (hour, metric) pairs of ``:starts`` x ``:metrics`` without a single score: one index
+probe each."""
+
 
 def _diagnose_merged(hours_sql: str, section: str) -> str:
     """A ``WITH`` naming ``merged``: the rows of ``section`` (and the ``overflow`` marks) of

@@ -174,10 +174,10 @@ def fill(
             for hour in complete:
                 if hour not in stored:
                     missing.setdefault(hour, set()).add(metric)
+    done = _mark_empty(engine, dialect, versions, missing)
     # Newest first: a diagnosis of the last days is served by the first batches, and a pass cut
     # short (a worker stopped) has stored what is asked most.
     hours = sorted(missing, reverse=True)
-    done = 0
     for first in range(0, len(hours), FILL_HOURS):
         batch = hours[first : first + FILL_HOURS]
         metrics = sorted(set().union(*(missing[h] for h in batch)))
@@ -187,6 +187,58 @@ def fill(
             _store(conn, {m: versions[m] for m in metrics}, batch)
         done += sum(len(missing[h]) for h in batch)
     return done
+
+
+def _mark_empty(
+    engine: Engine,
+    dialect: Dialect,
+    versions: Mapping[str, str],
+    missing: dict[datetime, set[str]],
+) -> int:
+    """Mark stored, in one transaction, the missing (hour, variant) pairs without a score (a
+    new database, a quiet night), and take them out of ``missing``: their sums are empty, and
+    computing them costs a round of statements per hour. Returns how many it marked."""
+    if not missing:
+        return 0
+    metrics = sorted(set().union(*missing.values()))
+    by_metric: dict[str, list[datetime]] = {}
+    with engine.begin() as conn:
+        # Probed and marked in one transaction under the fill lock, as a fill computes and
+        # stores its hours.
+        dialect.lock_for_fill(conn)
+        empty = conn.execute(
+            _postgres.DIAGNOSE_EMPTY_HOURS, {"starts": sorted(missing), "metrics": metrics}
+        ).all()
+        for hour, metric in empty:
+            hour = as_utc(hour)
+            if metric in missing.get(hour, ()):
+                by_metric.setdefault(metric, []).append(hour)
+        for metric, hours in by_metric.items():
+            # Replaced, not doubled, when another fill marked or stored them meanwhile.
+            conn.execute(
+                delete(DiagnoseCache).where(
+                    DiagnoseCache.metric == metric,
+                    DiagnoseCache.scope == "",
+                    DiagnoseCache.bucket_start.in_(hours),
+                )
+            )
+            conn.execute(
+                _postgres.DIAGNOSE_STORED_HOURS,
+                {
+                    "scope": "",
+                    "starts": hours,
+                    "metrics": [metric],
+                    "versions": [versions[metric]],
+                },
+            )
+    marked = 0
+    for metric, hours in by_metric.items():
+        for hour in hours:
+            missing[hour].discard(metric)
+            if not missing[hour]:
+                del missing[hour]
+            marked += 1
+    return marked
 
 
 def _store(conn: Connection, versions: Mapping[str, str], hours: list[datetime]) -> None:

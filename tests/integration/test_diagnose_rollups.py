@@ -181,4 +181,20 @@ def test_rolled_up_diagnosis_equals_the_scores(pg_engine: Engine, sqlite_url: st
     check_equal(pg, lite, since)
     pg.warm_summaries()
     check_equal(pg, lite, since)
+
+    # An ended hour without results is stored as empty by the fill; results arriving in it
+    # later (a late trace) drop it, and it is read from the scores, then stored again.
+    quiet = first_hour - timedelta(hours=5)
+    assert quiet in stored_hours(pg_engine)
+    late_traffic = traffic(rng, 12, app=APP, planted=True, start=quiet + timedelta(minutes=59))
+    for record in late_traffic:
+        record.started_at = max(record.started_at, quiet)
+    for repo in (pg_repo, lite_repo):
+        repo.write_traces(late_traffic)
+        score(repo, late_traffic, set())
+    assert quiet not in stored_hours(pg_engine)
+    check_equal(pg, lite, quiet - timedelta(minutes=30))
+    pg.warm_summaries()
+    assert quiet in stored_hours(pg_engine)
+    check_equal(pg, lite, quiet - timedelta(minutes=30))
     lite_engine.dispose()
