@@ -353,6 +353,7 @@ def serve(from_parent: int, to_parent: int) -> None:
     """The child's loop: read frames from the parent, store them, answer each."""
     # Registered by ``import recalltrace``, which ``python -m`` ran before this module.
     from recalltrace.tracer._sinks import open_default_sink
+    from recalltrace.tracer._state import scrub_reference
 
     config = _receive(from_parent, None)
     # What the first write needs, imported (and the scrubber's rules compiled) before saying
@@ -389,7 +390,7 @@ def serve(from_parent: int, to_parent: int) -> None:
                 elif op == b"reference":
                     update = pickle.loads(payload)
                     if scrubber is not None:
-                        update = scrubber.scrub_reference(update)
+                        update = scrub_reference(scrubber, update)
                     value = sink.attach_reference(update)
                 else:
                     raise ValueError(f"unknown request {op!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -41,7 +42,7 @@ from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
 from recalltrace.tracer._sinks import check_default_sink, open_default_sink
-from recalltrace.tracer._state import TraceState, assemble_record, read_ids
+from recalltrace.tracer._state import TraceState, assemble_record, read_ids, scrub_reference
 from recalltrace.tracer._writer import BatchWriter
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class Runtime:
             reference_wait=config.reference_wait,
             close_sink=None if config.sink is not None else _dispose,
             prepare_reference=(
-                self.scrubber.scrub_reference
+                functools.partial(scrub_reference, self.scrubber)
                 if self.scrubber is not None and self.scrubbing_elsewhere is None
                 else None
             ),

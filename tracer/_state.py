@@ -132,6 +132,24 @@ def merge_reference_into_record(record: TraceRecord, update: ReferenceUpdate) ->
         record.reference_context_ids = list(update.reference_context_ids)
 
 
+def scrub_reference(scrubber: Scrubber, update: ReferenceUpdate) -> ReferenceUpdate:
+    """``update`` (ground truth set after its request ended) with its texts scrubbed, as the
+    same fields of a record are."""
+
+    def scrubbed(texts: list[str] | None, field: str) -> list[str] | None:
+        if texts is None:
+            return None
+        return [scrubber.scrub_text(t, f"{field}[{i}]", None) for i, t in enumerate(texts)]
+
+    reference = update.reference
+    return ReferenceUpdate(
+        trace_id=update.trace_id,
+        reference=None if reference is None else scrubber.scrub_text(reference, "reference", None),
+        reference_contexts=scrubbed(update.reference_contexts, "reference_contexts"),
+        reference_context_ids=scrubbed(update.reference_context_ids, "reference_context_ids"),
+    )
+
+
 def _cut(text: str | None, limit: int | None, where: str, notes: list[str]) -> str | None:
     if text is None or limit is None or len(text) <= limit:
         return text

@@ -19,7 +19,6 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -28,7 +27,7 @@ from recalltrace.tracer._scrub import _patterns as P
 from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
 if TYPE_CHECKING:
-    from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+    from recalltrace.storage.records import TraceRecord
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -668,34 +667,6 @@ class Scrubber:
         for line in known[1]:
             _note(notes, line)
         return known[0]
-
-    def scrub_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
-        """``update`` (ground truth set after its request ended) with its texts scrubbed, as
-        the same fields of a record are."""
-        return replace(
-            update,
-            reference=(
-                None
-                if update.reference is None
-                else self.scrub_text(update.reference, "reference", None)
-            ),
-            reference_contexts=(
-                None
-                if update.reference_contexts is None
-                else [
-                    self.scrub_text(text, f"reference_contexts[{index}]", None)
-                    for index, text in enumerate(update.reference_contexts)
-                ]
-            ),
-            reference_context_ids=(
-                None
-                if update.reference_context_ids is None
-                else [
-                    self.scrub_text(text, f"reference_context_ids[{index}]", None)
-                    for index, text in enumerate(update.reference_context_ids)
-                ]
-            ),
-        )
 
     def scrub_label(self, name: str) -> str:
         """``name`` scrubbed for use as a metric label (remembered per distinct name)."""
