@@ -42,7 +42,6 @@ import logging
 import os
 import signal
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -69,9 +68,9 @@ _wakeup_fd = -1
 _RESENDS = 5
 # The tracer's own source files: a handler interrupting one of them waits until it is left.
 _TRACER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_PATHS = sysconfig.get_paths()
-_STDLIB_DIRS = tuple({os.path.join(_PATHS[key], "") for key in ("stdlib", "platstdlib")})
-_PACKAGE_DIRS = tuple({os.path.join(_PATHS[key], "") for key in ("purelib", "platlib")})
+# The standard library's folder (``os`` lives in it); installed packages under it are not.
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+_PACKAGE_FOLDERS = ("site-packages" + os.sep, "dist-packages" + os.sep)
 # Redelivery of a signal that found the main thread inside the tracer: a pipe written from the
 # handler (a plain system call, no lock) and read by one thread per process.
 _REDELIVER_AFTER_S = 0.002
@@ -172,7 +171,10 @@ def _inside_tracer(frame: FrameType | None) -> bool:
 def _in_standard_library(filename: str) -> bool:
     if filename.startswith("<frozen "):
         return True
-    return filename.startswith(_STDLIB_DIRS) and not filename.startswith(_PACKAGE_DIRS)
+    if not filename.startswith(_STDLIB_DIR):
+        return False
+    inside = filename[len(_STDLIB_DIR) :]
+    return not inside.startswith(_PACKAGE_FOLDERS)
 
 
 def _redeliver_later(signum: int) -> bool:
