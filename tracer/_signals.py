@@ -205,14 +205,22 @@ def _redeliver_later(signum: int) -> bool:
     return True
 
 
-def _redeliver(read_end: int, main: int | None) -> None:
-    keep_off_this_thread()
+def _received(read_end: int) -> Iterator[bytes]:
+    """The signal numbers written to a pipe, as they come, until it closes."""
     while True:
         try:
             received = os.read(read_end, 64)
         except OSError:
             return
-        if not received or main is None:
+        if not received:
+            return
+        yield received
+
+
+def _redeliver(read_end: int, main: int | None) -> None:
+    keep_off_this_thread()
+    for received in _received(read_end):
+        if main is None:
             return
         time.sleep(_REDELIVER_AFTER_S)
         for signum in dict.fromkeys(received):
@@ -379,13 +387,7 @@ def watch_for_missed_signals() -> None:
 
 def _resend_missed(read_end: int, main: int | None) -> None:
     keep_off_this_thread()
-    while True:
-        try:
-            received = os.read(read_end, 64)
-        except OSError:
-            return
-        if not received:
-            return
+    for received in _received(read_end):
         stopping = [signum for signum in received if signum in HANDLED]
         if not stopping or _handling.is_set():
             continue

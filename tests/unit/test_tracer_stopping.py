@@ -121,11 +121,11 @@ def stored(url: str) -> int:
     return count
 
 
-def run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, mode: str, script: str = SCRIPT) -> subprocess.CompletedProcess[str]:
     url = f"sqlite:///{tmp_path / 'stop.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT), url, mode],
+        [sys.executable, "-c", textwrap.dedent(script), url, mode],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -211,14 +211,6 @@ print(answer("q"), flush=True)
 def test_a_signal_inside_the_applications_code_of_a_traced_call_is_not_held_back(
     tmp_path: Path,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
-    done = subprocess.run(
-        [sys.executable, "-c", USER_CODE_INTERRUPTED, f"sqlite:///{tmp_path / 'user.db'}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run(tmp_path, "user-code", USER_CODE_INTERRUPTED)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted inside"
