@@ -190,6 +190,9 @@ USER_CODE_INTERRUPTED = """
 import os, signal, sys
 import recalltrace
 
+# Ctrl-C's default, as in a terminal (a process started in the background inherits SIGINT
+# ignored, and Python then leaves it so).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 recalltrace.configure(database_url=sys.argv[1], flush_interval=60.0, sample_rate=1.0)
 
 @recalltrace.rag
