@@ -231,14 +231,12 @@ def _mark_empty(
                     "versions": [versions[metric]],
                 },
             )
-    marked = 0
     for metric, hours in by_metric.items():
         for hour in hours:
             missing[hour].discard(metric)
             if not missing[hour]:
                 del missing[hour]
-            marked += 1
-    return marked
+    return sum(len(hours) for hours in by_metric.values())
 
 
 def _store(conn: Connection, versions: Mapping[str, str], hours: list[datetime]) -> None:

@@ -163,6 +163,9 @@ class Runtime:
             )
             if options.callback is None:
                 self.scrubbing_elsewhere = options
+        # What scrubs records and late references in this process (None: scrubbing is off, or
+        # the storage process does it).
+        self.record_scrubber = self.scrubber if self.scrubbing_elsewhere is None else None
         self.genai_attributes = config.genai_span_attributes
         self.stats = _stats
         # App names label the metrics; one taken from a received span name is user text.
@@ -181,9 +184,9 @@ class Runtime:
             reference_wait=config.reference_wait,
             close_sink=None if config.sink is not None else _dispose,
             prepare_reference=(
-                functools.partial(scrub_reference, self.scrubber)
-                if self.scrubber is not None and self.scrubbing_elsewhere is None
-                else None
+                None
+                if self.record_scrubber is None
+                else functools.partial(scrub_reference, self.record_scrubber)
             ),
         )
 
@@ -231,7 +234,7 @@ class Runtime:
     def _assemble_now(self, state: TraceState) -> TraceRecord:
         return assemble_record(
             state,
-            None if self.scrubbing_elsewhere is not None else self.scrubber,
+            self.record_scrubber,
             self.config.max_text_length,
             release=self.release,
             environment=self.environment,

@@ -377,7 +377,27 @@ def test_a_batch_crosses_to_the_storage_process_unchanged() -> None:
     assert [r.trace_id for r in decode_batch(encoded)] == [plain.trace_id, odd.trace_id]
 
 
-def _stored_question(engine: Engine, app: str) -> tuple[str, list[str]]:
+def _stored_through_process(
+    url: str,
+    engine: Engine,
+    app: str,
+    question: str,
+    scrubbing: recalltrace.ScrubbingOptions,
+) -> tuple[str, list[str]]:
+    """``question`` asked of ``app`` and stored through a storage process with ``scrubbing``:
+    the stored question and notes."""
+    recalltrace.configure(
+        database_url=url,
+        storage_process=True,
+        tracer_provider=TracerProvider(),
+        flush_interval=0.05,
+        scrubbing=scrubbing,
+    )
+    try:
+        recalltrace.rag(app)(lambda question: "ok")(question)
+        assert recalltrace.flush(60)
+    finally:
+        recalltrace.shutdown(10)
     with engine.connect() as conn:
         row = conn.execute(
             text("SELECT user_input, notes FROM traces WHERE app_name = :app"), {"app": app}
@@ -390,22 +410,15 @@ def test_the_storage_process_scrubs_with_the_tracers_options(
 ) -> None:
     """The child scrubs each record before it stores it, with the options given to
     ``configure`` (the application's interpreter no longer runs the rules)."""
-    recalltrace.configure(
-        database_url=postgres_url,
-        storage_process=True,
-        tracer_provider=TracerProvider(),
-        flush_interval=0.05,
-        scrubbing=recalltrace.ScrubbingOptions(extra_patterns=[r"zebra-\d+"], replacement="[GONE]"),
+    question, notes = _stored_through_process(
+        postgres_url,
+        pg_engine,
+        "scrubbed-in-child",
+        "my code is zebra-4242, my mail ann@example.org",
+        recalltrace.ScrubbingOptions(extra_patterns=[r"zebra-\d+"], replacement="[GONE]"),
     )
-    try:
-        ask = recalltrace.rag("scrubbed-in-child")(lambda question: "ok")
-        ask("my code is zebra-4242, my mail ann@example.org")
-        assert recalltrace.flush(60)
-        question, notes = _stored_question(pg_engine, "scrubbed-in-child")
-        assert question == "my code is [GONE], my mail [GONE]"
-        assert any("user_input" in note for note in notes), notes
-    finally:
-        recalltrace.shutdown(10)
+    assert question == "my code is [GONE], my mail [GONE]"
+    assert any("user_input" in note for note in notes), notes
 
 
 def test_a_scrubbing_callback_still_runs_in_the_application(
@@ -419,19 +432,12 @@ def test_a_scrubbing_callback_still_runs_in_the_application(
         seen.append((os.getpid(), match.value))
         return "someone@" + match.value.split("@", 1)[1] if "@" in match.value else None
 
-    recalltrace.configure(
-        database_url=postgres_url,
-        storage_process=True,
-        tracer_provider=TracerProvider(),
-        flush_interval=0.05,
-        scrubbing=recalltrace.ScrubbingOptions(callback=keep_domain),
+    question, _notes = _stored_through_process(
+        postgres_url,
+        pg_engine,
+        "callback-in-app",
+        "write to ann@example.org",
+        recalltrace.ScrubbingOptions(callback=keep_domain),
     )
-    try:
-        ask = recalltrace.rag("callback-in-app")(lambda question: "ok")
-        ask("write to ann@example.org")
-        assert recalltrace.flush(60)
-        question, _notes = _stored_question(pg_engine, "callback-in-app")
-        assert question == "write to someone@example.org"
-        assert seen == [(os.getpid(), "ann@example.org")]
-    finally:
-        recalltrace.shutdown(10)
+    assert question == "write to someone@example.org"
+    assert seen == [(os.getpid(), "ann@example.org")]
