@@ -48,6 +48,7 @@ from typing import Any
 
 from recalltrace.storage.records import ContextRecord, TraceRecord
 from recalltrace.tracer import ScrubbingOptions
+from recalltrace.tracer._plain import AssemblyOptions, PlainTrace
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +152,16 @@ class StorageProcessSink:
         reply_timeout: float = 120.0,
         start_timeout: float = 120.0,
         scrubbing: ScrubbingOptions | None = None,
+        assembly: AssemblyOptions | None = None,
+        nice: int = 0,
     ) -> None:
         if scrubbing is not None and scrubbing.callback is not None:
             raise ValueError("a scrubbing callback runs in the application: scrub there")
         self._database_url = database_url
         self._create_schema = create_schema
         self._scrubbing = scrubbing
+        self._assembly = assembly
+        self._nice = nice
         self._reply_timeout = reply_timeout
         self._start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -164,9 +169,10 @@ class StorageProcessSink:
         self._from_child = -1
         self._owner = os.getpid()
 
-    def write_traces(self, records: Sequence[Any]) -> None:
-        """Store a batch through the child; returns once it is committed."""
-        self._call("write", encode_batch(records))
+    def write_traces(self, records: Sequence[TraceRecord | PlainTrace]) -> list[str]:
+        """Store a batch through the child; returns once it is committed, with the ids of
+        the plain traces the child could not assemble (not stored; it logged why)."""
+        return list(self._call("write", encode_batch(records)))
 
     def attach_reference(self, update: Any) -> int:
         """Attach a late reference through the child."""
@@ -217,6 +223,8 @@ class StorageProcessSink:
             "database_url": self._database_url,
             "create_schema": self._create_schema,
             "scrubbing": self._scrubbing,
+            "assembly": self._assembly,
+            "nice": self._nice,
         }
         # Starting (an interpreter, SQLAlchemy and the driver imported) has its own bound, so
         # that a slow start on a busy host is not taken for a write that hangs.
@@ -268,8 +276,9 @@ class StorageProcessSink:
 
 
 # A batch travels as plain values (marshal: several times cheaper than pickling the
-# dataclasses, on the application's side); a record holding a value marshal cannot carry
-# sends its batch pickled instead.
+# dataclasses, on the application's side): a record as the list of its fields, a plain trace
+# as the tuple of its values; a record holding a value marshal cannot carry sends its batch
+# pickled instead.
 _TRACE_FIELDS = tuple(f.name for f in fields(TraceRecord))
 _CONTEXT_FIELDS = tuple(f.name for f in fields(ContextRecord))
 _trace_values = operator.attrgetter(*_TRACE_FIELDS)
@@ -278,10 +287,13 @@ _STARTED = _TRACE_FIELDS.index("started_at")
 _CONTEXTS = _TRACE_FIELDS.index("retrieved_contexts")
 
 
-def encode_batch(records: Sequence[TraceRecord]) -> bytes:
+def encode_batch(records: Sequence[TraceRecord | PlainTrace]) -> bytes:
     """``records`` as one frame's payload (:func:`decode_batch` reads it back)."""
-    rows = []
+    rows: list[Any] = []
     for record in records:
+        if type(record) is PlainTrace:
+            rows.append(tuple(record.values))
+            continue
         row = list(_trace_values(record))
         row[_STARTED] = row[_STARTED].isoformat()
         row[_CONTEXTS] = [_context_values(context) for context in row[_CONTEXTS]]
@@ -292,12 +304,16 @@ def encode_batch(records: Sequence[TraceRecord]) -> bytes:
         return b"P" + _pickled_batch(records)
 
 
-def decode_batch(payload: bytes) -> list[TraceRecord]:
-    """The records of a payload made by :func:`encode_batch`."""
+def decode_batch(payload: bytes) -> list[TraceRecord | PlainTrace]:
+    """The records and plain traces of a payload made by :func:`encode_batch`."""
     if payload[:1] == b"P":
         return list(pickle.loads(payload[1:]))
-    records = []
+    records: list[TraceRecord | PlainTrace] = []
     for row in marshal.loads(payload[1:]):
+        if type(row) is tuple:
+            values = list(row)
+            records.append(PlainTrace(format(values[0], "032x"), values[3], values))
+            continue
         row[_STARTED] = datetime.fromisoformat(row[_STARTED])
         row[_CONTEXTS] = [ContextRecord(*values) for values in row[_CONTEXTS]]
         records.append(TraceRecord(*row))
@@ -356,6 +372,10 @@ def serve(from_parent: int, to_parent: int) -> None:
     from recalltrace.tracer._state import scrub_reference
 
     config = _receive(from_parent, None)
+    if config.get("nice"):
+        # Below the application's priority: on a host with no core to spare, the application's
+        # requests come first and the records wait in its bounded queue.
+        os.nice(config["nice"])
     # What the first write needs, imported (and the scrubber's rules compiled) before saying
     # ready.
     import recalltrace.storage.repository  # noqa: F401
@@ -366,6 +386,7 @@ def serve(from_parent: int, to_parent: int) -> None:
 
         scrubber = build_scrubber(config["scrubbing"])
 
+    assembly = config.get("assembly")
     _send(to_parent, pickle.dumps("ready"), None)
     sink: Any = None
     try:
@@ -380,12 +401,9 @@ def serve(from_parent: int, to_parent: int) -> None:
                     sink = open_default_sink(
                         config["database_url"], create_schema=config["create_schema"]
                     )
-                value = None
+                value: Any = None
                 if op == b"write":
-                    records = decode_batch(payload)
-                    if scrubber is not None:
-                        for record in records:
-                            scrubber.scrub_record(record)
+                    records, value = _assembled(decode_batch(payload), scrubber, assembly)
                     sink.write_traces(records)
                 elif op == b"reference":
                     update = pickle.loads(payload)
@@ -401,6 +419,33 @@ def serve(from_parent: int, to_parent: int) -> None:
     finally:
         if sink is not None:
             sink.dispose()
+
+
+def _assembled(
+    items: list[TraceRecord | PlainTrace], scrubber: Any, assembly: AssemblyOptions | None
+) -> tuple[list[TraceRecord], list[str]]:
+    """The records of a batch, each scrubbed, plain traces assembled; and the ids of the plain
+    traces that could not be (each logged; the application counts them as dropped)."""
+    from recalltrace.tracer._plain import assemble_plain
+
+    records: list[TraceRecord] = []
+    unassembled: list[str] = []
+    for item in items:
+        if type(item) is not PlainTrace:
+            if scrubber is not None:
+                scrubber.scrub_record(item)
+            records.append(item)  # type: ignore[arg-type]
+            continue
+        try:
+            if assembly is None:
+                raise RuntimeError("the storage process was given no assembly options")
+            records.append(assemble_plain(item.values, scrubber, assembly))
+        except Exception:
+            logger.exception(
+                "recalltrace storage process: could not assemble trace %s", item.trace_id
+            )
+            unassembled.append(item.trace_id)
+    return records, unassembled
 
 
 def _read_frame(fd: int) -> bytes:

@@ -117,10 +117,13 @@ def default_sink(
     create_schema: bool | None = None,
     separate_process: bool = False,
     scrubbing: Any = None,
+    assembly: Any = None,
+    nice: int = 0,
 ) -> Any:
     """The tracer's default sink: the repository on ``database_url`` (or, with
     ``separate_process``, a child process that stores through it: ``recalltrace._storage_process``;
-    ``scrubbing``, the options that process scrubs the records with).
+    ``scrubbing``, the options that process scrubs the records with; ``assembly``, the options
+    it assembles plain traces with; ``nice``, how much lower its CPU priority is).
 
     ``create_schema`` is the tracer's ``auto_migrate``: ``True`` creates or upgrades the
     schema; ``None`` creates it in a Postgres database that has none of it (no recalltrace table,
@@ -132,7 +135,13 @@ def default_sink(
     if separate_process:
         from recalltrace._storage_process import StorageProcessSink
 
-        return StorageProcessSink(database_url, create_schema=create_schema, scrubbing=scrubbing)
+        return StorageProcessSink(
+            database_url,
+            create_schema=create_schema,
+            scrubbing=scrubbing,
+            assembly=assembly,
+            nice=nice,
+        )
     repository = open_repository(database_url, create_schema=True if create_schema else None)
     if create_schema is None and repository.is_postgres:
         import logging

@@ -46,6 +46,7 @@ def configure(
     shutdown_timeout: float | None = None,
     auto_migrate: bool | None = None,
     storage_process: bool | None = None,
+    storage_process_nice: int | None = None,
     flush_timeout: float | None = None,
     handle_signals: bool | None = None,
     max_write_attempts: int | None = None,

@@ -265,9 +265,17 @@ class TracerConfig:
     storage_process: bool = option(False, env=[("RECALLTRACE_STORAGE_PROCESS", _truthy)])
     """Store through a child process the writer starts (the scrubbing rules and the database
     driver's work then run on the child's interpreter, not between the application's threads:
-    for a busy service storing many records). The records are still assembled in the
-    application's process, and the ledger kept there; with a scrubbing ``callback`` they are
-    scrubbed there too. Applies to the default sink only (not with ``sink=``)."""
+    for a busy service storing many records). The child also assembles the records; the
+    application's process only reads its own objects (within the reader's budget) and keeps the
+    ledger. With a scrubbing ``callback`` (application code) records are assembled and scrubbed
+    in the application's process. Applies to the default sink only (not with ``sink=``)."""
+    storage_process_nice: int = option(0, env=[("RECALLTRACE_STORAGE_PROCESS_NICE", _int)])
+    """How much lower the storage process's CPU priority is than the application's (``nice``
+    increment, 0 to 19; 0, the default: the same). Raised, the child takes only the CPU the
+    application leaves: a saturated service keeps more of its speed, but on a host whose cores
+    are all busy the child falls behind, records wait in the queue (dropped and counted past
+    ``max_queue_size``) and the drain when the process stops takes longer (what
+    ``shutdown_timeout`` does not cover is dropped and counted)."""
     flush_timeout: float = option(30.0, env=[("RECALLTRACE_FLUSH_TIMEOUT", _float)])
     """Seconds :func:`flush` waits when called without a timeout (it never waits forever, e.g.
     while the database is down); it returns False and logs what is still waiting."""
@@ -364,6 +372,8 @@ class TracerConfig:
             raise ValueError("flush_timeout must be positive and shutdown_timeout not negative")
         if self.max_write_attempts < 1:
             raise ValueError("max_write_attempts must be at least 1")
+        if not 0 <= self.storage_process_nice <= 19:
+            raise ValueError("storage_process_nice must be between 0 and 19")
         if self.max_text_length is not None and self.max_text_length < 1:
             raise ValueError("max_text_length must be positive or None")
         if isinstance(self.tracer_provider, str) and self.tracer_provider not in (

@@ -33,6 +33,7 @@ from recalltrace.tracer._conventions import (
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
 from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child, configured
 from recalltrace.tracer._metrics import VALUES_NOT_READ, Ledger, TracerStats, register_instruments
+from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, plain_trace
 from recalltrace.tracer._reader import (
     READERS_STUCK,
     BoundedReader,
@@ -166,6 +167,13 @@ class Runtime:
         # What scrubs records and late references in this process (None: scrubbing is off, or
         # the storage process does it).
         self.record_scrubber = self.scrubber if self.scrubbing_elsewhere is None else None
+        # Where no scrubbing is left to this process, the storage process also assembles the
+        # records: the writer thread only reads the application's values.
+        self.assembly_elsewhere: AssemblyOptions | None = None
+        if config.storage_process and config.sink is None and self.record_scrubber is None:
+            self.assembly_elsewhere = AssemblyOptions(
+                config.max_text_length, self.release, self.environment
+            )
         self.genai_attributes = config.genai_span_attributes
         self.stats = _stats
         # App names label the metrics; one taken from a received span name is user text.
@@ -199,9 +207,11 @@ class Runtime:
             create_schema=self.config.auto_migrate,
             separate_process=self.config.storage_process,
             scrubbing=self.scrubbing_elsewhere,
+            assembly=self.assembly_elsewhere,
+            nice=self.config.storage_process_nice,
         )
 
-    def _assemble(self, state: TraceState) -> TraceRecord:
+    def _assemble(self, state: TraceState) -> TraceRecord | PlainTrace:
         prepare = getattr(state, "prepare", None)
         if prepare is not None:
             prepare()  # a trace captured from spans reads them here, off the request path
@@ -229,6 +239,10 @@ class Runtime:
                         self.reader.budget,
                         VALUES_NOT_READ,
                     )
+        if self.assembly_elsewhere is not None:
+            plain = plain_trace(state)
+            if plain is not None:
+                return plain
         return self._assemble_now(state)
 
     def _assemble_now(self, state: TraceState) -> TraceRecord:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from recalltrace.tracer._config import ScrubbingOptions, TraceSink
+    from recalltrace.tracer._plain import AssemblyOptions
 
 _factory: Callable[..., TraceSink] | None = None
 _check: Callable[[], None] | None = None
@@ -39,13 +40,17 @@ def open_default_sink(
     create_schema: bool | None = None,
     separate_process: bool = False,
     scrubbing: ScrubbingOptions | None = None,
+    assembly: AssemblyOptions | None = None,
+    nice: int = 0,
 ) -> TraceSink:
     """Open the registered default sink (``create_schema``: the tracer's ``auto_migrate``;
     ``True`` runs the migrations first, ``None`` creates a schema that is missing entirely,
     ``False`` leaves a Postgres schema alone; ``separate_process``: the tracer's
     ``storage_process``; ``scrubbing``: with ``separate_process``, the ``ScrubbingOptions``
-    that process scrubs each record with before storing it, in place of the writer thread);
-    raises ``RuntimeError`` if none is registered."""
+    that process scrubs each record with before storing it, in place of the writer thread;
+    ``assembly``, with ``separate_process``: that process also assembles the records, and the
+    writer hands it ``PlainTrace`` values in their place where it can; ``nice``, how much lower
+    that process's CPU priority is); raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "
@@ -56,4 +61,6 @@ def open_default_sink(
         create_schema=create_schema,
         separate_process=separate_process,
         scrubbing=scrubbing,
+        assembly=assembly,
+        nice=nice,
     )

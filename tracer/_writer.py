@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
 from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child
 from recalltrace.tracer._metrics import TracerStats
+from recalltrace.tracer._plain import PlainTrace
 from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
@@ -48,7 +49,8 @@ def is_trace_not_found(exc: BaseException) -> bool:
 
 @dataclass(slots=True)
 class _Pending:
-    record: TraceRecord
+    record: TraceRecord | PlainTrace
+    """The record, or its plain values where the sink assembles it (a storage process)."""
     attempts: int = 0
     dropped_as: str | None = None
     """The reason it was counted as dropped while a stuck writer thread still held it."""
@@ -108,7 +110,7 @@ class BatchWriter:
         self,
         *,
         sink_factory: Callable[[], TraceSink],
-        assemble: Callable[[TraceState], TraceRecord],
+        assemble: Callable[[TraceState], TraceRecord | PlainTrace],
         stats: TracerStats,
         max_queue_size: int,
         max_batch_size: int,
@@ -456,7 +458,7 @@ class BatchWriter:
                 continue
             orphan = orphans.pop(record.trace_id, None)
             if orphan is not None:
-                merge_reference_into_record(record, orphan.update)
+                _merge(record, orphan.update)
                 self._orphans.remove(orphan)
                 self._complete(1)
             self._assembled(state, _Pending(record))
@@ -508,7 +510,7 @@ class BatchWriter:
     def _merge_into_ready(self, update: ReferenceUpdate) -> bool:
         for pending in self._ready:
             if pending.record.trace_id == update.trace_id:
-                merge_reference_into_record(pending.record, update)
+                _merge(pending.record, update)
                 return True
         return False
 
@@ -525,13 +527,25 @@ class BatchWriter:
             first = False
             chunk = self._ready[: self._max_batch_size]
             try:
-                self._get_sink().write_traces([pending.record for pending in chunk])
+                # Any: the storage process's sink, the one given plain traces, answers which
+                # of them it could not assemble; every other sink returns None.
+                sink: Any = self._get_sink()
+                unassembled = sink.write_traces([pending.record for pending in chunk])
             except Exception as exc:
                 self._write_failed(chunk, exc)
                 return
             del self._ready[: len(chunk)]
-            self._stats.records_stored(pending.record.app_name for pending in chunk)
-            for pending in chunk:
+            stored = chunk
+            if unassembled:
+                # A sink that assembles plain traces (a storage process) names those it could
+                # not assemble: the rest of the batch is stored, these are counted.
+                failed = set(unassembled)
+                stored = [p for p in chunk if p.record.trace_id not in failed]
+                for pending in chunk:
+                    if pending.record.trace_id in failed and pending.dropped_as is None:
+                        self._stats.drop("assembly_error", pending.record.app_name)
+            self._stats.records_stored(pending.record.app_name for pending in stored)
+            for pending in stored:
                 if pending.dropped_as is not None:
                     # Counted as dropped when shutdown gave up on it, then stored after all.
                     self._stats.drop_withdrawn(pending.dropped_as, pending.record.app_name)
@@ -619,6 +633,13 @@ class BatchWriter:
 
 
 at_fork_in_child(FORK_WRITERS, _reset_writers_in_child)
+
+
+def _merge(record: TraceRecord | PlainTrace, update: ReferenceUpdate) -> None:
+    if type(record) is PlainTrace:
+        record.merge_reference(update)
+    else:
+        merge_reference_into_record(record, update)  # type: ignore[arg-type]
 
 
 def _record_number(hex_id: str) -> int:
