@@ -5,7 +5,8 @@ One uvicorn process (one worker) per variant serves ``benchmarks.saturation_app`
 ``--seconds`` and reports the throughput. Variants: no tracing; OpenTelemetry spans written by
 hand; the decorators at sample rate 0; at 0.1 and at 1 storing the sampled requests to Postgres,
 from the tracer's writer thread (``rate0.1``, ``rate1``: the default) and through a storage
-process (``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a busy service).
+process (``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a busy service;
+``rate1pn``: that process 10 below the application's CPU priority, ``storage_process_nice=10``).
 
 Every variant's server is started and warmed up first, and stays up; then ``--repetitions``
 rounds each give every variant one short slice of load, in rotated order, and a variant's
@@ -58,7 +59,7 @@ def postgres_cpu_s() -> float:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate0.1p", "rate1", "rate1p")
+VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate0.1p", "rate1", "rate1p", "rate1pn")
 TARGETS = {"rate0": 0.95, "rate0.1p": 0.95, "rate1p": 0.85}
 """Least share of the hand-written spans' throughput (issue figures; benchmarks/README.md)."""
 

@@ -10,7 +10,9 @@ characters with id, score and metadata, as in ``benchmarks.tracer_overhead``) an
 - ``rate0.1`` / ``rate1``: the decorators at sample rate 0.1 / 1, the sampled requests stored
   in the database at ``SATURATION_DATABASE_URL`` by the tracer's writer thread;
 - ``rate0.1p`` / ``rate1p``: the same, stored through a storage process
-  (``storage_process=True``).
+  (``storage_process=True``);
+- ``rate1pn``: as ``rate1p``, the storage process 10 below the application's CPU priority
+  (``storage_process_nice=10``).
 
 Every traced variant uses one SDK provider with a batch processor and an exporter that discards
 (the figures are the tracing and storing cost, not an exporter's). ``GET /ledger`` answers the
@@ -47,8 +49,8 @@ answer: Any = plain_answer
 if VARIANT == "otel":
     answer = otel_answer
 elif VARIANT.startswith("rate"):
-    separate = VARIANT.endswith("p")
-    rate = float(VARIANT[len("rate") :].rstrip("p"))
+    separate = VARIANT.endswith(("p", "pn"))
+    rate = float(VARIANT[len("rate") :].rstrip("pn"))
     discard = os.environ.get("SATURATION_SINK") == "discard"
     recalltrace.configure(
         tracer_provider=provider,
@@ -56,6 +58,7 @@ elif VARIANT.startswith("rate"):
         sink=DiscardingSink() if discard else None,
         sample_rate=rate,
         storage_process=separate and not discard,
+        storage_process_nice=10 if VARIANT.endswith("pn") else 0,
         service_name="saturation",
         handle_signals=True,
     )
