@@ -24,26 +24,9 @@ from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plai
 from recalltrace.tracer._scrub import build_scrubber
 from recalltrace.tracer._state import TraceState, assemble_record
 from tests.integration.test_storage_process import storage_children
+from tests.support.tracer_helpers import Passage
 
 SECRET = "AKIAIOSFODNN7EXAMPLE"  # an AWS access key id of the documentation's kind
-
-
-class _Passage:
-    """A document object of the application's own kind; the one at ``bad`` raises when read."""
-
-    def __init__(self, i: int, bad: int) -> None:
-        self.i = i
-        self.bad = bad
-
-    @property
-    def page_content(self) -> str:
-        if self.i == self.bad:
-            raise RuntimeError("lazy load failed")
-        return f"text {self.i} " + "word " * 40
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {"id": f"doc-{self.i}", "page": self.i}
 
 
 class _Printable:
@@ -131,8 +114,8 @@ def _long_texts() -> None:
 def _unreadable_documents() -> None:
     # One raises on the span, one past what the span holds (read on the writer thread).
     def retrieve(query: str) -> list[Any]:
-        passages = [_Passage(i, 5) for i in range(100)]
-        passages[60] = _Passage(60, 60)
+        passages = [Passage(i, 5) for i in range(100)]
+        passages[60] = Passage(60, 60)
         return passages
 
     recalltrace.rag("shapes")(_ask(retrieve))("which documents?")

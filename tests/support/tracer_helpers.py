@@ -159,3 +159,22 @@ def dropped(reason: str | None = None) -> int:
     if reason is None:
         return sum(sum(c.values()) for c in counts)
     return sum(c.get(reason, 0) for c in counts)
+
+
+class Passage:
+    """A document object of the application's own kind (LangChain-like ``page_content`` and
+    ``metadata`` properties); the one numbered ``bad`` raises when its text is read."""
+
+    def __init__(self, i: int, bad: int) -> None:
+        self.i = i
+        self.bad = bad
+
+    @property
+    def page_content(self) -> str:
+        if self.i == self.bad:
+            raise RuntimeError("lazy load failed")
+        return f"text {self.i}"
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"id": f"doc-{self.i}"}

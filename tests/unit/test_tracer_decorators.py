@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import recalltrace
-from tests.support.tracer_helpers import Traced, make_traced, traced_session
+from tests.support.tracer_helpers import Passage, Traced, make_traced, traced_session
 
 
 @pytest.fixture
@@ -1029,32 +1029,14 @@ def test_record_ids_differ_across_a_fork_and_ignore_random_seed() -> None:
     assert _calls._record_ids.getrandbits(128) != first
 
 
-class _Passage:
-    """A document object of the application's own kind."""
-
-    def __init__(self, i: int, bad: int) -> None:
-        self.i = i
-        self.bad = bad
-
-    @property
-    def page_content(self) -> str:
-        if self.i == self.bad:
-            raise RuntimeError("lazy load failed")
-        return f"text {self.i}"
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {"id": f"doc-{self.i}"}
-
-
 @pytest.mark.parametrize("bad", [5, 60], ids=["on-the-span", "past-the-span"])
 def test_one_unreadable_document_costs_only_itself_and_says_so(traced: Traced, bad: int) -> None:
     """One document that raised when read used to drop every document of the retrieval (on the
     span) or every one past what the span holds (70 of 100), without a note."""
 
     @recalltrace.retrieval
-    def search(query: str) -> list[_Passage]:
-        return [_Passage(i, bad) for i in range(100)]
+    def search(query: str) -> list[Passage]:
+        return [Passage(i, bad) for i in range(100)]
 
     @recalltrace.rag
     def answer(question: str) -> str:
