@@ -41,9 +41,11 @@ def test_bound_reached_under_load_counts_every_drop(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
     truncate_all(engine)
     engine.dispose()
-    # Storage refuses connections for 2.5 s, then hangs for 2 s (every write waits on a lock).
+    # Storage refuses connections for 2.5 s, then hangs for 2 s (every write waits on a lock);
+    # 3.5 s of calls follow, so that a slow host's writer has drained the full queue while calls
+    # still come (the check that the queue takes records again).
     summary = run_load(
-        postgres_url, rate=2000, seconds=8, outage=(1.5, 4.0), hang=(4.5, 6.5), max_queue_size=1000
+        postgres_url, rate=2000, seconds=10, outage=(1.5, 4.0), hang=(4.5, 6.5), max_queue_size=1000
     )
     assert summary["hangs"] == 1
     check_load(summary, max_queue_size=1000)
