@@ -48,7 +48,7 @@ from typing import Any
 
 from recalltrace.storage.records import ContextRecord, TraceRecord
 from recalltrace.tracer import ScrubbingOptions
-from recalltrace.tracer._plain import AssemblyOptions, PlainTrace
+from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plain
 
 logger = logging.getLogger(__name__)
 
@@ -426,8 +426,6 @@ def _assembled(
 ) -> tuple[list[TraceRecord], list[str]]:
     """The records of a batch, each scrubbed, plain traces assembled; and the ids of the plain
     traces that could not be (each logged; the application counts them as dropped)."""
-    from recalltrace.tracer._plain import assemble_plain
-
     records: list[TraceRecord] = []
     unassembled: list[str] = []
     for item in items:

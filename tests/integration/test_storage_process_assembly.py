@@ -439,15 +439,11 @@ def test_a_trace_the_child_cannot_assemble_is_counted_and_the_rest_stored(
 
 
 def _plain_trace(number: int) -> PlainTrace:
-    state = TraceState(number, "shapes", True, 1_700_000_000 * 10**9, 0)
-    state.service_name = "svc"
-    state.user_input = "question"
-    state.closed = True
     values = [
-        number, 0, 0, "shapes", "svc", state.start_wall_ns, 1.5, False, "question", "answer",
+        number, 0, 0, "shapes", "svc", 1_700_000_000 * 10**9, 1.5, False, "question", "answer",
         [("text", "kb-1", 0.5, {})], [], None, None, None, {}, [], None, None, None, None, [],
     ]  # fmt: skip
-    return PlainTrace(state.hex_id(), "shapes", values)
+    return PlainTrace(format(number, "032x"), "shapes", values)
 
 
 def _nice_of(pid: int) -> int:
