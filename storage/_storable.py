@@ -16,7 +16,10 @@ from recalltrace.storage.records import TraceRecord
 
 
 def json_safe(value: Any) -> Any:
-    """Make ``value`` JSON-serialisable; NaN and infinities become ``None``."""
+    """Make ``value`` JSON-serialisable; NaN and infinities become ``None``. A flat dict that
+    already is (string keys, finite scalar values) is returned as it is."""
+    if type(value) is dict and _flat_and_plain(value, None):
+        return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if value is None or isinstance(value, (str, int, bool)):
@@ -70,9 +73,90 @@ _NAME_LIMITS = {
     "user_id": 200,
     "session_id": 200,
 }
+_CHECKED_NAMES = (
+    "app_name",
+    "service_name",
+    "user_input",
+    "response",
+    "reference",
+    "release",
+    "environment",
+    "user_id",
+    "session_id",
+)
 TAG_LIMIT = 200
 _CONTEXT_ID_LIMIT = 500
 MODEL_LIMIT = 200
+
+
+def _flat_and_plain(value: dict[Any, Any], texts: list[str] | None) -> bool:
+    """Whether ``value`` has only string keys and string, integer, boolean, ``None`` or finite
+    float values (adding its keys and string values to ``texts``)."""
+    for key, item in value.items():
+        kind = type(item)
+        if type(key) is not str or not (
+            kind is str
+            or kind is int
+            or kind is bool
+            or item is None
+            or (kind is float and math.isfinite(item))
+        ):
+            return False
+        if texts is not None:
+            texts.append(key)
+            if kind is str:
+                texts.append(item)
+    return True
+
+
+def _texts_of_plain_record(record: TraceRecord) -> list[str] | None:
+    """Every text of ``record`` that :func:`storable_record` would examine, when the record
+    is of the plain shape almost every record has and nothing of it is over its column's
+    length; ``None`` for any other record (it is examined value by value)."""
+    texts: list[str] = []
+    for name in _CHECKED_NAMES:
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if type(value) is not str:
+            return None
+        limit = _NAME_LIMITS.get(name)
+        if limit is not None and len(value) > limit:
+            return None
+        texts.append(value)
+    for items in (record.reference_contexts, record.reference_context_ids):
+        if items is not None:
+            if type(items) is not list or any(type(item) is not str for item in items):
+                return None
+            texts.extend(items)
+    if record.metadata and (
+        type(record.metadata) is not dict or not _flat_and_plain(record.metadata, texts)
+    ):
+        return None
+    tags = record.tags
+    if tags:
+        if type(tags) is not list or len(set(tags)) != len(tags):
+            return None
+        for tag in tags:
+            if type(tag) is not str or not tag or len(tag) > TAG_LIMIT:
+                return None
+        texts.extend(tags)
+    for context in record.retrieved_contexts:
+        content, context_id, metadata = context.content, context.id, context.metadata
+        if type(content) is not str:
+            return None
+        texts.append(content)
+        if context_id is not None:
+            if type(context_id) is not str or len(context_id) > _CONTEXT_ID_LIMIT:
+                return None
+            texts.append(context_id)
+        if metadata and (type(metadata) is not dict or not _flat_and_plain(metadata, texts)):
+            return None
+    notes = record.notes
+    if type(notes) is not list or any(type(note) is not str for note in notes):
+        return None
+    texts.extend(notes)
+    return texts
 
 
 def storable_record(record: TraceRecord) -> TraceRecord:
@@ -82,6 +166,18 @@ def storable_record(record: TraceRecord) -> TraceRecord:
     One unstorable value would otherwise fail the whole batch's transaction on every retry, and
     the good records written with it would be dropped too.
     """
+    texts = _texts_of_plain_record(record)
+    if texts is not None:
+        # The usual record: all its texts are searched at once, and it is kept as it is when
+        # none holds a character to replace (the same result as the walk below).
+        joined = "".join(texts)
+        if "\x00" not in joined and (joined.isascii() or UNSTORABLE_TEXT.search(joined) is None):
+            return record
+    return _storable_walk(record)
+
+
+def _storable_walk(record: TraceRecord) -> TraceRecord:
+    """:func:`storable_record`, examining the record value by value."""
     notes = list(record.notes)
     changes: dict[str, Any] = {}
 
@@ -93,17 +189,7 @@ def storable_record(record: TraceRecord) -> TraceRecord:
             )
         return cleaned, bool(count)
 
-    for name in (
-        "app_name",
-        "service_name",
-        "user_input",
-        "response",
-        "reference",
-        "release",
-        "environment",
-        "user_id",
-        "session_id",
-    ):
+    for name in _CHECKED_NAMES:
         value = getattr(record, name)
         if value is not None:
             cleaned, changed = clean(value, name)
