@@ -9,19 +9,23 @@ process (``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a b
 ``rate1pn``: that process 10 below the application's CPU priority, ``storage_process_nice=10``).
 
 Every variant's server is started and warmed up first, and stays up; then ``--repetitions``
-rounds each give every variant one short slice of load, in rotated order, and a variant's
-throughput is divided by the hand-written spans' of the same round. This machine's speed drifts
-by tens of percent within a minute; short slices, close together, see the same machine, and the
-median of many rounds' ratios is what stays comparable from run to run. The median is checked
-against the targets (the storage-process variants carry the storing targets; the writer-thread
-variants are shown beside them), and the run exits 1 when one is missed. Server CPU includes the
-storage process's. At the end every traced server's ledger is read: a request seen but neither
-stored, sampled out nor counted as dropped fails the run.
+rounds each give every variant one short slice of load, in rotated order, each variant's slice
+between two slices of the hand-written spans, and its throughput is divided by the mean of
+those two. This machine's speed drifts by tens of percent from one second to the next; slices
+side by side see the same machine, and the median of many such ratios is what stays comparable
+from run to run. A slice starts as steady load finds a server: half a second of load before it
+(not measured) queues what the server would be holding anyway, whose storing the slice pays
+for; what the slice leaves queued is stored before the next slice starts (not measured either),
+so that no other variant's slice pays for it. The median is checked against the targets (the
+storage-process variants carry the storing targets; the writer-thread variants are shown beside
+them), and the run exits 1 when one is missed. Server CPU includes the storage process's. At
+the end every traced server's ledger is read: a request seen but neither stored, sampled out
+nor counted as dropped fails the run.
 
 Everything shares the machine's cores (the server, ``hey``, Postgres and the tracer's writer
 thread), as in a deployment where the database or a sidecar lives on the same host.
 
-Run: ``python -m benchmarks.saturation [--seconds 3] [--connections 32] [--repetitions 9]``
+Run: ``python -m benchmarks.saturation [--seconds 2] [--connections 32] [--repetitions 12]``
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ def postgres_cpu_s() -> float:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+LEAD_IN_S = 0.5
+"""Seconds of load before each measured slice, which queue what steady load keeps queued (the
+writer takes records in batches of 256: about a third of a second at this service's rates)."""
 VARIANTS = ("plain", "otel", "rate0", "rate0.1", "rate0.1p", "rate1", "rate1p", "rate1pn")
 TARGETS = {"rate0": 0.95, "rate0.1p": 0.95, "rate1p": 0.85}
 """Least share of the hand-written spans' throughput (issue figures; benchmarks/README.md)."""
@@ -84,7 +91,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) 
     raise SystemExit(f"the server did not answer {url} within {timeout:.0f} s")
 
 
-def _hey(url: str, seconds: float, connections: int) -> float:
+def _hey(url: str, seconds: float, connections: int) -> tuple[float, int]:
+    """``hey``'s requests per second, and how many were answered."""
     done = subprocess.run(
         ["hey", "-z", f"{seconds}s", "-c", str(connections), url],
         capture_output=True,
@@ -96,9 +104,10 @@ def _hey(url: str, seconds: float, connections: int) -> float:
     match = re.search(r"Requests/sec:\s+([0-9.]+)", done.stdout)
     statuses = re.findall(r"\[(\d{3})\]\s+(\d+) responses", done.stdout)
     bad = {code: int(n) for code, n in statuses if code != "200"}
-    if match is None or bad:
+    answered = sum(int(n) for code, n in statuses if code == "200")
+    if match is None or bad or not answered:
         raise SystemExit(f"hey: no throughput or failed responses {bad}:\n{done.stdout[-800:]}")
-    return float(match.group(1))
+    return float(match.group(1)), answered
 
 
 class Server:
@@ -127,15 +136,26 @@ class Server:
 
     def measure(self, seconds: float, connections: int) -> dict[str, float]:
         """One slice of load: requests per second, and CPU per request of the server (its
-        storage process included) and of Postgres."""
+        storage process included) and of Postgres.
+
+        The slice starts as steady load finds a server: a lead-in of load (not measured) has
+        queued what the server would be holding anyway, whose storing the slice pays for, as
+        it would. What the slice itself leaves queued is stored before the next slice starts
+        (not measured either), so that no other variant's slice pays for it. ``left`` is the
+        share of the slice's requests still queued when it ended."""
+        _hey(f"{self.base}/ask", LEAD_IN_S, connections)
         server_before, postgres_before = tree_cpu_s(self.proc.pid), postgres_cpu_s()
-        started = time.monotonic()
-        rps = _hey(f"{self.base}/ask", seconds, connections)
-        served = rps * (time.monotonic() - started)
+        rps, served = _hey(f"{self.base}/ask", seconds, connections)
+        server_cpu, postgres_cpu = tree_cpu_s(self.proc.pid), postgres_cpu_s()
+        with urllib.request.urlopen(f"{self.base}/flush", timeout=90) as response:
+            flushed = json.loads(response.read())
+        if not flushed["flushed"]:
+            raise SystemExit(f"{self.variant}: the tracer did not flush within 60 s")
         return {
             "rps": rps,
-            "server_ms": (tree_cpu_s(self.proc.pid) - server_before) * 1000 / max(served, 1),
-            "postgres_ms": (postgres_cpu_s() - postgres_before) * 1000 / max(served, 1),
+            "server_ms": (server_cpu - server_before) * 1000 / served,
+            "postgres_ms": (postgres_cpu - postgres_before) * 1000 / served,
+            "left": flushed["pending"] / served,
         }
 
     def ledger(self) -> dict[str, Any]:
@@ -163,10 +183,10 @@ def _ledger_problem(ledger: dict[str, Any]) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="seconds of load per slice")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds of load per slice")
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds per server")
     parser.add_argument("--connections", type=int, default=32, help="requests in flight")
-    parser.add_argument("--repetitions", type=int, default=9, help="rounds, in rotated order")
+    parser.add_argument("--repetitions", type=int, default=12, help="rounds, in rotated order")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
     )
@@ -178,26 +198,32 @@ def main() -> None:
     if unknown or "otel" not in variants:
         raise SystemExit(f"--variants: unknown {unknown}, or 'otel' (the baseline) missing")
 
-    rounds: list[dict[str, dict[str, float]]] = []
+    others = [variant for variant in variants if variant != "otel"]
+    # Per variant, one entry per round: its slice, and its share of the hand-written spans'
+    # throughput in the slices just before and after it.
+    slices: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
+    shares: dict[str, list[float]] = {variant: [] for variant in others}
     ledgers: dict[str, dict[str, Any]] = {}
     with scratch_database("recalltrace_bench_saturation") as url:
         servers: dict[str, Server] = {}
         try:
             for variant in variants:
                 servers[variant] = Server(variant, url, args.warmup, args.connections)
+            before = servers["otel"].measure(args.seconds, args.connections)
+            slices["otel"].append(before)
             for index in range(args.repetitions):
-                shift = index % len(variants)
-                results: dict[str, dict[str, float]] = {}
-                for variant in variants[shift:] + variants[:shift]:
+                shift = index % len(others)
+                line = []
+                for variant in others[shift:] + others[:shift]:
                     result = servers[variant].measure(args.seconds, args.connections)
-                    results[variant] = result
-                    print(
-                        f"round {index + 1} {variant:<8} {result['rps']:8.1f} req/s, CPU per "
-                        f"request: server {result['server_ms']:.2f} ms, Postgres "
-                        f"{result['postgres_ms']:.2f} ms",
-                        flush=True,
-                    )
-                rounds.append(results)
+                    after = servers["otel"].measure(args.seconds, args.connections)
+                    slices[variant].append(result)
+                    slices["otel"].append(after)
+                    share = result["rps"] / ((before["rps"] + after["rps"]) / 2)
+                    shares[variant].append(share)
+                    line.append(f"{variant} {result['rps']:.0f} ({share:.2f})")
+                    before = after
+                print(f"round {index + 1}: " + ", ".join(line), flush=True)
             for variant, server in servers.items():
                 ledgers[variant] = server.ledger()
                 if ledgers[variant]:
@@ -208,23 +234,30 @@ def main() -> None:
 
     print(
         f"\n{args.connections} connections, {args.seconds:g} s slices, {args.repetitions} rounds "
-        f"in rotated order, every server warmed up for {args.warmup:g} s first (one uvicorn "
-        "worker each)"
+        "in rotated order, each variant's slice between two of the hand-written spans'; every "
+        f"server warmed up for {args.warmup:g} s first (one uvicorn worker each)"
     )
     print(
         f"{'variant':<10}{'req/s (median)':>16}{'server ms/req':>15}{'Postgres ms/req':>17}"
-        f"{'share of by-hand (per round)':>34}"
+        f"{'left queued':>12}{'share of by-hand':>18}{'middle half of rounds':>24}"
     )
     missed = 0
     for variant in variants:
-        rps = statistics.median(r[variant]["rps"] for r in rounds)
-        shares = [r[variant]["rps"] / r["otel"]["rps"] for r in rounds]
-        share = statistics.median(shares)
-        listed = " ".join(f"{s:.2f}" for s in shares)
-        server = statistics.median(r[variant]["server_ms"] for r in rounds)
-        postgres = statistics.median(r[variant]["postgres_ms"] for r in rounds)
-        line = f"{variant:<10}{rps:>16.1f}{server:>15.2f}{postgres:>17.2f}"
-        line += f"{share:>16.2f}  ({listed})"
+        rps = statistics.median(r["rps"] for r in slices[variant])
+        server = statistics.median(r["server_ms"] for r in slices[variant])
+        postgres = statistics.median(r["postgres_ms"] for r in slices[variant])
+        left = statistics.median(r["left"] for r in slices[variant])
+        line = f"{variant:<10}{rps:>16.1f}{server:>15.2f}{postgres:>17.2f}{left:>12.1%}"
+        if variant == "otel":
+            print(line + f"{1.0:>18.2f}")
+            continue
+        share = statistics.median(shares[variant])
+        quartiles = (
+            statistics.quantiles(shares[variant], n=4)
+            if len(shares[variant]) > 1
+            else [share, share, share]
+        )
+        line += f"{share:>18.2f}{quartiles[0]:>15.2f} to {quartiles[2]:.2f}"
         target = TARGETS.get(variant)
         if target is not None:
             verdict = "OK" if share >= target else "MISSED"

@@ -15,9 +15,9 @@ characters with id, score and metadata, as in ``benchmarks.tracer_overhead``) an
   (``storage_process_nice=10``).
 
 Every traced variant uses one SDK provider with a batch processor and an exporter that discards
-(the figures are the tracing and storing cost, not an exporter's). ``GET /ledger`` answers the
-tracer's account of what it saw (after a flush), for the benchmark to check that nothing went
-missing.
+(the figures are the tracing and storing cost, not an exporter's). ``GET /flush`` waits until
+what was queued is stored; ``GET /ledger`` answers the tracer's account of what it saw (after a
+flush), for the benchmark to check that nothing went missing.
 """
 
 from __future__ import annotations
@@ -72,6 +72,16 @@ app = FastAPI()
 @app.get("/ask")
 def ask(q: str = "How does the tracer measure context recall in production?") -> dict[str, str]:
     return {"answer": answer(q)}
+
+
+@app.get("/flush")
+def flush() -> dict[str, Any]:
+    """Wait until every record queued so far is stored (the benchmark calls it after each slice
+    of load); answers how many were still waiting."""
+    if not VARIANT.startswith("rate"):
+        return {"flushed": True, "pending": 0}
+    pending = recalltrace.ledger().pending
+    return {"flushed": recalltrace.flush(60), "pending": pending}
 
 
 @app.get("/ledger")
