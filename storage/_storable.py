@@ -135,11 +135,13 @@ def _texts_of_plain_record(record: TraceRecord) -> list[str] | None:
         return None
     tags = record.tags
     if tags:
-        if type(tags) is not list or len(set(tags)) != len(tags):
+        if type(tags) is not list:
             return None
         for tag in tags:
             if type(tag) is not str or not tag or len(tag) > TAG_LIMIT:
                 return None
+        if len(set(tags)) != len(tags):
+            return None
         texts.extend(tags)
     for context in record.retrieved_contexts:
         content, context_id, metadata = context.content, context.id, context.metadata

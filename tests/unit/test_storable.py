@@ -110,9 +110,19 @@ def test_a_bad_character_in_a_note_is_replaced() -> None:
         {"tags": ["beta", "beta"]},
         {"tags": ["", "beta"]},
         {"tags": ("beta", "eu")},
+        {"tags": ["beta", ["not", "hashable"]]},
         _context(0, id="d" * 501),
     ],
-    ids=["app_name", "user_id", "tag", "duplicate tag", "empty tag", "tags tuple", "context id"],
+    ids=[
+        "app_name",
+        "user_id",
+        "tag",
+        "duplicate tag",
+        "empty tag",
+        "tags tuple",
+        "unhashable tag",
+        "context id",
+    ],
 )
 def test_what_the_walk_changes_besides_characters_is_changed_alike(changes: dict[str, Any]) -> None:
     record = _record(**changes)
