@@ -193,14 +193,16 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("hey") is None:
         raise SystemExit("hey is not installed: apt-get install hey (the load generator)")
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = list(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or "otel" not in variants:
         raise SystemExit(f"--variants: unknown {unknown}, or 'otel' (the baseline) missing")
+    if len(variants) < 2:
+        raise SystemExit("--variants: name at least one variant besides 'otel' to compare with it")
 
     others = [variant for variant in variants if variant != "otel"]
-    # Per variant, one entry per round: its slice, and its share of the hand-written spans'
-    # throughput in the slices just before and after it.
+    # Per variant, its slices (one a round; the hand-written spans' one more), and, for the
+    # others, each slice's share of the hand-written spans' throughput just before and after.
     slices: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     shares: dict[str, list[float]] = {variant: [] for variant in others}
     ledgers: dict[str, dict[str, Any]] = {}
