@@ -8,24 +8,27 @@ from the tracer's writer thread (``rate0.1``, ``rate1``: the default) and throug
 process (``rate0.1p``, ``rate1p``: ``storage_process=True``, the setting for a busy service;
 ``rate1pn``: that process 10 below the application's CPU priority, ``storage_process_nice=10``).
 
-Every variant's server is started and warmed up first, and stays up; then ``--repetitions``
-rounds each give every variant one short slice of load, in rotated order, each variant's slice
-between two slices of the hand-written spans, and its throughput is divided by the mean of
-those two. This machine's speed drifts by tens of percent from one second to the next; slices
-side by side see the same machine, and the median of many such ratios is what stays comparable
-from run to run. A slice starts as steady load finds a server: half a second of load before it
-(not measured) queues what the server would be holding anyway, whose storing the slice pays
-for; what the slice leaves queued is stored before the next slice starts (not measured either),
-so that no other variant's slice pays for it. The median is checked against the targets (the
-storage-process variants carry the storing targets; the writer-thread variants are shown beside
-them), and the run exits 1 when one is missed. Server CPU includes the storage process's. At
-the end every traced server's ledger is read: a request seen but neither stored, sampled out
-nor counted as dropped fails the run.
+Every variant's server is started and warmed up; then ``--repetitions`` rounds each give every
+variant one short slice of load, in rotated order, each variant's slice between two slices of
+the hand-written spans, and its throughput is divided by the mean of those two. Every
+``--restart-every`` rounds all servers are stopped and started afresh: one process's placement
+and memory layout (hash seed, address space) bias all of its slices alike, by as much as the
+targets' margins, so a run samples several processes per variant. This machine's speed drifts by
+tens of percent from one second to the next; slices side by side see the same machine, and the
+median of many such ratios is what stays comparable from run to run. A slice starts as steady
+load finds a server: half a second of load before it (not measured) queues what the server would
+be holding anyway, whose storing the slice pays for; what the slice leaves queued is stored
+before the next slice starts (not measured either), so that no other variant's slice pays for
+it. The median is checked against the targets (the storage-process variants carry the storing
+targets; the writer-thread variants are shown beside them), and the run exits 1 when one is
+missed. Server CPU includes the storage process's. At the end every traced server's ledger is
+read: a request seen but neither stored, sampled out nor counted as dropped fails the run.
 
 Everything shares the machine's cores (the server, ``hey``, Postgres and the tracer's writer
 thread), as in a deployment where the database or a sidecar lives on the same host.
 
-Run: ``python -m benchmarks.saturation [--seconds 2] [--connections 32] [--repetitions 12]``
+Run: ``python -m benchmarks.saturation [--seconds 2] [--connections 32] [--repetitions 12]
+[--restart-every 4]``
 """
 
 from __future__ import annotations
@@ -171,6 +174,17 @@ class Server:
             self.proc.wait()
 
 
+def _add_ledger(total: dict[str, Any], ledger: dict[str, Any]) -> None:
+    """Add one server process's ledger to its variant's total (an untraced server has none)."""
+    for key, value in ledger.items():
+        if isinstance(value, dict):
+            counts = total.setdefault(key, {})
+            for reason, count in value.items():
+                counts[reason] = counts.get(reason, 0) + count
+        else:
+            total[key] = total.get(key, 0) + value
+
+
 def _ledger_problem(ledger: dict[str, Any]) -> str | None:
     if not ledger:
         return None
@@ -188,6 +202,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="requests in flight")
     parser.add_argument("--repetitions", type=int, default=12, help="rounds, in rotated order")
     parser.add_argument(
+        "--restart-every",
+        type=int,
+        default=4,
+        help="rounds after which every server is started afresh (0: never)",
+    )
+    parser.add_argument(
         "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}"
     )
     args = parser.parse_args()
@@ -199,45 +219,51 @@ def main() -> None:
         raise SystemExit(f"--variants: unknown {unknown}, or 'otel' (the baseline) missing")
     if len(variants) < 2:
         raise SystemExit("--variants: name at least one variant besides 'otel' to compare with it")
+    if args.restart_every < 0 or args.repetitions < 1:
+        raise SystemExit("--restart-every must be 0 or more and --repetitions 1 or more")
+    block = args.restart_every or args.repetitions
 
     others = [variant for variant in variants if variant != "otel"]
     # Per variant, its slices (one a round; the hand-written spans' one more), and, for the
     # others, each slice's share of the hand-written spans' throughput just before and after.
     slices: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
     shares: dict[str, list[float]] = {variant: [] for variant in others}
-    ledgers: dict[str, dict[str, Any]] = {}
+    ledgers: dict[str, dict[str, Any]] = {variant: {} for variant in variants}
     with scratch_database("recalltrace_bench_saturation") as url:
-        servers: dict[str, Server] = {}
-        try:
-            for variant in variants:
-                servers[variant] = Server(variant, url, args.warmup, args.connections)
-            before = servers["otel"].measure(args.seconds, args.connections)
-            slices["otel"].append(before)
-            for index in range(args.repetitions):
-                shift = index % len(others)
-                line = []
-                for variant in others[shift:] + others[:shift]:
-                    result = servers[variant].measure(args.seconds, args.connections)
-                    after = servers["otel"].measure(args.seconds, args.connections)
-                    slices[variant].append(result)
-                    slices["otel"].append(after)
-                    share = result["rps"] / ((before["rps"] + after["rps"]) / 2)
-                    shares[variant].append(share)
-                    line.append(f"{variant} {result['rps']:.0f} ({share:.2f})")
-                    before = after
-                print(f"round {index + 1}: " + ", ".join(line), flush=True)
-            for variant, server in servers.items():
-                ledgers[variant] = server.ledger()
-                if ledgers[variant]:
-                    print(f"{variant} ledger {ledgers[variant]}")
-        finally:
-            for server in servers.values():
-                server.stop()
+        for first in range(0, args.repetitions, block):
+            servers: dict[str, Server] = {}
+            try:
+                for variant in variants:
+                    servers[variant] = Server(variant, url, args.warmup, args.connections)
+                before = servers["otel"].measure(args.seconds, args.connections)
+                slices["otel"].append(before)
+                for index in range(first, min(first + block, args.repetitions)):
+                    shift = index % len(others)
+                    line = []
+                    for variant in others[shift:] + others[:shift]:
+                        result = servers[variant].measure(args.seconds, args.connections)
+                        after = servers["otel"].measure(args.seconds, args.connections)
+                        slices[variant].append(result)
+                        slices["otel"].append(after)
+                        share = result["rps"] / ((before["rps"] + after["rps"]) / 2)
+                        shares[variant].append(share)
+                        line.append(f"{variant} {result['rps']:.0f} ({share:.2f})")
+                        before = after
+                    print(f"round {index + 1}: " + ", ".join(line), flush=True)
+                for variant, server in servers.items():
+                    _add_ledger(ledgers[variant], server.ledger())
+            finally:
+                for server in servers.values():
+                    server.stop()
+    for variant, ledger in ledgers.items():
+        if ledger:
+            print(f"{variant} ledger {ledger}")
 
     print(
         f"\n{args.connections} connections, {args.seconds:g} s slices, {args.repetitions} rounds "
         "in rotated order, each variant's slice between two of the hand-written spans'; every "
-        f"server warmed up for {args.warmup:g} s first (one uvicorn worker each)"
+        f"server started afresh every {block} rounds and warmed up for {args.warmup:g} s "
+        "(one uvicorn worker each)"
     )
     print(
         f"{'variant':<10}{'req/s (median)':>16}{'server ms/req':>15}{'Postgres ms/req':>17}"
