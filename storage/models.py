@@ -134,9 +134,9 @@ class TraceTag(Base):
 
     __tablename__ = "trace_tags"
 
-    trace_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
-    )
+    # Written only with its trace; deleted with it by a trigger (migration 0010), not a
+    # foreign key, which would look the trace up and lock it again for every row written.
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tag: Mapped[str] = mapped_column(String(200), primary_key=True)
 
     __table_args__ = (Index("ix_trace_tags_tag", "tag", "trace_id"),)
@@ -147,9 +147,8 @@ class RetrievedContext(Base):
 
     __tablename__ = "retrieved_contexts"
 
-    trace_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
-    )
+    # Written only with its trace; deleted with it by a trigger (migration 0010).
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
     context_id: Mapped[str | None] = mapped_column(String(500))
     content: Mapped[str] = mapped_column(Text)
@@ -163,9 +162,9 @@ class ScoringJob(Base):
     __tablename__ = "scoring_jobs"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    trace_id: Mapped[str] = mapped_column(
-        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE")
-    )
+    # Deleted with its trace by a trigger (migration 0010); written with it, or for a stored
+    # trace (a late reference, a rescore).
+    trace_id: Mapped[str] = mapped_column(String(32))
     metric: Mapped[str] = mapped_column(String(64))
     version: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
