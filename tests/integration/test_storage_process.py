@@ -469,3 +469,43 @@ def test_the_storage_process_keeps_its_long_lived_objects_out_of_collections(
             {"a": first.trace_id, "b": second.trace_id},
         ).scalar_one()
     assert stored == 2
+
+
+def test_the_application_loads_no_database_stack_with_a_storage_process(
+    postgres_url: str,
+) -> None:
+    """Stored through the child, the application's process never imports SQLAlchemy or the
+    driver: none of their objects sit in its heap for its garbage collections to scan."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import recalltrace
+
+        recalltrace.configure(
+            database_url={postgres_url!r}, storage_process=True, sample_rate=1.0,
+            service_name="heap-check",
+        )
+
+        @recalltrace.rag("heap-bot")
+        def answer(question):
+            return "an answer to " + question
+
+        answer("what is kept?")
+        assert recalltrace.flush(60)
+        assert recalltrace.ledger().stored == 1, recalltrace.ledger()
+        loaded = sorted(
+            name for name in sys.modules if name.split(".")[0] in ("sqlalchemy", "psycopg")
+        )
+        print("LOADED", loaded)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LOADED []" in done.stdout, done.stdout
