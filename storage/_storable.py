@@ -7,12 +7,46 @@ good records written with it would be dropped too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from recalltrace.storage.records import TraceRecord
+
+
+def _make_json_text() -> Callable[[Any], str]:
+    # ``json.dumps`` builds a new C encoder for every call, which costs more than encoding a
+    # small dict; this one is built once, with ``json.dumps``'s defaults. No circular check:
+    # it is given only what ``json_safe`` made, which is built afresh (or flat) and acyclic.
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return json.dumps
+    encode = make(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+
+    def json_text(value: Any) -> str:
+        try:
+            return "".join(encode(value, 0))
+        except Exception:
+            return json.dumps(value)  # raises as json.dumps would, or encodes what it can
+
+    return json_text
+
+
+json_text = _make_json_text()
+"""``json.dumps(value)``, the same text, faster on the small values records hold (a
+document's metadata)."""
 
 
 def json_safe(value: Any) -> Any:

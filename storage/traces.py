@@ -16,7 +16,7 @@ from sqlalchemy import Engine, delete, insert
 
 from recalltrace.storage import _postgres, summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect
-from recalltrace.storage._storable import json_safe, storable_record
+from recalltrace.storage._storable import json_safe, json_text, storable_record
 from recalltrace.storage.contracts import JobSpec
 from recalltrace.storage.db import engine_notes
 from recalltrace.storage.errors import is_schema_missing
@@ -138,7 +138,7 @@ class TraceWrites:
         from psycopg.types.json import Jsonb
 
         def jsonb(value: Any) -> Any:
-            return None if value is None else Jsonb(value)
+            return None if value is None else Jsonb(value, json_text)
 
         with self.engine.begin() as conn:
             # Due times and reference deadlines come from the database's clock: an application
@@ -162,9 +162,9 @@ class TraceWrites:
                                 r.reference,
                                 jsonb(r.reference_contexts),
                                 jsonb(r.reference_context_ids),
-                                Jsonb(json_safe(r.metadata)),
+                                Jsonb(json_safe(r.metadata), json_text),
                                 bool(r.error),
-                                Jsonb(list(r.notes)),
+                                Jsonb(list(r.notes), json_text),
                                 now,
                                 r.otel_trace_id,
                                 r.otel_span_id,
@@ -187,7 +187,7 @@ class TraceWrites:
                             c["context_id"],
                             c["content"],
                             c["score"],
-                            Jsonb(c["metadata"]),
+                            Jsonb(c["metadata"], json_text),
                         )
                     )
             tags = self._tag_rows(batch)

@@ -4,6 +4,7 @@ walk, and no text position escapes it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from datetime import datetime, timezone
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from recalltrace.storage._storable import _storable_walk, json_safe, storable_record
+from recalltrace.storage._storable import _storable_walk, json_safe, json_text, storable_record
 from recalltrace.storage.records import ContextRecord, TraceRecord
 
 NUL = "\x00"
@@ -210,3 +211,36 @@ def test_the_quick_check_agrees_with_the_walk_on_random_records() -> None:
 )
 def test_json_safe(value: dict[Any, Any], expected: dict[str, Any] | None) -> None:
     assert json_safe(value) == (value if expected is None else expected)
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, -1, 7, 10**30, -(2**63)])
+    if kind == 3:
+        return rng.choice([0.1, -0.0, 1e300, 5e-324, math.nan, math.inf, -math.inf, 2.5])
+    if kind in (4, 5):
+        alphabet = 'ab "\\/\n\t\x00\x1f\u00e9\u2028\ud7ff\U0001f600東'
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if kind == 6:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(5))]
+    if kind == 7:
+        return tuple(_random_json(rng, depth + 1) for _ in range(rng.randrange(3)))
+    return {
+        str(_random_json(rng, 3)): _random_json(rng, depth + 1) for _ in range(rng.randrange(5))
+    }
+
+
+def test_json_text_is_json_dumps() -> None:
+    """The encoder built once writes exactly what ``json.dumps`` writes (the text Postgres is
+    given for a JSON column), for every kind of value a record holds."""
+    rng = random.Random(27)
+    for _ in range(3000):
+        value = _random_json(rng)
+        assert json_text(value) == json.dumps(value), value
+    with pytest.raises(TypeError):
+        json_text({"when": datetime(2026, 11, 27)})
