@@ -25,7 +25,7 @@ it before the application has handed over what it holds. A child that does not a
 ``reply_timeout`` seconds is killed and the batch retried (writes are idempotent on trace id).
 
 Once its first request has been served, the child hands what it has built so far (the database
-driver, SQLAlchemy's modules and statement caches, the scrubbing rules: well over 100,000
+driver, SQLAlchemy's modules and statement caches, the scrubbing rules: tens of thousands of
 objects) to the garbage collector's permanent generation (``gc.freeze()``): they live as long
 as the process, and every later full collection would scan them all again. The child's own
 process only; the application's heap is left as it is.

@@ -18,8 +18,9 @@ from recalltrace.storage.records import TraceRecord
 
 def _make_json_text() -> Callable[[Any], str]:
     # ``json.dumps`` builds a new C encoder for every call, which costs more than encoding a
-    # small dict; this one is built once, with ``json.dumps``'s defaults. No circular check:
-    # it is given only what ``json_safe`` made, which is built afresh (or flat) and acyclic.
+    # small dict; this one is built once, with ``json.dumps``'s defaults but no circular check
+    # (records hold plain, acyclic values; a cyclic one would end in RecursionError and be
+    # handed to ``json.dumps``, which names the cycle).
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the C accelerator
         return json.dumps

@@ -244,3 +244,7 @@ def test_json_text_is_json_dumps() -> None:
         assert json_text(value) == json.dumps(value), value
     with pytest.raises(TypeError):
         json_text({"when": datetime(2026, 11, 27)})
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    with pytest.raises(ValueError, match="Circular reference"):
+        json_text(cyclic)
