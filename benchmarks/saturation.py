@@ -174,6 +174,35 @@ class Server:
             self.proc.wait()
 
 
+def _run_rounds(
+    servers: dict[str, Server],
+    rounds: range,
+    load: tuple[float, int],
+    slices: dict[str, list[dict[str, float]]],
+    shares: dict[str, list[float]],
+) -> None:
+    """Run ``rounds`` on one set of servers: each round gives every variant but the hand-written
+    spans one slice of ``load`` (seconds, connections), in rotated order, each followed by a
+    slice of the hand-written spans; a slice's share is its throughput over the mean of the
+    hand-written slices just before and after it."""
+    others = list(shares)
+    before = servers["otel"].measure(*load)
+    slices["otel"].append(before)
+    for index in rounds:
+        shift = index % len(others)
+        line = []
+        for variant in others[shift:] + others[:shift]:
+            result = servers[variant].measure(*load)
+            after = servers["otel"].measure(*load)
+            slices[variant].append(result)
+            slices["otel"].append(after)
+            share = result["rps"] / ((before["rps"] + after["rps"]) / 2)
+            shares[variant].append(share)
+            line.append(f"{variant} {result['rps']:.0f} ({share:.2f})")
+            before = after
+        print(f"round {index + 1}: " + ", ".join(line), flush=True)
+
+
 def _add_ledger(total: dict[str, Any], ledger: dict[str, Any]) -> None:
     """Add one server process's ledger to its variant's total (an untraced server has none)."""
     for key, value in ledger.items():
@@ -235,21 +264,13 @@ def main() -> None:
             try:
                 for variant in variants:
                     servers[variant] = Server(variant, url, args.warmup, args.connections)
-                before = servers["otel"].measure(args.seconds, args.connections)
-                slices["otel"].append(before)
-                for index in range(first, min(first + block, args.repetitions)):
-                    shift = index % len(others)
-                    line = []
-                    for variant in others[shift:] + others[:shift]:
-                        result = servers[variant].measure(args.seconds, args.connections)
-                        after = servers["otel"].measure(args.seconds, args.connections)
-                        slices[variant].append(result)
-                        slices["otel"].append(after)
-                        share = result["rps"] / ((before["rps"] + after["rps"]) / 2)
-                        shares[variant].append(share)
-                        line.append(f"{variant} {result['rps']:.0f} ({share:.2f})")
-                        before = after
-                    print(f"round {index + 1}: " + ", ".join(line), flush=True)
+                _run_rounds(
+                    servers,
+                    range(first, min(first + block, args.repetitions)),
+                    (args.seconds, args.connections),
+                    slices,
+                    shares,
+                )
                 for variant, server in servers.items():
                     _add_ledger(ledgers[variant], server.ledger())
             finally:
