@@ -52,7 +52,7 @@ from recalltrace.tracer._capture_build import (
 )
 from recalltrace.tracer._conventions import RECALLTRACE_SCOPE, SPAN_KIND
 from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child, on_configure
-from recalltrace.tracer._span_views import sdk_span_view
+from recalltrace.tracer._span_views import ended_span_view
 from recalltrace.tracer._writer import add_cycle_hook
 
 logger = logging.getLogger("recalltrace.tracer")
@@ -309,7 +309,7 @@ class SpanCapture:
             internal_error("capturing a finished span")
 
     def _on_end(self, span: Any) -> None:
-        view = sdk_span_view(span)
+        view = ended_span_view(span)
         too_many = repeated = 0
         tops: list[tuple[SpanView, list[SpanView]]] = []
         with self._lock:

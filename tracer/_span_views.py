@@ -42,42 +42,94 @@ def sdk_span_view(span: Any) -> SpanView:
     """A :class:`SpanView` of an SDK ``ReadableSpan`` (its fields read directly: the public
     properties copy the attributes and events)."""
     try:
-        context = span._context
-        parent = span._parent
+        context, parent = span._context, span._parent
+    except AttributeError:
+        context, parent = span.get_span_context(), span.parent
+    view = SpanView(
+        "",
+        context.trace_id,
+        context.span_id,
+        parent.span_id if parent is not None else None,
+        0,
+        0,
+        _attributes_of(span),
+    )
+    _read_rest(view, span)
+    return view
+
+
+def ended_span_view(span: Any) -> SpanView:
+    """A :class:`SpanView` of an ended span, for span capture: what the application's thread
+    needs when the span ends (its ids and attributes) is read at once, the rest (name, times,
+    events, status, resource and scope labels) on first use, on the writer thread. An ended SDK
+    span no longer changes (the SDK ignores every change after ``end``), so reading it later
+    reads the same values. A span of another implementation is read at once."""
+    try:
+        context, parent = span._context, span._parent
+    except AttributeError:
+        return sdk_span_view(span)
+    return _EndedSpanView(span, context, parent)
+
+
+def _attributes_of(span: Any) -> Any:
+    try:
         attributes = span._attributes
+    except AttributeError:
+        attributes = span.attributes
+    # An ended SDK span's attributes no longer change: their plain dict is read from here on
+    # (a BoundedAttributes lookup is a Python call; a dict's is not).
+    attributes = getattr(attributes, "_dict", attributes)
+    return attributes if attributes is not None else {}
+
+
+def _read_rest(view: SpanView, span: Any) -> None:
+    """Set every field of ``view`` but its ids and attributes from ``span``."""
+    try:
         events = span._events
         status = span._status
         resource = span._resource
         scope = span._instrumentation_scope
         start, end = span._start_time, span._end_time
     except AttributeError:
-        context = span.get_span_context()
-        parent = span.parent
-        attributes = span.attributes
         events = span.events
         status = span.status
         resource = getattr(span, "resource", None)
         scope = span.instrumentation_scope
         start, end = span.start_time, span.end_time
-    # An ended SDK span's attributes no longer change: their plain dict is read from here on
-    # (a BoundedAttributes lookup is a Python call; a dict's is not).
-    attributes = getattr(attributes, "_dict", attributes)
-    service, release, environment = _labels_of(resource)
-    return SpanView(
-        span.name,
-        context.trace_id,
-        context.span_id,
-        parent.span_id if parent is not None else None,
-        start or 0,
-        end or 0,
-        attributes if attributes is not None else {},
-        [(event.name, event.attributes or {}) for event in events] if events else (),
-        status is not None and status.status_code.value == 2,
-        service,
-        scope.name if scope is not None else "",
-        release,
-        environment,
-    )
+    view.name = span.name
+    view.start = start or 0
+    view.end = end or 0
+    view.events = [(event.name, event.attributes or {}) for event in events] if events else ()
+    view.error = status is not None and status.status_code.value == 2
+    view.service, view.release, view.environment = _labels_of(resource)
+    view.scope = scope.name if scope is not None else ""
+
+
+_LATER = frozenset(
+    {"name", "start", "end", "events", "error", "service", "scope", "release", "environment"}
+)
+"""The fields of an :class:`_EndedSpanView` read on first use."""
+
+
+class _EndedSpanView(SpanView):
+    """See :func:`ended_span_view`."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any, context: Any, parent: Any) -> None:
+        self._span = span
+        self.trace_id = context.trace_id
+        self.span_id = context.span_id
+        self.parent_id = (parent.span_id if parent is not None else None) or None
+        self.attributes = _attributes_of(span)
+        self.role = -1
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a field not set yet: all of them are read at once.
+        if name not in _LATER:
+            raise AttributeError(name)
+        _read_rest(self, self._span)
+        return object.__getattribute__(self, name)
 
 
 # -- OTLP export requests -----------------------------------------------------------------------

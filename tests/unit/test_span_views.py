@@ -20,6 +20,7 @@ from recalltrace.tracer._span_views import (
     OTLP_JSON,
     decode_request,
     encode_response,
+    ended_span_view,
     sdk_span_view,
     span_views,
 )
@@ -100,6 +101,42 @@ def test_an_exported_span_reads_as_the_span_itself(content_type: str) -> None:
         _same(by_id[span.context.span_id], sdk_span_view(span))
     retrieve = by_id[spans[0].context.span_id]
     assert retrieve.error and retrieve.service == "shop" and retrieve.environment == "prod"
+
+
+def test_an_ended_span_read_later_reads_as_read_at_once() -> None:
+    # Span capture reads an ended span's ids and attributes on the application's thread and
+    # the rest on first use (on the writer thread): the same view either way, every field.
+    for span in _finished_spans():
+        later = ended_span_view(span)
+        assert (later.trace_id, later.span_id, later.parent_id) == (
+            span.context.trace_id,
+            span.context.span_id,
+            span.parent.span_id if span.parent is not None else None,
+        )
+        assert later.role == -1
+        _same(later, sdk_span_view(span))
+        with pytest.raises(AttributeError):
+            _ = later.not_a_field  # type: ignore[attr-defined]
+
+
+def test_a_span_of_another_implementation_is_read_at_once() -> None:
+    # Without the SDK's private fields, the public properties are read, all when it ends.
+    class Other:
+        def __init__(self, span: Any) -> None:
+            self._inner = span
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_"):
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+        def get_span_context(self) -> Any:
+            return self._inner.get_span_context()
+
+    for span in _finished_spans():
+        view = ended_span_view(Other(span))
+        assert type(view) is type(sdk_span_view(span))
+        _same(view, sdk_span_view(span))
 
 
 def test_a_bad_body_is_one_line_naming_what_is_wrong() -> None:
