@@ -61,6 +61,12 @@ _SWEEP_EVERY = 1.0
 # Finished subtrees waiting for the writer thread before it is woken at once (else it finds
 # them at its next cycle, within flush_interval).
 _WAKE_AT = 64
+# Spans' starts and ends noted for the writer thread before it is woken at once; at most so
+# many are held (and at most twice max_open_traces), and a slice of so many is replayed at a
+# time.
+_WAKE_EVENTS = 512
+_JOURNAL_LIMIT = 8192
+_REPLAY_SLICE = 256
 
 
 class _Trace:
@@ -72,7 +78,8 @@ class _Trace:
         self.open: dict[int, int | None] = {}  # open span id -> its local parent's id
         self.ended: list[SpanView] = []
         self.seen: set[int] = set()  # ids of the spans that ended (a repeat is left out)
-        self.mapped: dict[int, int] = {}  # span id -> root span id of its decorated request
+        # span id -> root span id of its decorated request; made when the trace has one
+        self.mapped: dict[int, int] | None = None
         self.touched = now
         self.dropped = 0
 
@@ -162,6 +169,11 @@ class SpanCapture:
         self._finished: deque[tuple[float, list[tuple[SpanView, list[SpanView]]]]] = deque()
         self._state_key: Any = None
         self._get_current: Any = None
+        # Spans' starts and ends noted on the application's threads, replayed in order on the
+        # writer thread (see on_start); bounded by _journal_limit.
+        self._journal: deque[Any] = deque()
+        self._journal_limit = min(_JOURNAL_LIMIT, 2 * max_open_traces)
+        self._finishing = threading.RLock()
         self.active = True
         _instances.add(self)
         add_cycle_hook(_finish_all_pending)
@@ -171,7 +183,13 @@ class SpanCapture:
         by the writer thread at each cycle and by every flush). With ``settle``, while two
         instrumentors of different conventions are at work, subtrees that ended less than
         ``settle`` seconds ago wait for the next cycle: the other instrumentor's trace of the
-        same request ends moments later, and the two are matched together."""
+        same request ends moments later, and the two are matched together. A flush waits
+        here for the writer's own pass to have offered what it took."""
+        with self._finishing:
+            self._finish_pending(settle)
+
+    def _finish_pending(self, settle: float) -> None:
+        self._replay()
         pending = self._finished
         candidates: list[Candidate] = []
         newest = (
@@ -217,70 +235,151 @@ class SpanCapture:
     def cover(self, trace_id: int, span_id: int) -> None:
         """Leave span ``span_id`` out of a decorated request's record (the decorator has it)."""
         with self._lock:
+            self._replay_locked()
             for group in self._groups.values():
                 if group.state.otel_trace_id == trace_id:
                     group.covered.add(span_id)
 
-    # -- SpanProcessor -------------------------------------------------------------------------
+    # -- SpanProcessor ---------------------------------------------------------------------
+    #
+    # On the application's thread a span's start and end are only noted, in order, in the
+    # journal (what a start needs of the request's context, the decorated request it belongs
+    # to, is read there and then); the bookkeeping (open spans per trace, finding the finished
+    # subtrees) runs on the writer thread, which replays the journal at each cycle and flush.
+    # A span of an open decorated request is handled at once instead, after the journal, so
+    # that the instrumentors' calls inside it join its state before the decorator closes it.
+    # A journal that reaches its bound is replayed by the thread that filled it.
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Note the span as open (and the decorated request it belongs to, if any)."""
         if not self.active:
             return
         try:
-            self._on_start(span, parent_context)
+            if self._state_key is None:
+                self._bind_context()
+            ctx = parent_context if parent_context is not None else self._get_current()
+            state = ctx.get(self._state_key)
+            if state is not None and (state.closed or not state.sampled):
+                state = None
+            if state is not None:
+                with self._lock:
+                    self._replay_locked()
+                    self._start_locked(span, state, time.monotonic())
+                return
+            journal = self._journal
+            journal.append((span, None, time.monotonic()))
+            self._after_note(len(journal))
         except Exception:
             from recalltrace.tracer._internal import internal_error
 
             internal_error("capturing a span's start")
 
-    def _on_start(self, span: Any, parent_context: Any) -> None:
-        if self._state_key is None:
-            from opentelemetry import context as otel_context
+    def on_end(self, span: Any) -> None:
+        """Keep the finished span; when this process's outermost span of its trace ends,
+        turn the requests in it into records."""
+        if not self.active:
+            return
+        try:
+            if self._groups:  # a decorated request is open: its calls join it now
+                with self._lock:
+                    self._replay_locked()
+                    self._end_locked(ended_span_view(span))
+                return
+            try:
+                span._context  # noqa: B018 - an SDK span: read once replayed
+            except AttributeError:
+                span = ended_span_view(span)  # another implementation's: read now
+            journal = self._journal
+            journal.append(span)
+            self._after_note(len(journal))
+        except Exception:
+            from recalltrace.tracer._internal import internal_error
 
-            from recalltrace.tracer._runtime import STATE_KEY
+            internal_error("capturing a finished span")
 
-            self._state_key = STATE_KEY
-            self._get_current = otel_context.get_current
+    def _on_ending(self, span: Any) -> None:
+        """Called by newer SDKs just before a span ends; nothing to do then."""
+
+    def _after_note(self, waiting: int) -> None:
+        if waiting >= self._journal_limit:
+            with self._lock:  # the writer is behind: replay here rather than hold more
+                self._replay_locked()
+        elif waiting == 1 or waiting % _WAKE_EVENTS == 0:
+            runtime = runtime_now()
+            if runtime.enabled:
+                runtime.writer.wake(now=waiting >= _WAKE_EVENTS)
+
+    def _bind_context(self) -> None:
+        from opentelemetry import context as otel_context
+
+        from recalltrace.tracer._runtime import STATE_KEY
+
+        self._state_key = STATE_KEY
+        self._get_current = otel_context.get_current
+
+    def _replay(self) -> None:
+        """Replay the journal (the writer thread, every flush), a slice at a time so that a
+        span of a decorated request waits for the lock at most one slice."""
+        journal = self._journal
+        while journal:
+            with self._lock:
+                self._replay_locked(_REPLAY_SLICE)
+
+    def _replay_locked(self, limit: int = -1) -> None:
+        journal = self._journal
+        while journal and limit:
+            limit -= 1
+            try:
+                event = journal.popleft()
+            except IndexError:
+                return
+            try:
+                if type(event) is tuple:
+                    self._start_locked(*event)
+                else:
+                    self._end_locked(
+                        event if isinstance(event, SpanView) else ended_span_view(event)
+                    )
+            except Exception:
+                from recalltrace.tracer._internal import internal_error
+
+                internal_error("capturing a span")
+
+    def _start_locked(self, span: Any, state: Any, now: float) -> None:
         try:  # the SDK span's fields, read directly (the properties cost a call each)
             context, parent = span._context, span._parent
         except AttributeError:
             context, parent = span.get_span_context(), span.parent
+        trace_id, span_id = context.trace_id, context.span_id
         local_parent = parent.span_id if parent is not None and not parent.is_remote else None
-        ctx = parent_context if parent_context is not None else self._get_current()
-        state = ctx.get(self._state_key)
-        if state is not None and (state.closed or not state.sampled):
-            state = None
-        now = time.monotonic()
-        evicted = timed_out = 0
-        with self._lock:
-            trace = self._traces.get(context.trace_id)
-            if trace is None:
-                if len(self._traces) >= self.max_open_traces:
-                    del self._traces[next(iter(self._traces))]
-                    evicted = 1
-                trace = self._traces[context.trace_id] = _Trace(now)
-            trace.touched = now
-            if local_parent is not None and local_parent not in trace.open:
-                local_parent = None  # started on another provider, or already ended
-            trace.open[context.span_id] = local_parent
-            if state is not None:
-                group = self._groups.get(state.otel_span_id)
-                if group is None:
-                    if len(self._groups) >= self.max_open_traces:
-                        del self._groups[next(iter(self._groups))]
-                        evicted += 1
-                    group = self._groups[state.otel_span_id] = _Group(state, now)
-                group.touched = now
-                trace.mapped[context.span_id] = state.otel_span_id
-                if local_parent is not None and _is_decorator_call(span):
-                    group.covered.add(local_parent)
-            if now >= self._next_sweep:
-                timed_out = self._sweep(now)
-        if evicted:
-            self._evicted.add(evicted)
-        if timed_out:
-            self._timed_out.add(timed_out)
+        trace = self._traces.get(trace_id)
+        if trace is None:
+            if len(self._traces) >= self.max_open_traces:
+                del self._traces[next(iter(self._traces))]
+                self._evicted.add(1)
+            trace = self._traces[trace_id] = _Trace(now)
+        trace.touched = now
+        if local_parent is not None and local_parent not in trace.open:
+            local_parent = None  # started on another provider, or already ended
+        trace.open[span_id] = local_parent
+        if state is not None:
+            group = self._groups.get(state.otel_span_id)
+            if group is None:
+                if len(self._groups) >= self.max_open_traces:
+                    del self._groups[next(iter(self._groups))]
+                    self._evicted.add(1)
+                group = self._groups[state.otel_span_id] = _Group(state, now)
+            group.touched = now
+            if trace.mapped is None:
+                trace.mapped = {}
+            trace.mapped[span_id] = state.otel_span_id
+            if local_parent is not None and _is_decorator_call(span):
+                group.covered.add(local_parent)
+        clock = time.monotonic()
+        if clock >= self._next_sweep:
+            timed_out = self._sweep(clock)
+            if timed_out:
+                self._timed_out.add(timed_out)
 
     def _sweep(self, now: float) -> int:
         self._next_sweep = now + _SWEEP_EVERY
@@ -293,63 +392,42 @@ class SpanCapture:
             del self._groups[key]
         return len(stale) + len(old_groups)
 
-    def _on_ending(self, span: Any) -> None:
-        """Called by newer SDKs just before a span ends; nothing to do then."""
-
-    def on_end(self, span: Any) -> None:
-        """Keep the finished span; when this process's outermost span of its trace ends,
-        turn the requests in it into records."""
-        if not self.active:
-            return
-        try:
-            self._on_end(span)
-        except Exception:
-            from recalltrace.tracer._internal import internal_error
-
-            internal_error("capturing a finished span")
-
-    def _on_end(self, span: Any) -> None:
-        view = ended_span_view(span)
-        too_many = repeated = 0
+    def _end_locked(self, view: SpanView) -> None:
         tops: list[tuple[SpanView, list[SpanView]]] = []
-        with self._lock:
-            trace = self._traces.get(view.trace_id)
-            group = self._groups.pop(view.span_id, None)  # a decorated request's root span
-            if trace is None:
-                if group is None:
-                    return  # evicted or timed out: already counted
-            elif view.span_id in trace.seen:
-                repeated = 1  # ended again (a processor added twice, a span ended twice)
+        trace = self._traces.get(view.trace_id)
+        group = self._groups.pop(view.span_id, None)  # a decorated request's root span
+        if trace is None:
+            if group is None:
+                return  # evicted or timed out: already counted
+        elif view.span_id in trace.seen:
+            # ended again (a processor added twice, a span ended twice)
+            self.assembler.duplicates.add(1)
+        else:
+            if len(trace.seen) < self.max_spans_per_trace:
+                trace.seen.add(view.span_id)
+            trace.touched = time.monotonic()
+            parent = trace.open.pop(view.span_id, None)
+            root_id = trace.mapped.pop(view.span_id, None) if trace.mapped else None
+            member = self._groups.get(root_id) if root_id is not None else None
+            if root_id is not None:
+                if member is not None and len(member.views) < self.max_spans_per_trace:
+                    member.views.append(view)
+                elif member is not None:
+                    self._too_many.add(1)
+            elif len(trace.ended) < self.max_spans_per_trace:
+                trace.ended.append(view)
             else:
-                if len(trace.seen) < self.max_spans_per_trace:
-                    trace.seen.add(view.span_id)
-                trace.touched = time.monotonic()
-                parent = trace.open.pop(view.span_id, None)
-                root_id = trace.mapped.pop(view.span_id, None)
-                member = self._groups.get(root_id) if root_id is not None else None
-                if root_id is not None:
-                    if member is not None and len(member.views) < self.max_spans_per_trace:
-                        member.views.append(view)
-                    elif member is not None:
-                        too_many = 1
-                elif len(trace.ended) < self.max_spans_per_trace:
-                    trace.ended.append(view)
-                else:
-                    trace.dropped += 1
-                    too_many = 1
-                if not trace.open:
-                    # Nothing of this trace is open here any more: every ended span whose
-                    # parent is not among them is the top of a subtree.
-                    del self._traces[view.trace_id]
-                    spans, trace.ended = trace.ended, []
-                    ids = {s.span_id for s in spans}
-                    tops = [(s, spans) for s in spans if s.parent_id not in ids]
-                elif root_id is None and parent not in trace.open:
-                    tops = [(view, _take_subtree(trace, view))]
-        if too_many:
-            self._too_many.add(too_many)
-        if repeated:
-            self.assembler.duplicates.add(repeated)
+                trace.dropped += 1
+                self._too_many.add(1)
+            if not trace.open:
+                # Nothing of this trace is open here any more: every ended span whose
+                # parent is not among them is the top of a subtree.
+                del self._traces[view.trace_id]
+                spans, trace.ended = trace.ended, []
+                ids = {s.span_id for s in spans}
+                tops = [(s, spans) for s in spans if s.parent_id not in ids]
+            elif root_id is None and parent not in trace.open:
+                tops = [(view, _take_subtree(trace, view))]
         if group is not None:
             self._merge(view, group)
         if tops:
@@ -403,8 +481,12 @@ def _on_writer_thread() -> bool:
 
 
 def _forget_pending_in_child() -> None:
-    # A forked child must not store its parent's requests a second time.
+    # A forked child must not store its parent's requests a second time; a lock the
+    # parent's writer thread held while replaying is never released in the child.
     for capture in list(_instances):
+        capture._lock = threading.Lock()
+        capture._finishing = threading.RLock()
+        capture._journal.clear()
         capture._finished.clear()
 
 

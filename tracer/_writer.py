@@ -418,8 +418,7 @@ class BatchWriter:
     def wake(self, now: bool = False) -> None:
         """Make sure the writer thread runs (and cycles at once when ``now``); cheap when it
         does and nothing is urgent."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        if self._thread is None:
             self._ensure_thread()
         if now and not self._wake.is_set():
             self._wake.set()
