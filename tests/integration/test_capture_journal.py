@@ -8,10 +8,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import recalltrace
-from tests.support.tracer_helpers import make_traced
+from tests.support.tracer_helpers import FileSink, make_traced
 
 ATTRIBUTES = {"openinference.span.kind": "CHAIN"}
 FOUND = {"openinference.span.kind": "RETRIEVER", "retrieval.documents.0.document.content": "d"}
@@ -23,6 +24,18 @@ def _request(tracer: Any, question: str) -> None:
         with tracer.start_as_current_span("retrieve", attributes=FOUND):
             pass
         root.set_attribute("output.value", "an answer")
+
+
+def _decorated(tracer: Any) -> Callable[[str], str]:
+    """A ``@recalltrace.rag`` request whose retrieval an instrumentor traces."""
+
+    @recalltrace.rag("decorated")
+    def answer(question: str) -> str:
+        with tracer.start_as_current_span("retrieve", attributes=FOUND):
+            pass
+        return "an answer"
+
+    return answer
 
 
 def test_the_application_thread_only_notes_spans_and_the_writer_replays_them() -> None:
@@ -81,12 +94,7 @@ def test_a_request_of_a_decorated_call_still_joins_it_after_noted_spans() -> Non
     try:
         state.provider.add_span_processor(recalltrace.SpanCapture())
         tracer = state.provider.get_tracer("vendor")
-
-        @recalltrace.rag("decorated")
-        def answer(question: str) -> str:
-            with tracer.start_as_current_span("retrieve", attributes=FOUND):
-                pass
-            return "an answer"
+        answer = _decorated(tracer)
 
         _request(tracer, "Plain first?")
         answer("Decorated?")
@@ -100,20 +108,13 @@ def test_a_request_of_a_decorated_call_still_joins_it_after_noted_spans() -> Non
 
 
 def test_a_child_forked_while_the_writer_replays_has_a_free_lock(tmp_path: Any) -> None:
-    from tests.support.tracer_helpers import FileSink
-
     sink = FileSink(tmp_path / "records.jsonl")
     state = make_traced(sink, flush_interval=30.0)  # type: ignore[arg-type]
     try:
         capture = recalltrace.SpanCapture()
         state.provider.add_span_processor(capture)
         tracer = state.provider.get_tracer("vendor")
-
-        @recalltrace.rag("decorated")
-        def answer(question: str) -> str:
-            with tracer.start_as_current_span("retrieve", attributes=FOUND):
-                pass
-            return "an answer"
+        answer = _decorated(tracer)
 
         held, release = threading.Event(), threading.Event()
 
