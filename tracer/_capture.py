@@ -324,6 +324,7 @@ class SpanCapture:
         while journal:
             with self._lock:
                 self._replay_locked(_REPLAY_SLICE)
+            time.sleep(0)  # the application's threads may take the GIL between slices
 
     def _replay_locked(self, limit: int = -1) -> None:
         journal = self._journal

@@ -148,3 +148,37 @@ def test_a_child_forked_while_the_writer_replays_has_a_free_lock(tmp_path: Any) 
         assert [line["user_input"] for line in sink.lines()] == ["In the child?"]
     finally:
         recalltrace.shutdown(2.0)
+
+
+def test_the_replay_lets_the_application_run_between_slices(monkeypatch: Any) -> None:
+    """The writer's replay takes the journal a slice at a time and gives the GIL up between
+    slices, so a request waits for it at most about one slice, not a whole pass."""
+    from recalltrace.tracer import _capture
+
+    # Nothing wakes the writer early: only this thread replays.
+    monkeypatch.setattr(_capture, "_WAKE_EVENTS", 1_000_000)
+    monkeypatch.setattr(_capture, "_WAKE_AT", 1_000_000)
+    state = make_traced(flush_interval=30.0)
+    try:
+        capture = recalltrace.SpanCapture()
+        state.provider.add_span_processor(capture)
+        tracer = state.provider.get_tracer("vendor")
+        for index in range(300):
+            _request(tracer, f"Question {index}?")
+        assert len(capture._journal) == 1200
+        yields: list[float] = []
+        sleep = time.sleep
+
+        def spy(seconds: float) -> None:
+            if threading.current_thread() is threading.main_thread():
+                yields.append(seconds)
+            sleep(seconds)
+
+        monkeypatch.setattr(time, "sleep", spy)
+        capture._replay()
+        monkeypatch.setattr(time, "sleep", sleep)
+        assert not capture._journal
+        assert yields.count(0) == -(-1200 // _capture._REPLAY_SLICE)  # once after each slice
+        assert len(state.records()) == 300
+    finally:
+        recalltrace.shutdown(2.0)
