@@ -78,8 +78,7 @@ class _Trace:
         self.open: dict[int, int | None] = {}  # open span id -> its local parent's id
         self.ended: list[SpanView] = []
         self.seen: set[int] = set()  # ids of the spans that ended (a repeat is left out)
-        # span id -> root span id of its decorated request; made when the trace has one
-        self.mapped: dict[int, int] | None = None
+        self.mapped: dict[int, int] = {}  # span id -> root span id of its decorated request
         self.touched = now
         self.dropped = 0
 
@@ -330,10 +329,7 @@ class SpanCapture:
         journal = self._journal
         while journal and limit:
             limit -= 1
-            try:
-                event = journal.popleft()
-            except IndexError:
-                return
+            event = journal.popleft()  # every pop is under the lock: it is still there
             try:
                 if type(event) is tuple:
                     self._start_locked(*event)
@@ -371,14 +367,11 @@ class SpanCapture:
                     self._evicted.add(1)
                 group = self._groups[state.otel_span_id] = _Group(state, now)
             group.touched = now
-            if trace.mapped is None:
-                trace.mapped = {}
             trace.mapped[span_id] = state.otel_span_id
             if local_parent is not None and _is_decorator_call(span):
                 group.covered.add(local_parent)
-        clock = time.monotonic()
-        if clock >= self._next_sweep:
-            timed_out = self._sweep(clock)
+        if now >= self._next_sweep:
+            timed_out = self._sweep(now)
             if timed_out:
                 self._timed_out.add(timed_out)
 
@@ -408,7 +401,7 @@ class SpanCapture:
                 trace.seen.add(view.span_id)
             trace.touched = time.monotonic()
             parent = trace.open.pop(view.span_id, None)
-            root_id = trace.mapped.pop(view.span_id, None) if trace.mapped else None
+            root_id = trace.mapped.pop(view.span_id, None)
             member = self._groups.get(root_id) if root_id is not None else None
             if root_id is not None:
                 if member is not None and len(member.views) < self.max_spans_per_trace:
