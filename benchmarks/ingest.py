@@ -346,7 +346,9 @@ def phoenix_peer(requests: int, batch: int, executable: str) -> dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument(
+        "--requests", type=int, default=5000, help="requests sent to collect and to Phoenix"
+    )
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument(
         "--blocks",
