@@ -42,10 +42,8 @@ import marshal
 import operator
 import os
 import pickle
-import select
 import signal
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -53,11 +51,78 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from recalltrace.storage.records import ContextRecord, TraceRecord
+from recalltrace.storage.records import ContextRecord, TraceRecord, WriteResult
 from recalltrace.tracer import ScrubbingOptions
 from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plain
+from recalltrace.tracer._threads import original
 
 logger = logging.getLogger(__name__)
+
+# The writer thread's pipe to the child runs on an operating-system thread: a green-thread
+# library's versions would wait on a hub of that thread's own, and its ``subprocess`` would
+# start and reap the child from the hub's loop. The child is started with ``posix_spawn`` and
+# waited for with the operating system's ``waitpid``.
+_select = original("select", "select")
+_waitpid = original("os", "waitpid")
+_posix_spawn = original("os", "posix_spawn")
+_close = original("os", "close")
+_sleep = original("time", "sleep")
+
+
+class _Child:
+    """The storage process: started with ``posix_spawn``, its stdin and stdout the two pipes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        to_read, to_write = os.pipe()
+        from_read, from_write = os.pipe()
+        try:
+            self.pid = _posix_spawn(
+                argv[0],
+                argv,
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, to_read, 0),
+                    (os.POSIX_SPAWN_DUP2, from_write, 1),
+                ],
+            )
+        except BaseException:
+            for fd in (to_read, to_write, from_read, from_write):
+                _close(fd)
+            raise
+        _close(to_read)
+        _close(from_write)
+        self.to_child = to_write
+        self.from_child = from_read
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the child ended (and was reaped here), else ``None``."""
+        if self.returncode is None:
+            try:
+                pid, status = _waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1  # reaped by someone else (a green-thread library's loop)
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the child to end, at most ``timeout`` seconds; its exit code, or ``None``
+        when it is still running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            _sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
 
 _HEADER = struct.Struct("!Q")
 _PIPE_SIZE = 1 << 20
@@ -101,7 +166,7 @@ def _write_all(fd: int, data: bytes, deadline: float | None) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the storage process did not take a batch in time")
-            select.select([], [fd], [], left)
+            _select([], [fd], [], left)
         try:
             written = os.write(fd, view)
         except BlockingIOError:
@@ -116,7 +181,7 @@ def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the storage process did not answer in time")
-            ready, _, _ = select.select([fd], [], [], left)
+            ready, _, _ = _select([fd], [], [], left)
             if not ready:
                 continue
         try:
@@ -171,15 +236,18 @@ class StorageProcessSink:
         self._nice = nice
         self._reply_timeout = reply_timeout
         self._start_timeout = start_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: _Child | None = None
         self._to_child = -1
         self._from_child = -1
         self._owner = os.getpid()
 
-    def write_traces(self, records: Sequence[TraceRecord | PlainTrace]) -> list[str]:
-        """Store a batch through the child; returns once it is committed, with the ids of
-        the plain traces the child could not assemble (not stored; it logged why)."""
-        return list(self._call("write", encode_batch(records)))
+    def write_traces(self, records: Sequence[TraceRecord | PlainTrace]) -> WriteResult:
+        """Store a batch through the child; returns once it is committed, saying what was
+        stored (the plain traces the child could not assemble are not: it logged why)."""
+        result = self._call("write", encode_batch(records))
+        if not isinstance(result, WriteResult):
+            raise StorageProcessRefused(f"the storage process answered {result!r} to a write")
+        return result
 
     def attach_reference(self, update: Any) -> int:
         """Attach a late reference through the child."""
@@ -197,9 +265,7 @@ class StorageProcessSink:
         if proc is None or os.getpid() != self._owner:
             return
         self._close_pipes()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        if proc.wait(timeout=10) is None:
             logger.warning("recalltrace: the storage process did not exit; killing it")
             proc.kill()
             proc.wait()
@@ -215,18 +281,9 @@ class StorageProcessSink:
         # The child imports what this process imports: it starts with this process's sys.path.
         env = dict(os.environ)
         env[_PATH_VARIABLE] = json.dumps(sys.path)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None
-        self._to_child = os.dup(proc.stdin.fileno())
-        self._from_child = os.dup(proc.stdout.fileno())
-        proc.stdin.close()
-        proc.stdout.close()
+        proc = _Child([sys.executable, "-c", _BOOTSTRAP], env)
+        self._to_child = proc.to_child
+        self._from_child = proc.from_child
         _grow_pipe(self._to_child)
         os.set_blocking(self._to_child, False)
         self._proc = proc
@@ -255,7 +312,7 @@ class StorageProcessSink:
         for fd in (self._to_child, self._from_child):
             if fd >= 0:
                 with contextlib.suppress(OSError):
-                    os.close(fd)
+                    _close(fd)
         self._to_child = self._from_child = -1
 
     def _lost(self, why: str) -> StorageProcessLost:
@@ -416,8 +473,13 @@ def serve(from_parent: int, to_parent: int) -> None:
                     )
                 value: Any = None
                 if op == b"write":
-                    records, value = _assembled(decode_batch(payload), scrubber, assembly)
-                    sink.write_traces(records)
+                    records, unassembled = _assembled(decode_batch(payload), scrubber, assembly)
+                    written = sink.write_traces(records) or WriteResult(stored=len(records))
+                    value = WriteResult(
+                        stored=written.stored,
+                        conflicts=written.conflicts,
+                        unassembled=tuple(unassembled),
+                    )
                 elif op == b"reference":
                     update = pickle.loads(payload)
                     if scrubber is not None:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from recalltrace.storage.contracts import TraceNotFound
-from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+from recalltrace.storage.records import ReferenceUpdate, TraceRecord, WriteResult
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -39,8 +39,9 @@ class MemorySink:
     """A trace sink that keeps what it is given in memory (thread-safe).
 
     ``records`` holds every record written, in order; writing a record whose ``trace_id`` is
-    held already changes nothing, as the database does. ``attach_reference`` updates the held
-    record and raises :class:`~recalltrace.storage.TraceNotFound` for an unknown id.
+    held already changes nothing, as the database does (another request under a held id is
+    returned as a conflict, not kept). ``attach_reference`` updates the held record and raises
+    :class:`~recalltrace.storage.TraceNotFound` for an unknown id.
     """
 
     def __init__(self) -> None:
@@ -51,14 +52,19 @@ class MemorySink:
         """Every reference update applied, in order."""
         self.lock = threading.Lock()
 
-    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+    def write_traces(self, records: Sequence[TraceRecord]) -> WriteResult:
+        conflicts: list[str] = []
         with self.lock:
-            known = {record.trace_id for record in self.records}
+            known = {record.trace_id: record for record in self.records}
             for record in records:
-                if record.trace_id not in known:
-                    known.add(record.trace_id)
+                held = known.get(record.trace_id)
+                if held is None:
+                    known[record.trace_id] = record
                     self.records.append(record)
+                elif _identity(held) != _identity(record):
+                    conflicts.append(record.trace_id)
             self.batches.append(len(records))
+        return WriteResult(stored=len(records) - len(conflicts), conflicts=tuple(conflicts))
 
     def attach_reference(self, update: ReferenceUpdate) -> int:
         with self.lock:
@@ -154,3 +160,13 @@ def capture(**options: Any) -> Iterator[Captured]:
     finally:
         recalltrace.shutdown(5.0)
         provider.shutdown()
+
+
+def _identity(record: TraceRecord) -> tuple[Any, ...]:
+    return (
+        record.app_name,
+        record.started_at,
+        record.duration_ms,
+        record.otel_trace_id,
+        record.otel_span_id,
+    )

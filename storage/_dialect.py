@@ -142,11 +142,12 @@ class Dialect:
         self,
         batch: Sequence[TraceRecord],
         *,
-        by_rows: Callable[[Sequence[TraceRecord]], None],
-        by_copy: Callable[[Sequence[TraceRecord]], None],
-    ) -> None:
-        """Write a batch of new traces: row by row here, by ``COPY`` on Postgres."""
-        by_rows(batch)
+        by_rows: Callable[[Sequence[TraceRecord]], set[str]],
+        by_copy: Callable[[Sequence[TraceRecord]], set[str]],
+    ) -> set[str]:
+        """Write a batch of new traces: row by row here, by ``COPY`` on Postgres. Returns the
+        ids of the records found stored already (not written now)."""
+        return by_rows(batch)
 
     # -- the queue -------------------------------------------------------------------------
     def skip_locked(self, stmt: Any) -> Any:
@@ -248,10 +249,10 @@ class PostgresDialect(Dialect):
         self,
         batch: Sequence[TraceRecord],
         *,
-        by_rows: Callable[[Sequence[TraceRecord]], None],
-        by_copy: Callable[[Sequence[TraceRecord]], None],
-    ) -> None:
-        by_copy(batch)
+        by_rows: Callable[[Sequence[TraceRecord]], set[str]],
+        by_copy: Callable[[Sequence[TraceRecord]], set[str]],
+    ) -> set[str]:
+        return by_copy(batch)
 
     def skip_locked(self, stmt: Any) -> Any:
         return stmt.with_for_update(skip_locked=True)

@@ -76,3 +76,27 @@ class ReferenceUpdate:
     reference: str | None = None
     reference_contexts: list[str] | None = None
     reference_context_ids: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a sink did with a batch of records (``TraceSink.write_traces`` returns it).
+
+    Every record of the batch is in exactly one of: stored (``stored``, which counts records
+    written now and records a resend found stored already with the same identity), ``conflicts``
+    or ``unassembled``. A sink that returns ``None`` stored every record.
+    """
+
+    stored: int = 0
+    """Records the batch stored, or found stored with the same identity (a resend)."""
+    conflicts: tuple[str, ...] = ()
+    """Ids of records not stored because another record is stored under the same id (same
+    id, a different request: its start, duration, app or OpenTelemetry ids differ). Each is a
+    loud error: two processes drew one id, or a record was changed and sent again."""
+    unassembled: tuple[str, ...] = ()
+    """Ids of plain traces a storage process could not assemble into records (not stored)."""
+
+    @property
+    def refused(self) -> int:
+        """Records of the batch not stored."""
+        return len(self.conflicts) + len(self.unassembled)

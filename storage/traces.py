@@ -3,16 +3,21 @@
 On Postgres a batch goes in through binary ``COPY`` (several times faster than INSERTs); a batch
 that is partly stored already (a writer resending what it could not confirm) falls back to row
 inserts that skip what exists. SQLite always uses the row inserts.
+
+A record whose id is stored already is compared with the stored row by its identity (start,
+duration, app name, OpenTelemetry ids): the same request sent again is a success (the write is
+idempotent), another request under the same id is a conflict, returned in the
+:class:`~recalltrace.storage.records.WriteResult` and never stored over the first.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Engine, delete, insert, select
 
 from recalltrace.storage import _postgres, summary_cache
 from recalltrace.storage._dialect import NOTIFY_CHANNEL, Dialect
@@ -28,7 +33,7 @@ from recalltrace.storage.models import (
     TraceTag,
 )
 from recalltrace.storage.queue_intake import job_rows
-from recalltrace.storage.records import TraceRecord
+from recalltrace.storage.records import TraceRecord, WriteResult
 
 
 class _DuplicateTrace(Exception):
@@ -43,16 +48,17 @@ class TraceWrites:
     metrics: list[JobSpec]
     reference_ttl: timedelta
 
-    def write_traces(self, records: Sequence[TraceRecord]) -> None:
+    def write_traces(self, records: Sequence[TraceRecord]) -> WriteResult:
         """Write a batch of trace records, their contexts and their jobs in one transaction.
 
-        Idempotent on ``trace_id``: a record already stored is left as it is, so a writer may
-        resend a batch whose commit it could not confirm.
+        Idempotent on ``trace_id``: a record already stored with the same identity is left as
+        it is, so a writer may resend a batch whose commit it could not confirm. A record whose
+        id holds another request is not written: its id is in the result's ``conflicts``.
         """
         if not records:
-            return
+            return WriteResult()
         try:
-            self._write_traces(records)
+            return self._write_traces(records)
         except Exception as exc:
             # A SQLite file deleted or replaced in use is reopened (storage.db); the new file
             # has no tables. Where this repository may create the schema, it does, once.
@@ -67,16 +73,47 @@ class TraceWrites:
 
             info["sqlite_recreated"] = info.get("sqlite_reopened", 0)
             upgrade_engine(self.engine)
-            self._write_traces(records)
+            return self._write_traces(records)
 
-    def _write_traces(self, records: Sequence[TraceRecord]) -> None:
+    def _write_traces(self, records: Sequence[TraceRecord]) -> WriteResult:
         unique: dict[str, TraceRecord] = {}
+        conflicts: list[str] = []
         for record in records:
-            unique.setdefault(record.trace_id, record)
+            first = unique.setdefault(record.trace_id, record)
+            if first is not record and _identity(first) != _identity(record):
+                conflicts.append(record.trace_id)
         batch = [storable_record(record) for record in unique.values()]
-        self.dialect.write_traces(
+        existing = self.dialect.write_traces(
             batch, by_rows=self._write_traces_rows, by_copy=self._write_traces_postgres
         )
+        if existing:
+            conflicts.extend(self._differing(batch, existing))
+        return WriteResult(stored=len(records) - len(conflicts), conflicts=tuple(conflicts))
+
+    def _differing(self, batch: Sequence[TraceRecord], existing: set[str]) -> list[str]:
+        """The ids of ``existing`` (records of ``batch`` found stored) under which another
+        request is stored."""
+        table = Trace.__table__
+        with self.engine.connect() as conn:
+            stored = {
+                row.trace_id: row
+                for row in conn.execute(
+                    select(
+                        table.c.trace_id,
+                        table.c.app_name,
+                        table.c.started_at,
+                        table.c.duration_ms,
+                        table.c.otel_trace_id,
+                        table.c.otel_span_id,
+                    ).where(table.c.trace_id.in_(sorted(existing)))
+                )
+            }
+        differing = []
+        for record in batch:
+            row = stored.get(record.trace_id)
+            if row is not None and _identity(record) != _identity(row):
+                differing.append(record.trace_id)
+        return differing
 
     def _trace_rows(self, batch: Sequence[TraceRecord], now: datetime) -> list[dict[str, Any]]:
         return [
@@ -125,13 +162,14 @@ class TraceWrites:
             for i, c in enumerate(r.retrieved_contexts)
         ]
 
-    def _write_traces_postgres(self, batch: Sequence[TraceRecord]) -> None:
+    def _write_traces_postgres(self, batch: Sequence[TraceRecord]) -> set[str]:
         try:
             self._copy_batch(batch)
         except _DuplicateTrace:
             # Some of the batch is stored already (a resend): write the rest row by row
             # through INSERT ... ON CONFLICT, which skips what exists.
-            self._write_traces_rows(batch)
+            return self._write_traces_rows(batch)
+        return set()
 
     def _copy_batch(self, batch: Sequence[TraceRecord]) -> None:
         from psycopg import errors as pg_errors
@@ -215,9 +253,9 @@ class TraceWrites:
                 if any(j["status"] == JobStatus.QUEUED for j in jobs):
                     cursor.execute(_postgres.NOTIFY_RAW, (NOTIFY_CHANNEL,))
 
-    def _write_traces_rows(self, batch: Sequence[TraceRecord]) -> None:
+    def _write_traces_rows(self, batch: Sequence[TraceRecord]) -> set[str]:
         """Row inserts that skip stored trace ids: the SQLite path, and the Postgres path for a
-        batch that is partly stored already."""
+        batch that is partly stored already. Returns the ids found stored already."""
         with self.engine.begin() as conn:
             now = self.dialect.clock(conn)
             inserted = set(
@@ -241,6 +279,7 @@ class TraceWrites:
                     self.dialect.insert(ScoringJob.__table__).on_conflict_do_nothing(), jobs
                 )
                 self.dialect.notify(conn)
+        return {r.trace_id for r in batch} - inserted
 
     def delete_traces_before(self, cutoff: datetime) -> int:
         """Delete traces (and, by cascade, their contexts, jobs and scores) older than cutoff."""
@@ -254,3 +293,17 @@ class TraceWrites:
     def dispose(self) -> None:
         """Close every pooled connection (call in a forked child or at exit)."""
         self.engine.dispose()
+
+
+def _identity(record: Any) -> tuple[Any, ...]:
+    """What tells one request from another under the same id (a record or a stored row)."""
+    started = record.started_at
+    if started is not None and started.tzinfo is not None:
+        started = started.astimezone(timezone.utc).replace(tzinfo=None)
+    return (
+        record.app_name,
+        started,
+        None if record.duration_ms is None else float(record.duration_ms),
+        record.otel_trace_id,
+        record.otel_span_id,
+    )

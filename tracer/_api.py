@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
+from recalltrace.tracer import _threads
 from recalltrace.tracer._calls import Spec
 from recalltrace.tracer._config import (
     ScrubbingOptions,
@@ -59,6 +59,8 @@ def configure(
     enabled: bool | None = None,
     capture_spans: bool | None = None,
     genai_span_attributes: bool | None = None,
+    drain_on_os_exit: bool | None = None,
+    run_dir: str | None = None,
 ) -> TracerConfig:
     """Configure the tracer for this process and return the configuration in effect.
 
@@ -292,7 +294,7 @@ def set_reference(
 
 references_ignored = 0
 """References :func:`set_reference` ignored because the tracer's configuration was refused."""
-_ignored_lock = threading.Lock()
+_ignored_lock = _threads.Lock()
 
 
 def _ignore_reference() -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from recalltrace.tracer import _threads
 from recalltrace.tracer._capture_build import (
     CONVENTIONS,
     RERANKER,
@@ -119,7 +119,7 @@ class RequestAssembler:
         # Requests offered lately, per (service, question): [convention, start, end, paired].
         self._recent: OrderedDict[tuple[str | None, str], list[list[Any]]] = OrderedDict()
         self._recent_count = 0
-        self._lock = threading.Lock()
+        self._lock = _threads.Lock()
         self.conventions: set[str] = set()
         """The conventions of the request roots seen (two or more: two instrumentors)."""
 
@@ -274,7 +274,7 @@ class RequestAssembler:
         state._children = children
         state.service_name = root.service or runtime.service_name
         runtime.stats.trace_finished(app, True)
-        return bool(runtime.writer.offer(state))
+        return bool(runtime.writer.emit(state))
 
 
 Candidate = tuple[SpanView, Mapping[int | None, list[SpanView]]]
@@ -290,7 +290,7 @@ _PAIR_HORIZON_NS = 300 * 10**9
 # (request_record_id) absorb the repeat.
 _REMEMBER = 20_000
 _offered: OrderedDict[tuple[int, int, int], None] = OrderedDict()
-_offered_lock = threading.Lock()
+_offered_lock = _threads.Lock()
 
 
 def _first_offer(root: SpanView) -> bool:

@@ -26,12 +26,12 @@ to a provider in the way that keeps the processors it holds (:func:`add_keeping_
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import weakref
 from collections import deque
 from typing import Any
 
+from recalltrace.tracer import _threads
 from recalltrace.tracer._assembler import (
     Candidate,
     DropCounter,
@@ -51,11 +51,12 @@ from recalltrace.tracer._capture_build import (
     span_role,
 )
 from recalltrace.tracer._conventions import RECALLTRACE_SCOPE, SPAN_KIND
-from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child, on_configure
+from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child, on_configure, own_process
 from recalltrace.tracer._span_views import ended_span_view
 from recalltrace.tracer._writer import add_cycle_hook
 
 logger = logging.getLogger("recalltrace.tracer")
+_sleep = _threads.original("time", "sleep")
 
 _SWEEP_EVERY = 1.0
 # Finished subtrees waiting for the writer thread before it is woken at once (else it finds
@@ -141,7 +142,7 @@ class SpanCapture:
         self.open_trace_timeout = open_trace_timeout
         self._traces: dict[int, _Trace] = {}
         self._groups: dict[int, _Group] = {}
-        self._lock = threading.Lock()
+        self._lock = _threads.Lock()
         self._next_sweep = time.monotonic() + _SWEEP_EVERY
         self._evicted = DropCounter(
             "capture_evicted",
@@ -172,7 +173,7 @@ class SpanCapture:
         # writer thread (see on_start); bounded by _journal_limit.
         self._journal: deque[Any] = deque()
         self._journal_limit = min(_JOURNAL_LIMIT, 2 * max_open_traces)
-        self._finishing = threading.RLock()
+        self._finishing = _threads.RLock()
         self.active = True
         _instances.add(self)
         add_cycle_hook(_finish_all_pending)
@@ -254,6 +255,7 @@ class SpanCapture:
         if not self.active:
             return
         try:
+            own_process()
             if self._state_key is None:
                 self._bind_context()
             ctx = parent_context if parent_context is not None else self._get_current()
@@ -323,7 +325,7 @@ class SpanCapture:
         while journal:
             with self._lock:
                 self._replay_locked(_REPLAY_SLICE)
-            time.sleep(0)  # the application's threads may take the GIL between slices
+            _sleep(0)  # the application's threads may take the GIL between slices
 
     def _replay_locked(self, limit: int = -1) -> None:
         journal = self._journal
@@ -471,15 +473,15 @@ def _on_writer_thread() -> bool:
     """Whether this is the writer thread's own cycle (not a flush from another thread)."""
     runtime = loaded_runtime()
     writer = getattr(runtime, "writer", None)
-    return writer is not None and getattr(writer, "_thread", None) is threading.current_thread()
+    return writer is not None and bool(writer.on_writer_thread())
 
 
 def _forget_pending_in_child() -> None:
     # A forked child must not store its parent's requests a second time; a lock the
     # parent's writer thread held while replaying is never released in the child.
     for capture in list(_instances):
-        capture._lock = threading.Lock()
-        capture._finishing = threading.RLock()
+        capture._lock = _threads.Lock()
+        capture._finishing = _threads.RLock()
         capture._journal.clear()
         capture._finished.clear()
 

@@ -5,10 +5,12 @@ Nothing here imports OpenTelemetry or storage, so ``import tracer`` stays cheap.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from recalltrace.tracer._conventions import (
@@ -19,7 +21,7 @@ from recalltrace.tracer._conventions import (
 )
 
 if TYPE_CHECKING:
-    from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+    from recalltrace.storage.records import ReferenceUpdate, TraceRecord, WriteResult
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -76,8 +78,11 @@ class ScrubbingOptions:
 class TraceSink(Protocol):
     """Where finished trace records go. ``storage.Repository`` is the production sink."""
 
-    def write_traces(self, records: Sequence[TraceRecord]) -> None:
-        """Store a batch of records in one transaction (idempotent on ``trace_id``)."""
+    def write_traces(self, records: Sequence[TraceRecord]) -> WriteResult | None:
+        """Store a batch of records in one transaction (idempotent on ``trace_id``) and say
+        what was stored: a :class:`~recalltrace.storage.records.WriteResult` naming the records
+        not stored (another request under the same id), or ``None`` when all were. Raise when
+        the batch could not be written at all (it is retried)."""
 
     def attach_reference(self, update: ReferenceUpdate) -> int:
         """Attach late ground truth to a stored trace; raise ``TraceNotFound`` (or any
@@ -321,6 +326,16 @@ class TracerConfig:
     (see ``docs/ingest.md``)."""
     register_atexit: bool = option(True)
     """Drain the queue when the interpreter exits."""
+    drain_on_os_exit: bool = option(True, env=[("RECALLTRACE_DRAIN_ON_OS_EXIT", _truthy)])
+    """Drain the queue (within ``shutdown_timeout``) when the process calls ``os._exit``, as
+    multiprocessing's children, job queues that fork a child per job (RQ) and ``os.fork()``
+    loops end. ``os._exit`` is wrapped once, at the first ``configure``; a process holding no
+    record ends at once."""
+    run_dir: str | None = option(None, env=[("RECALLTRACE_RUN_DIR", _text)])
+    """The directory of the processes' ledger files (one small file per process that holds
+    records; see docs/reliability.md, *Processes that end without a word*). ``None``:
+    ``$XDG_RUNTIME_DIR/recalltrace``, else ``recalltrace-<uid>`` in the temporary directory.
+    Processes that share it count each other's records when one is killed."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> TracerConfig:
@@ -329,6 +344,7 @@ class TracerConfig:
         arguments named like the fields; ``None`` values are ignored). A variable that cannot
         be read is ignored with one warning naming it."""
         config = cls()
+        inherited = _inherited()
         for name, spec in cls.__dataclass_fields__.items():
             for variable, parse in spec.metadata.get("env", ()):
                 raw = os.environ.get(variable, "").strip()
@@ -343,6 +359,8 @@ class TracerConfig:
                     continue
                 setattr(config, name, value)
                 break
+        if inherited is not None:
+            _apply_inherited(config, inherited)
         for name, value in overrides.items():
             if name not in cls.__dataclass_fields__:
                 raise TypeError(f"unknown tracer option {name!r}")
@@ -382,3 +400,130 @@ class TracerConfig:
             "own",
         ):
             raise ValueError("tracer_provider must be 'auto', 'global', 'own' or a provider")
+
+
+# -- configuration a child process inherits -------------------------------------------------------
+# ``configure()`` leaves its options in one environment variable, which the children
+# multiprocessing starts (spawn, forkserver) inherit: a child that never ran ``configure()``
+# (the parent configured under ``if __name__ == "__main__":``) then stores where its parent
+# does. Only a multiprocessing child of the process that wrote it applies it, and only for
+# options whose environment variables the child still sees as the parent saw them (a parent
+# that gave a child another RECALLTRACE_DATABASE_URL means it).
+
+INHERITED_ENV = "RECALLTRACE_PARENT_CONFIG"
+_SCRUBBING_FIELDS = ("extra_patterns", "default_patterns", "replacement", "rule_files")
+_inherited_said = False
+
+
+def export_for_children(config: TracerConfig) -> None:
+    """Leave ``config``'s options where this process's multiprocessing children find them."""
+    options: dict[str, Any] = {}
+    left: list[str] = []
+    seen: dict[str, str | None] = {}
+    for spec in fields(TracerConfig):
+        sources = spec.metadata.get("env", ())
+        value = getattr(config, spec.name)
+        if not sources:
+            if spec.name == "sink" and value is not None:
+                left.append(f"sink={type(value).__name__}")
+            continue
+        for variable, _ in sources:
+            seen[variable] = os.environ.get(variable)
+        encoded = _encode(spec.name, value)
+        if encoded is _UNSET:
+            # What decides where records go or what they keep; anything else (a provider
+            # object, say) the child simply makes its own.
+            if spec.name == "scrubbing":
+                left.append("a scrubbing callback")
+            continue
+        options[spec.name] = encoded
+    os.environ[INHERITED_ENV] = json.dumps(
+        {"pid": os.getpid(), "options": options, "env": seen, "left": left}
+    )
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name == "scrubbing":
+        if value is False:
+            return False
+        if isinstance(value, ScrubbingOptions):
+            if value.callback is not None:
+                return _UNSET
+            encoded = {f: getattr(value, f) for f in _SCRUBBING_FIELDS}
+            encoded["extra_patterns"] = list(value.extra_patterns)
+            encoded["rule_files"] = [str(path) for path in value.rule_files]
+            encoded["scrub_span_attributes"] = value.scrub_span_attributes
+            return encoded
+        return _UNSET
+    if name == "sample_rates":
+        return {str(k): float(v) for k, v in dict(value).items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return _UNSET
+
+
+def _inherited() -> dict[str, Any] | None:
+    """The options the parent left, when this process is a multiprocessing child of it."""
+    raw = os.environ.get(INHERITED_ENV)
+    if not raw:
+        return None
+    process = sys.modules.get("multiprocessing.process")
+    parent = process.parent_process() if process is not None else None
+    if parent is None:
+        return None
+    try:
+        inherited = json.loads(raw)
+        if int(inherited["pid"]) != parent.pid or int(inherited["pid"]) == os.getpid():
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return inherited if isinstance(inherited, dict) else None
+
+
+def _apply_inherited(config: TracerConfig, inherited: dict[str, Any]) -> None:
+    global _inherited_said
+    seen = inherited.get("env") or {}
+    options = inherited.get("options") or {}
+    for spec in fields(TracerConfig):
+        if spec.name not in options:
+            continue
+        sources = spec.metadata.get("env", ())
+        if any(os.environ.get(variable) != seen.get(variable) for variable, _ in sources):
+            continue  # the parent gave this child its own value: the child's environment says
+        value = options[spec.name]
+        if spec.name == "scrubbing" and isinstance(value, dict):
+            value = ScrubbingOptions(
+                extra_patterns=tuple(value.get("extra_patterns", ())),
+                default_patterns=bool(value.get("default_patterns", True)),
+                replacement=str(value.get("replacement", "[REDACTED]")),
+                rule_files=tuple(value.get("rule_files", ())),
+                scrub_span_attributes=bool(value.get("scrub_span_attributes", False)),
+            )
+        setattr(config, spec.name, value)
+    left = inherited.get("left") or []
+    if left and not _inherited_said:
+        _inherited_said = True
+        where = (
+            config.database_url
+            or os.environ.get("RECALLTRACE_DATABASE_URL")
+            or ("sqlite:///recalltrace.db in " + os.getcwd())
+        )
+        logger.warning(
+            "recalltrace: this process (pid %d) is a child of process %s, configured with %s, "
+            "which cannot reach another process: this process stores to %s instead (call "
+            "configure() in the child, e.g. in the pool's initializer)",
+            os.getpid(),
+            inherited.get("pid"),
+            ", ".join(str(item) for item in left),
+            shown_url(where),
+        )
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+    return url

@@ -5,25 +5,31 @@ behaves as if it were not decorated. While pytest runs (``PYTEST_CURRENT_TEST`` 
 of the tracer's own code is raised instead, so that bugs surface in tests; set
 ``RECALLTRACE_RAISE_INTERNAL_ERRORS=0`` to turn that off. Failures of user-supplied code
 (extractors, scrubbing callbacks) and of storage are never raised.
+
+It also keeps the tracer's state to the process it belongs to: a process copied by ``fork``
+makes the state its own (:func:`own_process`), with or without Python's at-fork hooks.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from recalltrace.tracer import _threads
 
 logger = logging.getLogger("recalltrace.tracer")
 
 _logged: set[str] = set()
-_logged_lock = threading.Lock()
+_logged_lock = _threads.Lock()
 
-# The tracer's one fork hook runs these steps in a forked child, lowest first: fresh record ids,
-# then the runtime's own lock and counts, then the writers' queues and threads, then span
-# capture, then what makes the child's exit drain its queue. Modules add their step on import.
-FORK_IDS = 10
+# The steps that make a copied process its own, lowest first: the runtime's own lock and counts,
+# then the writers' queues and threads, then span capture, then what makes the child's exit
+# drain its queue. Modules add their step on import. They run when the tracer finds itself in a
+# process other than the one its state was made in: at once through Python's fork hook, and
+# otherwise at the next request, flush or configure (see :func:`own_process`), which is what a
+# process forked from C (uWSGI's workers) or by a library that skips the hooks gets.
 FORK_RUNTIME = 20
 FORK_WRITERS = 30
 FORK_CAPTURE = 40
@@ -40,11 +46,38 @@ def at_fork_in_child(order: int, step: Callable[[], None]) -> None:
     _fork_steps.sort(key=lambda item: item[0])
 
 
+_pid = os.getpid()
+"""The process the tracer's state belongs to."""
+# One lock per process that adopts the state, made without taking any lock the parent may have
+# held (``dict.setdefault`` is one step under the GIL).
+_adopting: dict[int, Any] = {}
+
+
+def own_process() -> None:
+    """Make the tracer's state this process's own if it was copied from another process.
+
+    Called where a request starts, where span capture sees a span, and by ``flush``,
+    ``shutdown`` and ``configure``: one system call (``getpid``). Invariant: no queue, thread,
+    lock, count or connection of another process is used here, however this process was made.
+    """
+    pid = os.getpid()
+    if pid != _pid:
+        _adopt(pid)
+
+
+def _adopt(pid: int) -> None:
+    lock = _adopting.setdefault(pid, _threads.Lock())
+    with lock:
+        if _pid != pid:
+            _after_fork_in_child()
+
+
 def _after_fork_in_child() -> None:
     # A lock held by one of the parent's threads at the moment of the fork would never be
-    # released here.
-    global _logged_lock
-    _logged_lock = threading.Lock()
+    # released here. The process is marked as adopted only once every step ran: a thread that
+    # comes meanwhile waits for the adopting one (see _adopt).
+    global _logged_lock, _pid
+    _logged_lock = _threads.Lock()
     for _, step in list(_fork_steps):
         try:
             step()
@@ -53,6 +86,7 @@ def _after_fork_in_child() -> None:
                 logger.exception(
                     "recalltrace: resetting the tracer in a forked child failed (logged once)"
                 )
+    _pid = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):

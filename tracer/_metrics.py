@@ -8,11 +8,12 @@ MeterProvider pays nothing more, and one configured later still sees the totals.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from recalltrace.tracer import _threads
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -22,6 +23,7 @@ DROPPED = "rag.traces.dropped"
 STORED = "rag.traces.stored"
 VALUES_NOT_READ = "rag.tracer.values.not_read"
 QUEUE_SIZE = "rag.tracer.queue.size"
+LOST_BY_ENDED_PROCESSES = "rag.traces.lost_by_ended_processes"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class Ledger:
     ``seen == stored + sampled_out + dropped_total + pending``. ``other_dropped`` counts what
     was not a request record (late references, spans span capture could not use), and
     ``values_not_read`` the application objects left out of stored records (by reason).
+    ``lost_by_ended_processes`` counts records that other processes held when they ended
+    without running their exit code (killed), found by this one in their ledger files: not
+    this process's requests, so outside its balance.
     """
 
     seen: int = 0
@@ -43,6 +48,7 @@ class Ledger:
     pending: int = 0
     other_dropped: Mapping[str, int] = field(default_factory=dict)
     values_not_read: Mapping[str, int] = field(default_factory=dict)
+    lost_by_ended_processes: int = 0
 
     @property
     def dropped_total(self) -> int:
@@ -66,6 +72,7 @@ class Ledger:
             pending=self.pending - other.pending,
             other_dropped=minus(self.other_dropped, other.other_dropped),
             values_not_read=minus(self.values_not_read, other.values_not_read),
+            lost_by_ended_processes=self.lost_by_ended_processes - other.lost_by_ended_processes,
         )
 
     def line(self) -> str:
@@ -83,6 +90,11 @@ class Ledger:
             text += (
                 f"; other records dropped (late references, unusable spans): {self.other_dropped}"
             )
+        if self.lost_by_ended_processes:
+            text += (
+                f"; {self.lost_by_ended_processes} record(s) held by other processes that ended "
+                "killed, found in their ledger files"
+            )
         return text
 
 
@@ -90,12 +102,13 @@ class TracerStats:
     """Cumulative counts since the process started (reset in a forked child)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _threads.Lock()
         # Finished requests are counted per thread, without a lock: every request of every
         # thread passes here, and a lock shared by the application's threads made them queue
         # behind each other (a third of a saturated server's time). Each thread writes only
-        # its own dicts; readers add them up.
-        self._local = threading.local()
+        # its own dicts; readers add them up. Per operating-system thread, not per greenlet
+        # (a gevent server would add a pair of dicts per request).
+        self._local = _threads.local()
         self._per_thread: list[tuple[dict[str, int], dict[str, int]]] = []
         self.dropped: dict[tuple[str, str], int] = {}
         self._last_drop_log = 0.0
@@ -104,25 +117,32 @@ class TracerStats:
         self._unreported: dict[str, int] = {}
         self.stored: dict[str, int] = {}
         self.not_read: dict[str, int] = {}
+        self.lost_elsewhere = 0
         self.queue_size: Callable[[], int] = lambda: 0
         self.label: Callable[[str], str] = str
         """What an app name becomes as a metric label (scrubbed, when scrubbing is on)."""
 
     def reset(self) -> None:
         """Forget all counts (used in a forked child, whose parent keeps its own)."""
-        self._lock = threading.Lock()
-        self._local = threading.local()
+        self._lock = _threads.Lock()
+        self._local = _threads.local()
         self._per_thread = []
         self.dropped = {}
         self._unreported = {}
         self.stored = {}
         self.not_read = {}
+        self.lost_elsewhere = 0
 
     def records_stored(self, apps: Iterable[str]) -> None:
         """Count records the sink confirmed as written (one app name per record)."""
         with self._lock:
             for app in apps:
                 self.stored[app] = self.stored.get(app, 0) + 1
+
+    def lost_by_ended_process(self, count: int) -> None:
+        """Count records another process held when it ended killed (found in its file)."""
+        with self._lock:
+            self.lost_elsewhere += count
 
     def values_not_read(self, reason: str, count: int) -> None:
         """Count application values left out of a stored record (``read_timeout``,
@@ -152,6 +172,7 @@ class TracerStats:
                 pending=pending,
                 other_dropped=other,
                 values_not_read=dict(self.not_read),
+                lost_by_ended_processes=self.lost_elsewhere,
             )
 
     def trace_finished(self, app: str, sampled: bool) -> None:
@@ -256,7 +277,7 @@ class TracerStats:
 
 
 _registered: list[Any] = []
-_registration_lock = threading.Lock()
+_registration_lock = _threads.Lock()
 
 
 def register_instruments(
@@ -304,6 +325,9 @@ def register_instruments(
     def queue_size(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(stats_source().queue_size())]
 
+    def lost(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(stats_source().lost_elsewhere)]
+
     meter.create_observable_counter(
         CAPTURED,
         callbacks=[per_app(lambda s: s.captured)],
@@ -334,6 +358,14 @@ def register_instruments(
         unit="{value}",
         description="Application objects left out of stored records, their reading not "
         "finished within the budget (read_timeout) or not started (readers_stuck).",
+    )
+    meter.create_observable_counter(
+        LOST_BY_ENDED_PROCESSES,
+        callbacks=[lost],
+        unit="{trace}",
+        description="Records other processes held when they ended without running their exit "
+        "code (killed by SIGKILL, the OOM killer or a server's timeout), found by this process "
+        "in their ledger files.",
     )
     meter.create_observable_gauge(
         QUEUE_SIZE,

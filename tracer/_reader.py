@@ -20,11 +20,11 @@ still read in full.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from recalltrace.tracer import _threads
 from recalltrace.tracer._extract import (
     Doc,
     read_document,
@@ -111,7 +111,7 @@ class _Job:
     def __init__(self, tasks: Sequence[Callable[[], Any]]) -> None:
         self.tasks = tasks
         self.results: list[tuple[bool, Any]] = []
-        self.done = threading.Event()
+        self.done = _threads.Event()
         self.abandoned = False
 
 
@@ -130,13 +130,13 @@ class BoundedReader:
         self.budget = budget
         self.max_abandoned = MAX_ABANDONED if max_abandoned is None else max_abandoned
         self.stuck = 0  # reader threads abandoned and still inside an application object
-        self._lock = threading.Lock()
+        self._lock = _threads.Lock()
         self._idle: list[_Reader] = []
         _readers.add(self)
 
     def _after_fork_in_child(self) -> None:
         # The parent's reader threads do not exist in the child (nor do its stuck ones).
-        self._lock = threading.Lock()
+        self._lock = _threads.Lock()
         self._idle = []
         self.stuck = 0
 
@@ -187,8 +187,8 @@ class _Reader:
     def __init__(self, owner: BoundedReader) -> None:
         self._owner = owner
         self._job: _Job | None = None
-        self._ready = threading.Condition(threading.Lock())
-        threading.Thread(target=self._serve, name="recalltrace-reader", daemon=True).start()
+        self._ready = _threads.Condition(_threads.Lock())
+        _threads.Thread(self._serve, "recalltrace-reader").start()
 
     def give(self, job: _Job) -> None:
         with self._ready:

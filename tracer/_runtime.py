@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from recalltrace.storage.records import ReferenceUpdate
-from recalltrace.tracer import _signals
-from recalltrace.tracer._config import ScrubbingOptions, TracerConfig
+from recalltrace.tracer import _signals, _threads
+from recalltrace.tracer._config import TracerConfig, export_for_children, shown_url
 from recalltrace.tracer._conventions import (
     DEPLOYMENT_ENVIRONMENT,
     DEPLOYMENT_ENVIRONMENT_OLD,
@@ -31,36 +29,34 @@ from recalltrace.tracer._conventions import (
     SERVICE_VERSION,
 )
 from recalltrace.tracer._extract import snapshot, to_text, to_text_list
-from recalltrace.tracer._internal import FORK_EXIT, FORK_RUNTIME, at_fork_in_child, configured
-from recalltrace.tracer._metrics import VALUES_NOT_READ, Ledger, TracerStats, register_instruments
-from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, plain_trace
-from recalltrace.tracer._reader import (
-    READERS_STUCK,
-    BoundedReader,
-    read_values,
+from recalltrace.tracer._internal import (
+    FORK_EXIT,
+    FORK_RUNTIME,
+    at_fork_in_child,
+    configured,
+    own_process,
 )
-from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
+from recalltrace.tracer._metrics import Ledger, TracerStats, register_instruments
+from recalltrace.tracer._pipeline import READ_TIMEOUT_S, RecordPipeline, plan
+from recalltrace.tracer._process_ledger import default_run_dir
 from recalltrace.tracer._sampling import TraceSampler
 from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
-from recalltrace.tracer._sinks import check_default_sink, open_default_sink
-from recalltrace.tracer._state import TraceState, assemble_record, read_ids, scrub_reference
+from recalltrace.tracer._sinks import check_default_sink
+from recalltrace.tracer._state import TraceState, read_ids
 from recalltrace.tracer._writer import BatchWriter
 
 if TYPE_CHECKING:
-    from recalltrace.storage.records import TraceRecord
-    from recalltrace.tracer._config import TraceSink
+    from recalltrace.tracer._reader import BoundedReader
 
 logger = logging.getLogger("recalltrace.tracer")
 
-READ_TIMEOUT_S = 2.0
-"""Longest the writer waits for one record's application objects to be read (plain values are
-read in full, without a time bound)."""
+__all__ = ["READ_TIMEOUT_S", "Runtime", "configure", "flush", "get", "ledger", "shutdown"]
 
 INSTRUMENTATION_NAME = RECALLTRACE_SCOPE
 STATE_KEY = otel_context.create_key("recalltrace-trace")
 
 _stats = TracerStats()
-_lock = threading.RLock()
+_lock = _threads.RLock()
 _atexit_registered = False
 current: Runtime | None = None
 _installed_provider: Any = None
@@ -72,27 +68,57 @@ def _after_fork_in_child() -> None:
     # The parent's counts are the parent's; a lock held by one of its threads at the moment of
     # the fork would never be released here.
     global _lock
-    _lock = threading.RLock()
+    _lock = _threads.RLock()
     _stats.reset()
 
 
 def _prepare_exit_in_child() -> None:
     _signals.after_fork_in_child()
     if current is not None:
-        _follow_multiprocessing_exit()
+        _follow_multiprocessing_child()
 
 
 at_fork_in_child(FORK_RUNTIME, _after_fork_in_child)
 at_fork_in_child(FORK_EXIT, _prepare_exit_in_child)
 
 
-# A multiprocessing child (a pool worker, a Process) ends with os._exit after running the
-# multiprocessing finalizers, never atexit: the drain is one of those finalizers. The start of
-# each child (Process._bootstrap) clears the finalizers it inherited and then runs the
-# registered after-fork callbacks, which register it again.
-_EXIT_PRIORITY = 10
-_exit_finalizer: Any = None
-_after_fork_registered = False
+# -- how a process ends ------------------------------------------------------------------------
+#
+# Every way out that runs Python code drains the queue once, bounded by shutdown_timeout, and
+# says the ledger in one line (_drain_final): ``atexit`` (the interpreter's normal end, spawn
+# children), ``os._exit`` (multiprocessing's fork and forkserver children, job queues that fork
+# a child per job such as RQ, ``os.fork()`` loops, scripts), and a stopping signal (see
+# _signals). A process that ends without running Python code (SIGKILL, an exit from C) leaves
+# its ledger file behind instead, and the next tracer process to look says what it held.
+
+_real_exit: Callable[[int], NoReturn] | None = None
+
+
+def _exit_draining(status: int) -> NoReturn:
+    """``os._exit`` with the queue drained first (within ``shutdown_timeout``): on a helper
+    thread, as a stopping signal's drain, since the caller may be a signal handler that
+    interrupted the tracer inside its own lock."""
+    try:
+        runtime = current
+        if runtime is not None:
+            if runtime.writer.holds_records():
+                why = "os._exit was called"
+                _bounded(lambda: _drain_final(why), runtime.config.shutdown_timeout, why)
+            else:
+                runtime.writer.forget_file()
+    except BaseException:  # never keep a process from ending
+        pass
+    assert _real_exit is not None
+    _real_exit(status)
+
+
+def _follow_os_exit() -> None:
+    """Put the draining ``os._exit`` in place (once per interpreter; a forked child has it)."""
+    global _real_exit
+    if os._exit is _exit_draining:
+        return
+    _real_exit = os._exit
+    os._exit = _exit_draining
 
 
 class _ExitToken:
@@ -100,28 +126,23 @@ class _ExitToken:
 
 
 _exit_token = _ExitToken()
+_after_fork_registered = False
 
 
-def _follow_multiprocessing_exit() -> None:
-    """Make multiprocessing's exit path (``util._exit_function``) drain the queue, in this
-    process and in the children multiprocessing starts from it; nothing when multiprocessing
-    is not in use."""
-    global _exit_finalizer, _after_fork_registered
+def _follow_multiprocessing_child() -> None:
+    """In the fork children multiprocessing starts, watch for a stopping signal the main thread
+    would miss (see ``_signals.watch_for_missed_signals``); nothing when multiprocessing is not
+    in use. Draining at their end is ``os._exit``'s."""
+    global _after_fork_registered
     util = sys.modules.get("multiprocessing.util")
-    if util is None:
+    if util is None or _after_fork_registered:
         return
-    if not _after_fork_registered:
-        _after_fork_registered = True
-        util.register_after_fork(_exit_token, _rearm_in_child)
-    if _exit_finalizer is None or not _exit_finalizer.still_active():
-        _exit_finalizer = util.Finalize(
-            None, _drain_final, args=("the process is ending",), exitpriority=_EXIT_PRIORITY
-        )
+    _after_fork_registered = True
+    util.register_after_fork(_exit_token, _rearm_in_child)
 
 
 def _rearm_in_child(token: _ExitToken) -> None:
     if current is not None:
-        _follow_multiprocessing_exit()
         _signals.watch_for_missed_signals()
 
 
@@ -153,36 +174,16 @@ class Runtime:
         self.sampler = TraceSampler(config.sample_rate, config.sample_rates)
         self.scrubber = build_scrubber(config.scrubbing)
         self.span_scrub: TextScrub | None = span_text_scrubber(self.scrubber, config.scrubbing)
-        # With a storage process, that process scrubs the records before it stores them (off
-        # the application's interpreter), unless a scrubbing callback (application code) is set.
-        self.scrubbing_elsewhere: ScrubbingOptions | None = None
-        if config.storage_process and config.sink is None and self.scrubber is not None:
-            options = (
-                config.scrubbing
-                if isinstance(config.scrubbing, ScrubbingOptions)
-                else ScrubbingOptions()
-            )
-            if options.callback is None:
-                self.scrubbing_elsewhere = options
-        # What scrubs records and late references in this process (None: scrubbing is off, or
-        # the storage process does it).
-        self.record_scrubber = self.scrubber if self.scrubbing_elsewhere is None else None
-        # Where no scrubbing is left to this process, the storage process also assembles the
-        # records: the writer thread only reads the application's values.
-        self.assembly_elsewhere: AssemblyOptions | None = None
-        if config.storage_process and config.sink is None and self.record_scrubber is None:
-            self.assembly_elsewhere = AssemblyOptions(
-                config.max_text_length, self.release, self.environment
-            )
         self.genai_attributes = config.genai_span_attributes
         self.stats = _stats
         # App names label the metrics; one taken from a received span name is user text.
         _stats.label = self.scrubber.scrub_label if self.scrubber is not None else str
-        self.reader = BoundedReader(READ_TIMEOUT_S)
-        self._said: set[str] = set()
+        self.pipeline: RecordPipeline = plan(
+            config, self.scrubber, self.release, self.environment, _stats
+        )
+        """Where each stage of a record runs (``docs/reliability.md``, *One pipeline*)."""
         self.writer = BatchWriter(
-            sink_factory=self._open_sink,
-            assemble=self._assemble,
+            self.pipeline,
             stats=_stats,
             max_queue_size=config.max_queue_size,
             max_batch_size=config.max_batch_size,
@@ -190,83 +191,47 @@ class Runtime:
             max_write_attempts=config.max_write_attempts,
             retry_backoff=config.retry_backoff,
             reference_wait=config.reference_wait,
-            close_sink=None if config.sink is not None else _dispose,
-            prepare_reference=(
-                None
-                if self.record_scrubber is None
-                else functools.partial(scrub_reference, self.record_scrubber)
-            ),
+            run_dir=default_run_dir() if config.run_dir is None else _path(config.run_dir),
+            describe=self._describe,
         )
 
-    def _open_sink(self) -> TraceSink:
-        if self.config.sink is not None:
-            return self.config.sink
-        # Called here, on the writer thread: opening the repository pulls in SQLAlchemy.
-        return open_default_sink(
-            self.config.database_url,
-            create_schema=self.config.auto_migrate,
-            separate_process=self.config.storage_process,
-            scrubbing=self.scrubbing_elsewhere,
-            assembly=self.assembly_elsewhere,
-            nice=self.config.storage_process_nice,
-        )
+    @property
+    def reader(self) -> BoundedReader:
+        """The reader of the application's objects (the pipeline's *read* stage)."""
+        return self.pipeline.reader
 
-    def _assemble(self, state: TraceState) -> TraceRecord | PlainTrace:
-        prepare = getattr(state, "prepare", None)
-        if prepare is not None:
-            prepare()  # a trace captured from spans reads them here, off the request path
-        summary = read_values(state, self.reader)
-        if summary.left_out:
-            self.stats.values_not_read(summary.why, len(summary.left_out))
-            if summary.why not in self._said:
-                self._said.add(summary.why)
-                if summary.why == READERS_STUCK:
-                    logger.warning(
-                        "recalltrace writer: %d reader(s) are stuck in application objects "
-                        "that never returned; such objects are left out of records until one "
-                        "returns (plain values are still stored in full; each record says so "
-                        "in its notes, counted in the %s metric)",
-                        self.reader.stuck,
-                        VALUES_NOT_READ,
-                    )
-                elif summary.why == READ_TIMED_OUT:
-                    logger.warning(
-                        "recalltrace writer: reading %s did not finish within %g s (its "
-                        "__str__, a property or an iterator hangs or is very slow); the record "
-                        "is stored without it (said once; each record says so in its notes, "
-                        "counted in the %s metric)",
-                        summary.hanging,
-                        self.reader.budget,
-                        VALUES_NOT_READ,
-                    )
-        if self.assembly_elsewhere is not None:
-            plain = plain_trace(state)
-            if plain is not None:
-                return plain
-        return self._assemble_now(state)
+    def _describe(self) -> dict[str, Any]:
+        """What this process's ledger file says of it (for whoever finds it after it ended)."""
+        from datetime import datetime, timezone
 
-    def _assemble_now(self, state: TraceState) -> TraceRecord:
-        return assemble_record(
-            state,
-            self.record_scrubber,
-            self.config.max_text_length,
-            release=self.release,
-            environment=self.environment,
-        )
+        return {
+            "service": self.service_name,
+            "database": _shown_database(self.config),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv[:4],
+        }
 
     def finish_trace(self, state: TraceState) -> None:
         """Called when the outermost decorated span of a trace ended."""
         state.service_name = self.service_name
         self.stats.trace_finished(state.app_name, state.sampled)
         if state.sampled:
-            self.writer.offer(state)
+            self.writer.emit(state)
 
 
-def _dispose(sink: Any) -> None:
-    # Only for the repository the tracer opened itself; a sink passed in belongs to the caller.
-    dispose = getattr(sink, "dispose", None)
-    if callable(dispose):
-        dispose()
+def _path(value: Any) -> Any:
+    from pathlib import Path
+
+    return Path(value)
+
+
+def _shown_database(config: TracerConfig) -> str:
+    """Where this process stores, password hidden (read without SQLAlchemy: with a storage
+    process the application never loads it)."""
+    if config.sink is not None:
+        return type(config.sink).__name__
+    url = config.database_url or os.environ.get("RECALLTRACE_DATABASE_URL") or ""
+    return shown_url(url) if url else f"sqlite:///{os.path.abspath('recalltrace.db')}"
 
 
 def _resource_service_name(provider: Any) -> str:
@@ -354,6 +319,7 @@ def _make_own_provider(config: TracerConfig) -> Any:
 def configure(config: TracerConfig) -> Runtime:
     """Install ``config`` as the process's tracer, replacing (and draining) a previous one."""
     global current, _atexit_registered
+    own_process()
     config.validate()
     if config.sink is None:
         check_default_sink()
@@ -365,12 +331,15 @@ def configure(config: TracerConfig) -> Runtime:
         if config.register_atexit and not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
+        if config.drain_on_os_exit:
+            _follow_os_exit()
         if config.handle_signals:
             if not _signals.install(_drain_on_signal, _write_eagerly):
                 _say_signals_unhandled()
         else:
             _signals.uninstall()
-        _follow_multiprocessing_exit()
+        _follow_multiprocessing_child()
+        export_for_children(config)
         configured(runtime)
     if previous is not None:
         previous.writer.shutdown(previous.config.shutdown_timeout)
@@ -421,22 +390,27 @@ def _at_exit() -> None:
 
 
 _drained: tuple[int, int] | None = None
-"""(pid, runtime) whose final drain ran: the exit paths that reach it (multiprocessing's exit
-function, ``atexit``, a stopping signal) drain and say the ledger once between them."""
+"""(pid, runtime) whose final drain ran: the exit paths that reach it (``atexit``,
+``os._exit``, a stopping signal) drain and say the ledger once between them."""
 
 
 def _drain_final(why: str) -> None:
     """The process is ending: store what is queued within ``shutdown_timeout`` and count the
-    rest as dropped (``shutdown``, said in one line with the exact number)."""
+    rest as dropped (``shutdown``), then say the ledger in one line: at WARNING when anything
+    was not stored, at INFO when the drain stored what was queued, nothing when nothing was
+    queued. A copy of another process's tracer (a forked child that never traced) has nothing
+    to drain."""
     global _drained
     runtime = current
     if runtime is None:
         return
+    own_process()
     key = (os.getpid(), id(runtime))
     if _drained == key:
         _stats.report_drops()  # what was dropped since (nothing, as a rule) is still said
         return
     _drained = key
+    waiting = runtime.writer.queue_size()
     with _signals.final_drain():
         try:
             # What the drain gives up is said once, in the ledger's line below.
@@ -447,8 +421,12 @@ def _drain_final(why: str) -> None:
     if counts.dropped_total or counts.pending or counts.unaccounted:
         logger.warning("recalltrace at exit: %s", counts.line())
         _stats.forget_unreported()
-    else:
-        _stats.report_drops()  # late references only: not requests
+        return
+    _stats.report_drops()  # late references only: not requests
+    if waiting:
+        logger.info(
+            "recalltrace: %s: the %d queued record(s) were stored before the end", why, waiting
+        )
 
 
 def flush(timeout: float | None = None) -> bool:
@@ -458,7 +436,7 @@ def flush(timeout: float | None = None) -> bool:
     if runtime is None:
         return True
     limit = runtime.config.flush_timeout if timeout is None else timeout
-    done = runtime.writer.flush(limit)
+    done = runtime.writer.force_flush(limit)
     if not done:
         waiting = runtime.writer.queue_size()
         logger.warning(
@@ -479,26 +457,12 @@ def _drain_on_signal(why: str, final: bool) -> None:
 
     def drain() -> None:
         if final:
-            _drain_before_exit(runtime, why, timeout)
+            _drain_final(why)
         else:
-            runtime.writer.flush(timeout)
+            runtime.writer.force_flush(timeout)
 
     with _signals.final_drain() if final else contextlib.nullcontext():
         _bounded(drain, timeout, why)
-
-
-def _drain_before_exit(runtime: Runtime, why: str, timeout: float) -> None:
-    before = runtime.stats.dropped_total()
-    waiting = runtime.writer.queue_size()
-    runtime.writer.shutdown(timeout)
-    lost = runtime.stats.dropped_total() - before
-    if waiting or lost:
-        logger.warning(
-            "recalltrace: %s: %d queued record(s) stored, %d dropped before exit",
-            why,
-            max(waiting - lost, 0),
-            lost,
-        )
 
 
 # Beyond shutdown_timeout, the drain on a helper thread is given this long to say what it did.
@@ -513,7 +477,7 @@ def _bounded(drain: Callable[[], None], timeout: float, why: str) -> None:
     to stop); the drain, needing that lock, would then wait forever in the same thread. On its
     own thread it waits for the lock at most this long, and the process ends as it would have.
     """
-    done = threading.Event()
+    done = _threads.Event()
 
     def run() -> None:
         try:
@@ -528,7 +492,7 @@ def _bounded(drain: Callable[[], None], timeout: float, why: str) -> None:
         run()
 
     try:
-        threading.Thread(target=in_thread, name="recalltrace-drain", daemon=True).start()
+        _threads.Thread(in_thread, "recalltrace-drain").start()
     except RuntimeError:
         run()  # the interpreter is shutting down and starts no thread: drain here instead
         return
@@ -552,6 +516,7 @@ def shutdown(timeout: float | None = None) -> bool:
     runtime = current
     if runtime is None:
         return True
+    own_process()
     return runtime.writer.shutdown(runtime.config.shutdown_timeout if timeout is None else timeout)
 
 

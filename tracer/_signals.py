@@ -43,12 +43,16 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from recalltrace.tracer import _threads
+
 logger = logging.getLogger("recalltrace.tracer")
+_sleep = _threads.original("time", "sleep")
+# A green-thread library's os.close defers closing a pipe to its loop, which may never run.
+_close = _threads.original("os", "close")
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 
@@ -63,7 +67,7 @@ _deferred: list[int] = []
 # The gunicorn ``init_signals`` methods already wrapped (in this process).
 _wrapped: set[Any] = set()
 # Set when _handle first runs; the write end of the wakeup pipe watched for missed signals.
-_handling = threading.Event()
+_handling = _threads.Event()
 _wakeup_fd = -1
 _RESENDS = 5
 # The tracer's own source files: a handler interrupting one of them waits until it is left.
@@ -189,12 +193,10 @@ def _redeliver_later(signum: int) -> bool:
         main = threading.main_thread().ident
         read_end, write_end = os.pipe()
         try:
-            threading.Thread(
-                target=_redeliver, args=(read_end, main), name="recalltrace-signals", daemon=True
-            ).start()
+            _threads.Thread(lambda: _redeliver(read_end, main), "recalltrace-signals").start()
         except RuntimeError:  # the interpreter is ending: no thread can start
-            os.close(read_end)
-            os.close(write_end)
+            _close(read_end)
+            _close(write_end)
             return False
         _redeliver_pipe = (read_end, write_end, pid)
     try:
@@ -222,7 +224,7 @@ def _redeliver(read_end: int, main: int | None) -> None:
     for received in _received(read_end):
         if main is None:
             return
-        time.sleep(_REDELIVER_AFTER_S)
+        _sleep(_REDELIVER_AFTER_S)
         for signum in dict.fromkeys(received):
             signal.pthread_kill(main, signum)
 
@@ -302,9 +304,9 @@ def after_fork_in_child() -> None:
         # The parent's: its reading thread is not in this process.
         for end in _redeliver_pipe[:2]:
             with contextlib.suppress(OSError):
-                os.close(end)
+                _close(end)
         _redeliver_pipe = None
-    _handling = threading.Event()
+    _handling = _threads.Event()
     if _wakeup_fd != -1:
         # The parent's pipe: its watcher would take this child's signals for its own.
         if threading.current_thread() is threading.main_thread():
@@ -375,14 +377,12 @@ def watch_for_missed_signals() -> None:
     if previous != -1:
         if previous is not None:
             signal.set_wakeup_fd(previous)
-        os.close(read_end)
-        os.close(write_end)
+        _close(read_end)
+        _close(write_end)
         return
     _wakeup_fd = write_end
     main = threading.main_thread().ident
-    threading.Thread(
-        target=_resend_missed, args=(read_end, main), name="recalltrace-signals", daemon=True
-    ).start()
+    _threads.Thread(lambda: _resend_missed(read_end, main), "recalltrace-signals").start()
 
 
 def _resend_missed(read_end: int, main: int | None) -> None:

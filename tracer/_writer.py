@@ -1,33 +1,44 @@
-"""The bounded queue and the background thread that writes trace records to storage.
+"""The queue engine between finished requests and storage, shaped like OpenTelemetry's batch
+processor: ``emit`` on the request path, a background thread that exports batches, ``force_flush``
+and ``shutdown`` with a deadline, drops counted, and a process check on ``emit``.
 
 The request path only appends a finished trace's state to a deque under a short lock; when the
 queue (plus whatever the writer still holds for a retry) reaches its bound, the record is dropped
-and counted instead, so the caller never waits. A daemon thread wakes when a batch is full, on a
-timer, or on a flush; it assembles and scrubs the records, writes them in batches, retries with
-back-off while storage fails, and delivers late references. After ``fork`` the child rebuilds
-this state and starts its own thread on first use.
+and counted instead, so the caller never waits. A thread of the operating system (see
+:mod:`._threads`) wakes when a batch is full, on a timer, or on a flush; it runs the pipeline's
+writer-thread stages on each record (see :mod:`._pipeline`), writes them in batches to the sink,
+which answers with a :class:`~recalltrace.storage.records.WriteResult`, retries with back-off
+while storage fails, and delivers late references.
+
+Every record the writer holds is also counted in this process's ledger file (see
+:mod:`._process_ledger`), so that a process that ends without running its exit code leaves the
+number behind. A process copied by ``fork`` (with Python's hooks or without, as uWSGI forks)
+rebuilds this state on its first ``emit`` and starts its own thread.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import os
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
-from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child
+from recalltrace.tracer import _threads
+from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child, own_process
 from recalltrace.tracer._metrics import TracerStats
 from recalltrace.tracer._plain import PlainTrace
+from recalltrace.tracer._process_ledger import ProcessLedger, claim_ended
 from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
 if TYPE_CHECKING:
-    from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+    from recalltrace.storage.records import ReferenceUpdate, TraceRecord, WriteResult
     from recalltrace.tracer._config import TraceSink
 
 logger = logging.getLogger("recalltrace.tracer")
@@ -38,6 +49,30 @@ _MAX_BACKOFF = 5.0
 # Longest stretch of record assembly before the writer offers the GIL to the application.
 _SLICE = 0.001
 _MAX_REFERENCE_BACKOFF = 5.0
+# How often the writer looks for ledger files of processes that ended without removing theirs.
+_LOOK_FOR_ENDED_EVERY = 60.0
+_sleep = _threads.original("time", "sleep")
+DEFAULT_SCHEMA_HINT = (
+    "run `recalltrace db upgrade --database-url URL` (or configure auto_migrate=True)"
+)
+
+
+class Exporter(Protocol):
+    """What the writer hands its records to: the pipeline's writer-thread stages and its sink
+    (:class:`~recalltrace.tracer._pipeline.RecordPipeline`)."""
+
+    def prepare(self, state: TraceState) -> TraceRecord | PlainTrace:
+        """Read (and, unless the sink does, assemble and scrub) a finished request."""
+
+    def prepare_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
+        """A late reference as it is stored."""
+
+    def open_sink(self) -> TraceSink:
+        """The sink to write to."""
+
+    @property
+    def owns_sink(self) -> bool:
+        """Whether the writer closes the sink at shutdown."""
 
 
 def is_trace_not_found(exc: BaseException) -> bool:
@@ -98,7 +133,7 @@ def _reset_writers_in_child() -> None:
 
 
 class BatchWriter:
-    """Owns the queue, the writer thread and the sink."""
+    """Owns the queue, the writer thread, the sink and this process's ledger file."""
 
     clock: Callable[[], float]
     """The monotonic clock, in seconds, the writer schedules its own work on: when a failed
@@ -108,9 +143,8 @@ class BatchWriter:
 
     def __init__(
         self,
+        exporter: Exporter,
         *,
-        sink_factory: Callable[[], TraceSink],
-        assemble: Callable[[TraceState], TraceRecord | PlainTrace],
         stats: TracerStats,
         max_queue_size: int,
         max_batch_size: int,
@@ -118,18 +152,17 @@ class BatchWriter:
         max_write_attempts: int,
         retry_backoff: float,
         reference_wait: float,
-        close_sink: Callable[[TraceSink], None] | None = None,
+        run_dir: Path | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        prepare_reference: Callable[[ReferenceUpdate], ReferenceUpdate] | None = None,
     ) -> None:
         self.clock = clock
-        # Applied on this thread to each late reference before it is merged or stored (the
-        # scrubber's, where records are scrubbed in this process).
-        self._prepare_reference = prepare_reference
-        self._sink_factory = sink_factory
-        self._close_sink = close_sink
-        self._assemble = assemble
+        self._exporter = exporter
+        self._sink_factory: Callable[[], TraceSink] = exporter.open_sink
         self._stats = stats
+        self._run_dir = run_dir
+        """Where this process's ledger file is kept (``None``: no file)."""
+        self._describe = describe or dict
         self._max_queue_size = max_queue_size
         self._max_batch_size = max_batch_size
         self._flush_interval = flush_interval
@@ -144,9 +177,10 @@ class BatchWriter:
         _writers.add(self)
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._progress = threading.Condition(self._lock)
-        self._wake = threading.Event()
+        self._pid = os.getpid()
+        self._lock = _threads.Lock()
+        self._progress = _threads.Condition(self._lock)
+        self._wake = _threads.Event()
         self._queue: deque[TraceState] = deque()
         self._unwritten: dict[int, TraceState] = {}  # by record id
         self._references: deque[ReferenceUpdate] = deque()
@@ -159,8 +193,11 @@ class BatchWriter:
         self._completed = 0
         self._flush_waiters = 0
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._thread: _threads.Thread | None = None
         self._sink: TraceSink | None = None
+        self._file: ProcessLedger | None = None
+        self._file_refused = False
+        self._next_look = 0.0
         # Owned by whichever thread runs the cycles (the writer thread, or a flush at exit).
         self._ready: list[_Pending] = []
         self._orphans: list[_Orphan] = []
@@ -172,6 +209,8 @@ class BatchWriter:
         self._eager = False
 
     def _after_fork_in_child(self) -> None:
+        if self._file is not None:
+            self._file.release()  # the parent's file: it keeps counting there
         if self._sink is not None:
             self._inherited_sinks.append(self._sink)
             release = getattr(self._sink, "release_after_fork", None)
@@ -197,8 +236,12 @@ class BatchWriter:
         """``" (last storage error: ...)"`` when a write failed since the last success."""
         return f" (last storage error: {self._last_error})" if self._last_error else ""
 
-    def offer(self, state: TraceState) -> bool:
+    def emit(self, state: TraceState) -> bool:
         """Queue a finished, sampled trace; never blocks. False when it was dropped."""
+        if self._pid != os.getpid():
+            own_process()  # a copy of another process's writer: make it this process's
+        if self._file is None and not self._file_refused:
+            self._open_file()
         reason = None
         with self._lock:
             if self._stopping:
@@ -210,6 +253,8 @@ class BatchWriter:
                 self._unwritten[state.trace_id] = state
                 self._accepted += 1
                 queued = len(self._queue)
+                if self._file is not None:
+                    self._file.accepted(queued + self._held)
         if reason is not None:
             self._stats.drop(reason, state.app_name)
             return False
@@ -221,6 +266,8 @@ class BatchWriter:
 
     def merge_reference(self, update: ReferenceUpdate, open_state: TraceState | None) -> None:
         """Apply ground truth to a trace that is still in memory, else queue it for storage."""
+        if self._pid != os.getpid():
+            own_process()
         with self._lock:
             state = open_state if open_state is not None and not open_state.closed else None
             if state is None:
@@ -249,9 +296,11 @@ class BatchWriter:
 
     # -- flush and shutdown ----------------------------------------------------------------
 
-    def flush(self, timeout: float | None = None) -> bool:
+    def force_flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued before this call is stored or dropped; False when the
         timeout passed first (e.g. storage is down)."""
+        if self._pid != os.getpid():
+            own_process()
         deadline = None if timeout is None else time.monotonic() + timeout
         _run_cycle_hooks()
         with self._lock:
@@ -278,26 +327,95 @@ class BatchWriter:
         """Flush, stop the thread, and count what could not be stored as dropped (said in one
         line; ``report=False`` leaves the line to the caller, who says it with the ledger)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        flushed = self.flush(timeout)
+        flushed = self.force_flush(timeout)
         with self._lock:
             self._stopping = True
             thread = self._thread
         self._wake.set()
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and not thread.is_current():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(remaining)
         self._drop_leftovers("shutdown", report=report)
+        stuck = thread is not None and thread.is_alive() and not thread.is_current()
         sink, self._sink = self._sink, None
-        if (
-            sink is not None
-            and self._close_sink is not None
-            and not (thread is not None and thread.is_alive())
-        ):
+        if sink is not None and self._exporter.owns_sink and not stuck:
+            dispose = getattr(sink, "dispose", None)
             try:
-                self._close_sink(sink)
+                if callable(dispose):
+                    dispose()
             except Exception:
                 logger.debug("closing the storage connection failed", exc_info=True)
+        if not stuck:
+            self._close_file()
         return flushed
+
+    # -- this process's ledger file ----------------------------------------------------------
+
+    def _open_file(self) -> None:
+        """Start this process's ledger file (on its first record); said once if it cannot be."""
+        with self._lock:
+            if self._file is not None or self._file_refused:
+                return
+            self._file_refused = True  # until made: a record racing this one goes without
+        directory = self._run_dir
+        if directory is None:
+            return
+        try:
+            made = ProcessLedger.create(directory, self._describe())
+        except OSError as exc:
+            logger.warning(
+                "recalltrace: cannot keep this process's ledger file in %s (%s): if this "
+                "process is killed, the records it holds cannot be counted by another "
+                "(set RECALLTRACE_RUN_DIR to a writable directory)",
+                directory,
+                exc.strerror or exc,
+            )
+            return
+        with self._lock:
+            made.set_pending(len(self._queue) + self._held)
+            self._file = made
+            self._file_refused = False
+
+    def holds_records(self) -> bool:
+        """Whether this process's writer holds anything not stored yet (records or late
+        references; a copy of another process's writer holds nothing of this process)."""
+        if self._pid != os.getpid():
+            return False
+        with self._lock:
+            return bool(
+                self._queue or self._held or self._references or self._ready or self._orphans
+            )
+
+    def forget_file(self) -> None:
+        """Remove this process's ledger file if nothing is held (the process ends now)."""
+        if self._pid == os.getpid():
+            self._close_file()
+
+    def _close_file(self) -> None:
+        with self._lock:
+            file, self._file = self._file, None
+            pending = len(self._queue) + self._held
+        if file is not None:
+            if pending:
+                file.release()  # still holding records: the file says so if this process dies
+            else:
+                file.close()
+
+    def _look_for_ended(self) -> None:
+        """Say what processes that ended without running their exit code held (every minute
+        on the writer thread)."""
+        now = time.monotonic()
+        if now < self._next_look or self._run_dir is None:
+            return
+        self._next_look = now + _LOOK_FOR_ENDED_EVERY
+        try:
+            found = claim_ended(self._run_dir)
+        except Exception:
+            logger.debug("looking for ended processes' ledger files failed", exc_info=True)
+            return
+        for ended in found:
+            logger.warning("%s", ended.line())
+            self._stats.lost_by_ended_process(ended.pending)
 
     def _drop_leftovers(self, reason: str, *, report: bool = True) -> None:
         with self._lock:
@@ -320,9 +438,11 @@ class BatchWriter:
         # Records the writer holds (being assembled, awaiting a retry while storage is down)
         # are lost with the process too. A writer thread still stuck in a write is abandoned:
         # what it holds is counted now rather than never.
+        newly_dropped = 0
         for pending in ready:
             if pending.dropped_as is None:  # counted once, however often this runs
                 pending.dropped_as = reason
+                newly_dropped += 1
                 self._stats.drop(reason, pending.record.app_name, report=False)
         if orphans:
             self._stats.drop(reason, "", len(orphans), report=False)
@@ -332,19 +452,25 @@ class BatchWriter:
         with self._lock:
             self._completed = self._accepted
             self._held = 0
+            if self._file is not None:
+                self._file.set_pending(len(self._queue))
             self._progress.notify_all()
         if report:
             self._stats.report_drops()
-        lost = len(states) + len(assembling) + references + len(ready) + len(orphans)
+        lost = len(states) + len(assembling) + references + newly_dropped + len(orphans)
         if lost and self._schema_missing:
             # The line above says how many; this one says what to run.
             logger.warning(
                 "recalltrace: the %d record(s) dropped (%s) were not stored because the database "
-                "has no recalltrace tables: run `recalltrace db upgrade --database-url URL` (or "
-                "configure auto_migrate=True)",
+                "has no recalltrace tables: %s",
                 lost,
                 reason,
+                self._schema_hint(),
             )
+
+    def _schema_hint(self) -> str:
+        """What to do about missing tables (the exporter may say it in its own terms)."""
+        return str(getattr(self._exporter, "schema_hint", DEFAULT_SCHEMA_HINT))
 
     # -- the writer thread -----------------------------------------------------------------
 
@@ -354,7 +480,7 @@ class BatchWriter:
                 return True
             if self._stopping:
                 return False
-            thread = threading.Thread(target=self._run, name="recalltrace-writer", daemon=True)
+            thread = _threads.Thread(self._run, "recalltrace-writer")
             try:
                 thread.start()
             except RuntimeError:
@@ -362,6 +488,11 @@ class BatchWriter:
                 return False
             self._thread = thread
             return True
+
+    def on_writer_thread(self) -> bool:
+        """Whether the calling code runs on this writer's thread."""
+        thread = self._thread
+        return thread is not None and thread.is_current()
 
     def _run(self) -> None:
         keep_off_this_thread()
@@ -376,7 +507,7 @@ class BatchWriter:
                 self._cycle()
             except Exception:
                 logger.exception("recalltrace writer: unexpected error; continuing")
-                time.sleep(0.1)
+                _sleep(0.1)
             if stopping:
                 return
 
@@ -407,12 +538,14 @@ class BatchWriter:
             wait = self._next_timeout()
             if deadline is not None:
                 wait = min(wait, deadline - now)
-            time.sleep(max(wait, 0.01))
+            _sleep(max(wait, 0.01))
 
     def _complete(self, count: int, held: int = 0) -> None:
         with self._lock:
             self._completed += count
             self._held -= held
+            if held and self._file is not None:
+                self._file.set_pending(len(self._queue) + self._held)
             self._progress.notify_all()
 
     def wake(self, now: bool = False) -> None:
@@ -424,6 +557,7 @@ class BatchWriter:
             self._wake.set()
 
     def _cycle(self) -> None:
+        self._look_for_ended()
         _run_cycle_hooks()
         self._take_traces()
         self._take_references()
@@ -448,7 +582,7 @@ class BatchWriter:
                 self._yield_to_requests()
                 slice_end = time.perf_counter() + _SLICE
             try:
-                record = self._assemble(state)
+                record = self._exporter.prepare(state)
             except Exception:
                 logger.exception("recalltrace writer: could not assemble trace %s", state.hex_id())
                 if self._assembled(state) is None:  # else already counted by a shutdown
@@ -486,7 +620,7 @@ class BatchWriter:
         with self._lock:
             backlog = len(self._queue) + self._held
         if backlog < self._max_queue_size // 2:
-            time.sleep(0)
+            _sleep(0)
 
     def _take_references(self) -> None:
         with self._lock:
@@ -494,8 +628,7 @@ class BatchWriter:
             self._references.clear()
         now = self.clock()
         for update in updates:
-            if self._prepare_reference is not None:
-                update = self._prepare_reference(update)
+            update = self._exporter.prepare_reference(update)
             if self._merge_into_ready(update):
                 self._complete(1)
                 continue
@@ -525,24 +658,20 @@ class BatchWriter:
                 self._yield_to_requests()
             first = False
             chunk = self._ready[: self._max_batch_size]
+            file = self._file
+            if file is not None:
+                file.set_in_write(len(chunk))
             try:
-                # Any: the storage process's sink, the one given plain traces, answers which
-                # of them it could not assemble; every other sink returns None.
                 sink: Any = self._get_sink()
-                unassembled = sink.write_traces([pending.record for pending in chunk])
+                result = sink.write_traces([pending.record for pending in chunk])
             except Exception as exc:
                 self._write_failed(chunk, exc)
                 return
+            finally:
+                if file is not None:
+                    file.set_in_write(0)
             del self._ready[: len(chunk)]
-            stored = chunk
-            if unassembled:
-                # A sink that assembles plain traces (a storage process) names those it could
-                # not assemble: the rest of the batch is stored, these are counted.
-                failed = set(unassembled)
-                stored = [p for p in chunk if p.record.trace_id not in failed]
-                for pending in chunk:
-                    if pending.record.trace_id in failed and pending.dropped_as is None:
-                        self._stats.drop("assembly_error", pending.record.app_name)
+            stored = self._refused(chunk, result)
             self._stats.records_stored(pending.record.app_name for pending in stored)
             for pending in stored:
                 if pending.dropped_as is not None:
@@ -552,6 +681,35 @@ class BatchWriter:
             self._last_error = None
             self._schema_missing = False
             self._complete(len(chunk), held=len(chunk))
+
+    def _refused(self, chunk: list[_Pending], result: WriteResult | None) -> list[_Pending]:
+        """The records of ``chunk`` the sink stored; those it refused (another request stored
+        under the same id, a plain trace the storage process could not assemble) are counted
+        as dropped, a conflict said at once as the error it is."""
+        if result is None or not (result.conflicts or result.unassembled):
+            return chunk
+        conflicts, unassembled = set(result.conflicts), set(result.unassembled)
+        stored = []
+        for pending in chunk:
+            trace_id = pending.record.trace_id
+            if trace_id in conflicts:
+                reason = "id_conflict"
+            elif trace_id in unassembled:
+                reason = "assembly_error"
+            else:
+                stored.append(pending)
+                continue
+            if pending.dropped_as is None:
+                self._stats.drop(reason, pending.record.app_name)
+        if conflicts:
+            logger.error(
+                "recalltrace writer: %d record(s) were NOT stored because another request is "
+                "stored under the same record id (%s): two processes drew the same id, or a "
+                "record was changed and sent again; counted as dropped (id_conflict)",
+                len(conflicts),
+                ", ".join(sorted(conflicts)[:3]) + (" ..." if len(conflicts) > 3 else ""),
+            )
+        return stored
 
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
         now = self.clock()
@@ -564,10 +722,9 @@ class BatchWriter:
             self._last_failure_log = now
             if schema_missing:
                 logger.warning(
-                    "recalltrace writer: the database has no recalltrace tables; run "
-                    "`recalltrace db upgrade --database-url URL` (or configure "
-                    "auto_migrate=True). %d record(s) are kept, up to max_queue_size, until "
-                    "the tables exist",
+                    "recalltrace writer: the database has no recalltrace tables; %s. %d "
+                    "record(s) are kept, up to max_queue_size, until the tables exist",
+                    self._schema_hint(),
                     len(self._ready),
                 )
             else:

@@ -1,6 +1,8 @@
 """``recalltrace doctor``: per app, which fields the records captured from spans carried and
-which the spans lacked (the variants needing a missing field skip those traces); and traces or
-queued jobs ahead of the database's clock (a host whose clock runs ahead)."""
+which the spans lacked (the variants needing a missing field skip those traces); traces or
+queued jobs ahead of the database's clock (a host whose clock runs ahead); and, from this host's
+run directory, the processes that ended without running their exit code while they held
+records (killed), with how many each held."""
 
 from __future__ import annotations
 
@@ -55,6 +57,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="look at the N most recent records at most (default: 10000, at most "
         f"{MAX_DOCTOR_RECORDS})",
+    )
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="the tracer's run directory to look in for processes that ended holding records "
+        "(default: $RECALLTRACE_RUN_DIR, else $XDG_RUNTIME_DIR/recalltrace, else "
+        "recalltrace-<uid> in the temporary directory)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -121,6 +131,46 @@ def clock_lines(engine: Engine, *, release_parked: bool = False) -> list[str]:
     return lines
 
 
+# The ended processes listed at most (the newest); the count says how many there were.
+MAX_ENDED_SHOWN = 20
+
+
+def process_lines(run_dir: str | None) -> list[str]:
+    """What this host's run directory says: the processes that ended holding records (newest
+    last, at most :data:`MAX_ENDED_SHOWN`), and what the running ones hold."""
+    from pathlib import Path
+
+    from recalltrace.tracer._process_ledger import (
+        default_run_dir,
+        ended_processes,
+        live_processes,
+    )
+
+    directory = Path(run_dir) if run_dir else default_run_dir()
+    ended = ended_processes(directory)
+    lines = []
+    if len(ended) > MAX_ENDED_SHOWN:
+        lines.append(
+            f"processes: {len(ended)} process(es) ended holding records; the newest "
+            f"{MAX_ENDED_SHOWN}:"
+        )
+    for item in ended[-MAX_ENDED_SHOWN:]:
+        found = f" (found by process {item.found_by} at {item.found_at})" if item.found_by else ""
+        lines.append("processes: " + item.line().removeprefix("recalltrace: ") + found)
+    if not ended:
+        lines.append(
+            f"processes: no process that kept its ledger in {directory} ended holding records"
+        )
+    live = live_processes(directory)
+    if live:
+        held = sum(pending for _, pending, _ in live)
+        lines.append(
+            f"processes: {len(live)} running process(es) keep their ledger in {directory}, "
+            f"holding {held} record(s) not stored yet"
+        )
+    return lines
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
@@ -136,6 +186,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         with engine.connect() as conn:
             rows = [(app, meta or {}) for app, meta in conn.execute(query.limit(args.limit))]
         clock = clock_lines(engine, release_parked=args.release_parked)
+    clock = process_lines(args.run_dir) + clock
     report = field_report(rows)
     if args.format == "json":
         print(inert_json(json.dumps(report, indent=2, sort_keys=True)))

@@ -174,9 +174,9 @@ def test_the_replay_lets_the_application_run_between_slices(monkeypatch: Any) ->
                 yields.append(seconds)
             sleep(seconds)
 
-        monkeypatch.setattr(time, "sleep", spy)
+        monkeypatch.setattr(_capture, "_sleep", spy)
         capture._replay()
-        monkeypatch.setattr(time, "sleep", sleep)
+        monkeypatch.setattr(_capture, "_sleep", sleep)
         assert not capture._journal
         assert yields.count(0) == -(-1200 // _capture._REPLAY_SLICE)  # once after each slice
         assert len(state.records()) == 300

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 import recalltrace
 from recalltrace._storage_process import StorageProcessSink, decode_batch, encode_batch
-from recalltrace.storage.records import ReferenceUpdate, TraceRecord
+from recalltrace.storage.records import ReferenceUpdate, TraceRecord, WriteResult
 from recalltrace.tracer import ScrubbingOptions, _runtime
 from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plain
 from recalltrace.tracer._scrub import build_scrubber
@@ -252,17 +252,18 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[TraceState,
         environment=OPTIONS.environment,
         flush_interval=0.05,
     )
-    runtime = _runtime.get()
-    monkeypatch.setattr(runtime, "assembly_elsewhere", OPTIONS)
+    pipeline = _runtime.get().pipeline
+    monkeypatch.setattr(pipeline, "remote_assembly", True)
+    monkeypatch.setattr(pipeline, "assembly", OPTIONS)
     pairs: list[tuple[TraceState, Any]] = []
-    assemble = runtime.writer._assemble
+    prepare = pipeline.prepare
 
     def keep(state: TraceState) -> Any:
-        handed = assemble(state)
+        handed = prepare(state)
         pairs.append((state, handed))
         return handed
 
-    monkeypatch.setattr(runtime.writer, "_assemble", keep)
+    monkeypatch.setattr(pipeline, "prepare", keep)
     yield pairs
     recalltrace.shutdown(10)
 
@@ -367,7 +368,10 @@ def test_the_tracers_options_reach_the_storage_process(
         environment="canary",
     )
     try:
-        assert _runtime.get().assembly_elsewhere == AssemblyOptions(40, "9.9.9", "canary")
+        pipeline = _runtime.get().pipeline
+        assert pipeline.remote_assembly
+        assert pipeline.assembly == AssemblyOptions(40, "9.9.9", "canary")
+        assert pipeline.place("assemble") == pipeline.place("scrub") == "storage process"
         recalltrace.rag("assembled-in-child")(_ask(lambda q: _docs(12)))(
             f"my key is {SECRET} and this question goes on and on"
         )
@@ -407,24 +411,25 @@ def test_a_trace_the_child_cannot_assemble_is_counted_and_the_rest_stored(
     good = _plain_trace(1)
     broken = PlainTrace("f" * 32, "shapes", [int("f" * 32, 16), "too", "few", "values"])
     try:
-        assert sink.write_traces([good, broken]) == ["f" * 32]
+        assert sink.write_traces([good, broken]) == WriteResult(stored=1, unassembled=("f" * 32,))
     finally:
         sink.dispose()
 
     stored: list[list[str]] = []
 
     class NamingSink:
-        def write_traces(self, records: list[Any]) -> list[str]:
+        def write_traces(self, records: list[Any]) -> WriteResult:
             stored.append([r.trace_id for r in records if r.trace_id != "f" * 32])
-            return ["f" * 32]
+            return WriteResult(stored=len(stored[-1]), unassembled=("f" * 32,))
 
         def attach_reference(self, update: Any) -> int:
             return 0
 
     recalltrace.configure(sink=NamingSink(), tracer_provider=TracerProvider())
-    runtime = _runtime.get()
-    runtime.writer._assemble = lambda state: (  # type: ignore[method-assign]
-        broken if state.app_name == "broken" else runtime._assemble_now(state)
+    pipeline = _runtime.get().pipeline
+    prepare = pipeline.prepare
+    pipeline.prepare = lambda state: (  # type: ignore[method-assign]
+        broken if state.app_name == "broken" else prepare(state)
     )
     before = recalltrace.ledger()
     recalltrace.rag("broken")(lambda q: "x")("q")

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from recalltrace.scorers.catalog import CATALOG
 from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
-from recalltrace.storage.records import ReferenceUpdate
+from recalltrace.storage.records import ReferenceUpdate, WriteResult
 from recalltrace.storage.repository import Repository, TraceNotFound
 from tests.support.factories import make_repository, make_trace
 
@@ -78,6 +78,34 @@ def test_write_traces_is_idempotent_on_trace_id(repo: Repository) -> None:
     assert count(repo, select(func.count()).select_from(Trace)) == 2
     assert count(repo, select(func.count()).select_from(RetrievedContext)) == 6
     assert count(repo, select(func.count()).select_from(ScoringJob)) == 2 * len(CATALOG)
+
+
+def test_another_request_under_a_stored_id_is_a_conflict_not_a_silent_success(
+    repo: Repository,
+) -> None:
+    """Two processes that drew one id (uWSGI's workers did): the second request is not stored
+    over the first, nor counted as stored; the write says which ids conflict. The same request
+    sent again (a resend) is still a success."""
+    first = make_trace()
+    assert repo.write_traces([first]) == WriteResult(stored=1)
+    other = dataclasses.replace(
+        make_trace(trace_id=first.trace_id), started_at=first.started_at + timedelta(seconds=3)
+    )
+    fresh = make_trace()
+    result = repo.write_traces([first, other, fresh])
+    assert result == WriteResult(stored=2, conflicts=(first.trace_id,))
+    # By COPY's fallback on Postgres too: a batch whose only record conflicts.
+    assert repo.write_traces([other]) == WriteResult(stored=0, conflicts=(first.trace_id,))
+    with repo.engine.connect() as conn:
+        stored = conn.execute(
+            select(Trace.started_at).where(Trace.trace_id == first.trace_id)
+        ).scalar_one()
+    assert abs((stored - first.started_at).total_seconds()) < 1e-3
+    assert count(repo, select(func.count()).select_from(Trace)) == 2
+    # Within one batch too.
+    twin = make_trace()
+    clash = dataclasses.replace(twin, app_name="another-app")
+    assert repo.write_traces([twin, clash]) == WriteResult(stored=1, conflicts=(twin.trace_id,))
 
 
 def test_claim_finish_and_same_score_twice_leaves_one_row(repo: Repository) -> None:

@@ -83,3 +83,23 @@ def said_dropped(stderr: str) -> int:
     """The records a process said it dropped, from its drop lines and its ledger line at exit
     (what an exit drain gives up is said in the ledger line only)."""
     return sum(int(during or at_exit) for during, at_exit in _SAID.findall(stderr))
+
+
+LOST_LINE = re.compile(r"process (\d+) ended holding (\d+) record\(s\)")
+"""What a tracer process says about another that ended without running its exit code (killed:
+SIGKILL, the OOM killer) holding records it had accepted and not stored: the process id, then
+how many records."""
+
+
+def said_lost(stderr: str) -> int:
+    """The records processes were said to have ended holding (every ``LOST_LINE`` summed): a
+    process that could not say its own losses, said by the next tracer process."""
+    return sum(int(held) for _, held in LOST_LINE.findall(stderr))
+
+
+def said_lost_by_process(stderr: str) -> dict[int, int]:
+    """``{pid: records}`` of the ``LOST_LINE`` lines (a process said twice adds up)."""
+    lost: dict[int, int] = {}
+    for pid, held in LOST_LINE.findall(stderr):
+        lost[int(pid)] = lost.get(int(pid), 0) + int(held)
+    return lost

@@ -1,6 +1,8 @@
-"""The tracer resets itself in a forked child through one hook: ``tracer/_internal.py``
+"""The tracer resets itself in a forked child through one set of steps: ``tracer/_internal.py``
 registers the product's only ``os.register_at_fork`` callback, and every other after-fork step
-is added to it with ``at_fork_in_child`` (which runs them in a fixed order).
+is added to it with ``at_fork_in_child`` (which runs them in a fixed order). The same steps run
+when the tracer finds itself in a process that skipped the hook (``own_process``); record ids
+need none (each is read from the operating system).
 
 Read from the source with ``ast``, so a callback registered inside a function counts too."""
 
@@ -51,10 +53,9 @@ def test_every_after_fork_step_goes_through_the_hook_with_a_named_place() -> Non
         for name, calls in steps.items()
         for call in calls
     }
-    # The steps of the tracer's parts: record ids, the runtime, the writers and readers, span
-    # capture and the exit path (each at its FORK_* place, not at a bare number).
+    # The steps of the tracer's parts: the runtime, the writers and readers, span capture and
+    # the exit path (each at its FORK_* place, not at a bare number).
     assert {place.split(":")[0] for place in places} >= {
-        "tracer/_calls.py",
         "tracer/_runtime.py",
         "tracer/_writer.py",
         "tracer/_reader.py",

@@ -1016,17 +1016,17 @@ def test_record_ids_differ_across_a_fork_and_ignore_random_seed() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: what its next request would be stored under
-        os.write(write, str(_calls._record_ids.getrandbits(128)).encode())
+        os.write(write, str(_calls.new_record_id()).encode())
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     child = int(os.read(read, 100))
     os.close(read)
-    assert child != _calls._record_ids.getrandbits(128)
+    assert child != _calls.new_record_id()
     random.seed(7)
-    first = _calls._record_ids.getrandbits(128)
+    first = _calls.new_record_id()
     random.seed(7)
-    assert _calls._record_ids.getrandbits(128) != first
+    assert _calls.new_record_id() != first
 
 
 @pytest.mark.parametrize("bad", [5, 60], ids=["on-the-span", "past-the-span"])

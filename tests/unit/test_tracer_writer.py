@@ -577,7 +577,7 @@ def test_writer_yields_the_gil_while_its_backlog_is_small(monkeypatch: pytest.Mo
 
     try:
         monkeypatch.setattr(writer_module, "_SLICE", 0.0)  # offer the GIL after every record
-        monkeypatch.setattr(writer_module.time, "sleep", recording_sleep)
+        monkeypatch.setattr(writer_module, "_sleep", recording_sleep)
         for i in range(10):
             answer(f"q{i}")
         assert recalltrace.flush(5)
@@ -592,3 +592,31 @@ def test_writer_yields_the_gil_while_its_backlog_is_small(monkeypatch: pytest.Mo
         assert len(sleeps) <= 10
     finally:
         recalltrace.shutdown(2)
+
+
+def test_a_record_whose_id_holds_another_request_is_a_counted_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two requests under one id (two processes that drew the same id): the second is never
+    counted as stored; it is dropped as ``id_conflict`` and said at ERROR."""
+    from recalltrace.testing import MemorySink as ConflictingSink
+    from recalltrace.tracer import _calls
+
+    monkeypatch.setattr(_calls, "new_record_id", lambda: 0xABC)
+    sink = ConflictingSink()
+    make_traced(sink=sink, flush_interval=0.01)  # type: ignore[arg-type]
+    before = recalltrace.ledger()
+    try:
+        answer("first")
+        assert recalltrace.flush(5)
+        with caplog.at_level(logging.ERROR, logger="recalltrace"):
+            answer("second")
+            assert recalltrace.flush(5)
+        counts = recalltrace.ledger() - before
+    finally:
+        recalltrace.shutdown(2)
+    assert [r.user_input for r in sink.records] == ["first"]
+    assert counts.stored == 1 and counts.dropped == {"id_conflict": 1}, counts
+    assert counts.unaccounted == 0
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "NOT stored" in line and format(0xABC, "032x") in line
