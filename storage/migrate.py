@@ -5,20 +5,30 @@ whole transaction: ``recalltrace db upgrade``, the tracer's and the worker's own
 ``alembic upgrade`` through the shipped environment all take it, so runners started together
 migrate one after the other (the later ones find the schema at head and do nothing). A runner
 waits for it at most :data:`MIGRATION_LOCK_WAIT` seconds, then raises :class:`MigrationLocked`.
+
+Alembic's INFO lines (``Context impl PostgresqlImpl.``, ``Will assume transactional DDL.``,
+``Running upgrade ...``, and one per plugin when Alembic is first imported) are not passed on
+from a run that is not a migration command (see :func:`alembic_quiet`): an application whose
+root logger is at INFO and that only traces does not see them; ``recalltrace db upgrade`` shows
+them with ``--verbose``.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, func, inspect, select
 
 from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = [
     "MIGRATION_LOCK_KEY",
@@ -26,11 +36,13 @@ __all__ = [
     "VERSION_TABLE",
     "MigrationLocked",
     "alembic_config",
+    "alembic_quiet",
     "create_schema_if_missing",
     "current_revision",
     "current_revision_of",
     "head_revision",
     "hold_migration_lock",
+    "is_known_revision",
     "upgrade",
     "upgrade_engine",
 ]
@@ -66,8 +78,47 @@ def hold_migration_lock(conn: Connection, wait: float = MIGRATION_LOCK_WAIT) -> 
         delay = min(delay * 2, 1.0)
 
 
+_quiet_lock = threading.Lock()
+_quiet_runs = 0
+_quiet_set_level = False
+
+
+@contextmanager
+def alembic_quiet(quiet: bool = True) -> Iterator[None]:
+    """Within it (with ``quiet``), Alembic's INFO lines are not passed on: the ``alembic``
+    logger is raised to WARNING while it runs, then put back. An ``alembic`` logger that has a
+    level of its own (an application that asked for Alembic's lines) is left as it is, and so
+    are Alembic's warnings. Runs on several threads at once share one change of the level."""
+    global _quiet_runs, _quiet_set_level
+    if not quiet:
+        yield
+        return
+    alembic_logger = logging.getLogger("alembic")
+    with _quiet_lock:
+        if _quiet_runs == 0 and alembic_logger.level == logging.NOTSET:
+            alembic_logger.setLevel(logging.WARNING)
+            _quiet_set_level = True
+        _quiet_runs += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_runs -= 1
+            if _quiet_runs == 0 and _quiet_set_level:
+                alembic_logger.setLevel(logging.NOTSET)
+                _quiet_set_level = False
+
+
 def alembic_config(engine: Engine | None = None) -> Config:
     """An Alembic config pointing at the migrations package installed beside this one."""
+    with alembic_quiet():
+        return _config(engine)
+
+
+def _config(engine: Engine | None = None) -> Config:
+    # Importing Alembic logs a line per plugin: callers decide whether that is quiet.
+    from alembic.config import Config
+
     from recalltrace import migrations
 
     cfg = Config()
@@ -81,31 +132,57 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest migration shipped with this version of the package."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    with alembic_quiet():
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(_config()).get_current_head()
     if head is None:
         raise RuntimeError("no migrations are shipped with this package")
     return head
 
 
+def is_known_revision(revision: str) -> bool:
+    """Whether ``revision`` is one of the migrations shipped with this version (a database at
+    another one was migrated by a newer recalltrace)."""
+    with alembic_quiet():
+        from alembic.script import ScriptDirectory
+
+        scripts = ScriptDirectory.from_config(_config())
+        return any(script.revision == revision for script in scripts.walk_revisions())
+
+
 def upgrade_engine(
-    engine: Engine, revision: str = "head", *, wait: float = MIGRATION_LOCK_WAIT
+    engine: Engine,
+    revision: str = "head",
+    *,
+    wait: float = MIGRATION_LOCK_WAIT,
+    quiet: bool = True,
 ) -> None:
     """Upgrade the database behind ``engine`` to ``revision``, holding the migration lock (at
-    most ``wait`` seconds spent waiting for it; see :func:`hold_migration_lock`)."""
-    cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        hold_migration_lock(conn, wait)
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    most ``wait`` seconds spent waiting for it; see :func:`hold_migration_lock`). With
+    ``quiet`` (the default) Alembic's INFO lines are not passed on (:func:`alembic_quiet`)."""
+    with alembic_quiet(quiet):
+        from alembic import command
+
+        cfg = _config(engine)
+        with engine.begin() as conn:
+            hold_migration_lock(conn, wait)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
 
 
 def upgrade(
-    url: str | None = None, revision: str = "head", *, wait: float = MIGRATION_LOCK_WAIT
+    url: str | None = None,
+    revision: str = "head",
+    *,
+    wait: float = MIGRATION_LOCK_WAIT,
+    quiet: bool = True,
 ) -> None:
-    """Upgrade the database at ``url`` to ``revision`` (default: the newest)."""
+    """Upgrade the database at ``url`` to ``revision`` (default: the newest); ``quiet`` as for
+    :func:`upgrade_engine` (``recalltrace db upgrade`` passes ``False``)."""
     engine = create_engine_from_url(url)
     try:
-        upgrade_engine(engine, revision, wait=wait)
+        upgrade_engine(engine, revision, wait=wait, quiet=quiet)
     finally:
         engine.dispose()
 
@@ -118,28 +195,37 @@ def _schema_absent(conn: Connection) -> bool:
     return VERSION_TABLE not in names and not names & set(Base.metadata.tables)
 
 
-def create_schema_if_missing(engine: Engine, *, wait: float = MIGRATION_LOCK_WAIT) -> bool:
+def create_schema_if_missing(
+    engine: Engine, *, wait: float = MIGRATION_LOCK_WAIT, quiet: bool = True
+) -> bool:
     """Create the schema at head when the database has none of it (no recalltrace table, no
     revision), under the migration lock; returns whether it did. A database at any revision,
-    older ones included, or holding some recalltrace tables, is left as it is."""
-    cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        if not _schema_absent(conn):
-            return False
-        hold_migration_lock(conn, wait)
-        # Looked at again under the lock: another process may have just created it.
-        if not _schema_absent(conn):
-            return False
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    older ones included, or holding some recalltrace tables, is left as it is. ``quiet`` as
+    for :func:`upgrade_engine`."""
+    with alembic_quiet(quiet):
+        from alembic import command
+
+        cfg = _config(engine)
+        with engine.begin() as conn:
+            if not _schema_absent(conn):
+                return False
+            hold_migration_lock(conn, wait)
+            # Looked at again under the lock: another process may have just created it.
+            if not _schema_absent(conn):
+                return False
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
     return True
 
 
 def current_revision_of(engine: Engine) -> str | None:
     """The revision the database is at, or ``None`` when it was never migrated."""
-    with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return ctx.get_current_revision()
+    with alembic_quiet():
+        from alembic.runtime.migration import MigrationContext
+
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return ctx.get_current_revision()
 
 
 def current_revision(url: str | None = None) -> str | None:

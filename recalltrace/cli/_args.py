@@ -307,6 +307,81 @@ def require_current_schema(url: str) -> None:
         )
 
 
+DATABASE_WAIT_S = 300.0
+"""How long a starting worker or ``collect`` waits for a database server that does not answer."""
+
+# What a server that answered says when the URL names something it does not have: waiting
+# would never help.
+_REFUSALS = (
+    "does not exist",
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+)
+
+
+def wait_for_database(
+    url: str,
+    limit_s: float,
+    *,
+    pause_s: float = 2.0,
+    who: str = "the worker",
+    create_hint: str = "or create the database, then `recalltrace db upgrade`",
+) -> None:
+    """Return once the database answers a query. A server that refuses the URL (no such
+    database, wrong credentials) is one line at once; one that does not answer is waited for
+    up to ``limit_s``, with one line a minute, then one line saying ``who`` gives up."""
+    import time
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from recalltrace.storage.db import create_engine_from_url, redact_url
+
+    shown = redact_url(url)
+    engine = create_engine_from_url(url)
+    started = time.monotonic()
+    said_at: float | None = None
+    try:
+        while True:
+            try:
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            except OperationalError as exc:
+                detail = str(exc.orig if exc.orig is not None else exc).strip()
+                detail = " ".join(detail.split())[:300]
+                if any(refusal in detail for refusal in _REFUSALS):
+                    raise CommandError(
+                        f"the database at {shown} refuses {who}: {detail}; check "
+                        f"--database-url ({create_hint})"
+                    ) from None
+                now = time.monotonic()
+                waited = now - started
+                if waited >= limit_s:
+                    raise CommandError(
+                        f"cannot reach the database at {shown} ({detail}; waited "
+                        f"{waited:.0f} s); {who} did not start (--database-wait sets how "
+                        "long it waits)"
+                    ) from None
+                if said_at is None or now - said_at >= 60:
+                    print(
+                        f"waiting for the database at {shown}: {detail} (a line each minute; "
+                        f"giving up after {limit_s:g} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said_at = now
+                time.sleep(min(pause_s, max(limit_s - waited, 0.0)))
+                continue
+            if said_at is not None:
+                print(f"the database at {shown} answers: starting", file=sys.stderr, flush=True)
+            return
+    finally:
+        engine.dispose()
+
+
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
     """An engine on ``--database-url``; refuses to create a SQLite file that does not exist."""

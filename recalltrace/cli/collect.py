@@ -12,6 +12,11 @@ the tracer's sampling, scrubbing, bounded queue and writer.
   ``Retry-After`` (what OTLP exporters retry) instead of being held in memory.
 - Partial success: spans that cannot be read (ids of the wrong length) are rejected and counted
   in the response's ``partial_success``, with a message.
+- At start, before it listens: a database with no recalltrace tables (fresh) gets them, as the
+  tracer gives them by default; one at another schema revision, or where the tables cannot be
+  created, is refused in one line naming ``recalltrace db upgrade`` (exit 2), so that nothing
+  is answered 200 that could not be stored. A server that does not answer is waited for up to
+  ``--database-wait`` seconds, as ``recalltrace worker`` does.
 - Bound to 127.0.0.1 unless ``--listen`` says otherwise; ``--token`` (or
   ``$RECALLTRACE_COLLECT_TOKEN``) requires ``Authorization: Bearer <token>`` (else ``401``).
 - Bounded: bodies, connections, requests read at once and JSON nesting (see
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -40,7 +46,13 @@ from recalltrace._collect_server import (
     Refused,
     start,
 )
-from recalltrace.cli._args import EXIT_OK, CommandError
+from recalltrace.cli._args import (
+    DATABASE_WAIT_S,
+    EXIT_OK,
+    CommandError,
+    check_sqlite_target,
+    wait_for_database,
+)
 from recalltrace.tracer._span_views import decode_request, encode_response, span_views
 
 logger = logging.getLogger(__name__)
@@ -71,7 +83,17 @@ def register(sub: Any) -> None:
         "--database-url",
         metavar="URL",
         default=None,
-        help="where records are stored (default: $RECALLTRACE_DATABASE_URL, else SQLite)",
+        help="where records are stored; a database with no recalltrace tables gets them at "
+        "start, an older schema is refused (default: $RECALLTRACE_DATABASE_URL, else SQLite)",
+    )
+    parser.add_argument(
+        "--database-wait",
+        type=_non_negative,
+        default=DATABASE_WAIT_S,
+        metavar="S",
+        help="at start, wait this long for a database server that does not answer (starting, "
+        "restarting), saying so once a minute, then exit 2; a database that answers but "
+        f"refuses (no such database, wrong password) exits 2 at once (default {DATABASE_WAIT_S:g})",
     )
     parser.add_argument(
         "--token",
@@ -187,6 +209,16 @@ def _positive(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {raw!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {raw!r}")
+    return value
+
+
+def _non_negative(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {raw!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {raw!r}")
     return value
 
 
@@ -488,20 +520,113 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
+def prepare_database(url: str, wait: float) -> bool:
+    """Before ``collect`` listens: the database at ``url`` answers and holds the schema this
+    version writes. A database with no recalltrace tables gets them (under the migration lock,
+    as the tracer does by default); returns whether it did. Refused in one line
+    (``CommandError``): a SQLite file that is not one or holds another application's tables, a
+    server that refuses the URL, or does not answer within ``wait`` seconds, tables that cannot
+    be created, a schema at another revision. Every line that names ``recalltrace db upgrade``
+    gives the URL, its password hidden."""
+    from recalltrace.storage.db import create_engine_from_url, redact_url
+    from recalltrace.storage.errors import is_database_unavailable
+    from recalltrace.storage.migrate import (
+        MigrationLocked,
+        create_schema_if_missing,
+        current_revision_of,
+        head_revision,
+        is_known_revision,
+    )
+
+    shown = redact_url(url)
+    upgrade = f"`recalltrace db upgrade --database-url {shlex.quote(shown)}`"
+    check_sqlite_target(url, creating=True)
+    sqlite = url.startswith("sqlite")
+    if not sqlite:
+        wait_for_database(
+            url, wait, who="collect", create_hint="or create the database: collect adds its tables"
+        )
+    engine = create_engine_from_url(url)
+    try:
+        try:
+            created = create_schema_if_missing(engine)
+        except MigrationLocked as exc:
+            raise CommandError(f"{shown}: {exc}; collect did not start") from None
+        except Exception as exc:
+            detail = _first_line(exc)
+            if sqlite:
+                raise CommandError(
+                    f"cannot open or write the SQLite database {shown} ({detail}): check "
+                    "--database-url and that this user may write the file and its folder"
+                ) from None
+            if is_database_unavailable(exc):
+                raise CommandError(
+                    f"cannot reach the database at {shown} ({detail}); collect did not start"
+                ) from None
+            raise CommandError(
+                f"cannot create the recalltrace tables in the empty database {shown} ({detail}): "
+                f"run {upgrade} as a role that may create tables, then start collect again"
+            ) from None
+        current = current_revision_of(engine)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    if current == head:
+        return created
+    if current is None:
+        raise CommandError(
+            f"{shown} holds some recalltrace tables but no schema revision (they were not made "
+            "by `recalltrace db upgrade`): collect leaves them alone; check --database-url"
+        )
+    if not is_known_revision(current):
+        raise CommandError(
+            f"{shown} is at schema revision {current}, newer than this recalltrace knows (it "
+            f"needs {head}): upgrade recalltrace, then start collect again"
+        )
+    raise CommandError(
+        f"{shown} is at schema revision {current}, this recalltrace needs {head}: run "
+        f"{upgrade}, then start collect again"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` in one line: its class, and its driver's message when there is one."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = " ".join((text.splitlines() or [""])[0].split())[:300]
+    name = type(orig if orig is not None else exc).__name__
+    return f"{name}: {first}" if first else name
+
+
 def run_collect(args: argparse.Namespace) -> int:
     """Run the receiver until SIGTERM or SIGINT, then build what is buffered and drain."""
     import recalltrace
+    from recalltrace.storage.db import redact_url, resolve_database_url
 
     host, port = parse_listen(args.listen)
     _check(args)
     token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
+    url = resolve_database_url(args.database_url)
+    # Before READY: what is answered 200 must be storable (tables there, at this revision).
+    if prepare_database(url, args.database_wait):
+        print(
+            f"collect: created the recalltrace tables in the empty database {redact_url(url)}",
+            file=sys.stderr,
+            flush=True,
+        )
     from opentelemetry.sdk.trace import TracerProvider
 
     recalltrace.configure(
-        database_url=args.database_url,
+        database_url=url,
         tracer_provider=TracerProvider(),
         handle_signals=False,
         auto_migrate=False,
+    )
+    from recalltrace.tracer import _runtime
+
+    # The tables were there at start; if they go, what to run is collect's own advice.
+    _runtime.get().pipeline.schema_hint = (
+        f"run `recalltrace db upgrade --database-url {shlex.quote(redact_url(url))}`"
     )
     limits = Limits(
         max_body=int(args.max_body_mb * MiB),

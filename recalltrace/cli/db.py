@@ -58,7 +58,8 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     url = resolve_database_url(args.database_url)
     check_sqlite_target(url, creating=True, into_existing=args.into_existing)
     try:
-        upgrade(url, args.revision, wait=args.wait)
+        # The migration command: Alembic's own lines are shown with --verbose, as they were.
+        upgrade(url, args.revision, wait=args.wait, quiet=False)
     except MigrationLocked as exc:
         raise CommandError(f"{redact_url(url)}: {exc}") from None
     print(f"{redact_url(url)}: at revision {current_revision(url)}")

@@ -231,14 +231,14 @@ def test_a_token_is_required_when_set(postgres_url: str, pg_engine: Engine) -> N
 
 
 def test_a_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
-    # Storage nobody listens on: the first record is held for a retry, filling a queue of one.
-    import socket
+    # Storage that takes no write after collect started (it does not start on a database it
+    # cannot reach): the first record is held for a retry, filling a queue of one.
+    import sqlite3
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"postgresql+psycopg://nobody@127.0.0.1:{port}/none"
-    service = start_collect(url, env={"RECALLTRACE_MAX_QUEUE_SIZE": "1"})
+    path = tmp_path / "held.db"
+    service = start_collect(f"sqlite:///{path}", env={"RECALLTRACE_MAX_QUEUE_SIZE": "1"})
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
     try:
         send_openinference_requests(service.url)  # the SDK exporter retries 503s for a while
         for _ in range(100):  # the records are built within a second of their root span
@@ -252,6 +252,7 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
     finally:
         service.process.kill()
         service.process.communicate(timeout=30)
+        holder.close()
 
 
 def node_modules() -> Path:
