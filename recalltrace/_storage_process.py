@@ -249,6 +249,16 @@ class StorageProcessSink:
             raise StorageProcessRefused(f"the storage process answered {result!r} to a write")
         return result
 
+    def stored_ids(self, trace_ids: Sequence[str]) -> set[str]:
+        """Which of ``trace_ids`` are stored (looked up by the child)."""
+        return set(self._call("stored", pickle.dumps(list(trace_ids), pickle.HIGHEST_PROTOCOL)))
+
+    @property
+    def helper_pid(self) -> int:
+        """The pid of the storage process (0 while none runs)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else 0
+
     def attach_reference(self, update: Any) -> int:
         """Attach a late reference through the child."""
         return int(self._call("reference", pickle.dumps(update, pickle.HIGHEST_PROTOCOL)))
@@ -485,6 +495,8 @@ def serve(from_parent: int, to_parent: int) -> None:
                     if scrubber is not None:
                         update = scrub_reference(scrubber, update)
                     value = sink.attach_reference(update)
+                elif op == b"stored":
+                    value = set(sink.stored_ids(pickle.loads(payload)))
                 elif op == b"status":
                     value = {
                         "pid": os.getpid(),

@@ -90,6 +90,18 @@ class TraceWrites:
             conflicts.extend(self._differing(batch, existing))
         return WriteResult(stored=len(records) - len(conflicts), conflicts=tuple(conflicts))
 
+    def stored_ids(self, trace_ids: Sequence[str]) -> set[str]:
+        """Which of ``trace_ids`` are stored."""
+        table = Trace.__table__
+        found: set[str] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(trace_ids), 500):
+                chunk = list(trace_ids[start : start + 500])
+                found.update(
+                    conn.scalars(select(table.c.trace_id).where(table.c.trace_id.in_(chunk)))
+                )
+        return found
+
     def _differing(self, batch: Sequence[TraceRecord], existing: set[str]) -> list[str]:
         """The ids of ``existing`` (records of ``batch`` found stored) under which another
         request is stored."""

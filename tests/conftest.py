@@ -14,6 +14,7 @@ out the tests marked ``realsystem`` (the second stage, ``python -m pytest -m rea
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +46,13 @@ def _workers() -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Spread the run over every core when pytest-xdist is installed and ``-n`` was not given
+    """Keep the tracer's ledger files of this run in a directory of its own (the processes the
+    tests start inherit it), so that a process a test kills is said within this run only.
+    Spread the run over every core when pytest-xdist is installed and ``-n`` was not given
     (``-n 0`` keeps one process; so does ``--pdb``, ``--collect-only`` and one core); how the
     tests are handed out is ``--dist`` when given, else work stealing."""
+    if "RECALLTRACE_RUN_DIR" not in os.environ:
+        os.environ["RECALLTRACE_RUN_DIR"] = tempfile.mkdtemp(prefix="recalltrace-tests-run-")
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     option = config.option

@@ -130,12 +130,19 @@ _after_fork_registered = False
 
 
 def _follow_multiprocessing_child() -> None:
-    """In the fork children multiprocessing starts, watch for a stopping signal the main thread
-    would miss (see ``_signals.watch_for_missed_signals``); nothing when multiprocessing is not
-    in use. Draining at their end is ``os._exit``'s."""
+    """In the children multiprocessing starts, watch for a stopping signal the main thread
+    would miss (see ``_signals.watch_for_missed_signals``): at each child's start, and at once
+    in a child configured after its start (its first task configured it: a parent that
+    configured under ``if __name__ == "__main__":``); nothing when multiprocessing is not in
+    use. Draining at their end is ``os._exit``'s."""
     global _after_fork_registered
     util = sys.modules.get("multiprocessing.util")
-    if util is None or _after_fork_registered:
+    if util is None:
+        return
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and process.parent_process() is not None:
+        _signals.watch_for_missed_signals()
+    if _after_fork_registered:
         return
     _after_fork_registered = True
     util.register_after_fork(_exit_token, _rearm_in_child)

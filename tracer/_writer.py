@@ -33,7 +33,13 @@ from recalltrace.tracer import _threads
 from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child, own_process
 from recalltrace.tracer._metrics import TracerStats
 from recalltrace.tracer._plain import PlainTrace
-from recalltrace.tracer._process_ledger import ProcessLedger, claim_ended
+from recalltrace.tracer._process_ledger import (
+    EndedProcess,
+    ProcessLedger,
+    claim_ended,
+    record_ended,
+    resolved,
+)
 from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
@@ -361,7 +367,7 @@ class BatchWriter:
         if directory is None:
             return
         try:
-            made = ProcessLedger.create(directory, self._describe())
+            made = ProcessLedger.create(directory, self._describe(), self._max_batch_size)
         except OSError as exc:
             logger.warning(
                 "recalltrace: cannot keep this process's ledger file in %s (%s): if this "
@@ -414,8 +420,23 @@ class BatchWriter:
             logger.debug("looking for ended processes' ledger files failed", exc_info=True)
             return
         for ended in found:
+            ended = record_ended(self._run_dir, resolved(ended, self._stored_of(ended)))
             logger.warning("%s", ended.line())
-            self._stats.lost_by_ended_process(ended.pending)
+            self._stats.lost_by_ended_process(ended.lost)
+
+    def _stored_of(self, ended: EndedProcess) -> set[str] | None:
+        """Which records of the batch ``ended`` was writing are stored, when it wrote to the
+        database this process writes to and the sink can say (else ``None``)."""
+        if not ended.in_write_ids or ended.database != self._describe().get("database"):
+            return None
+        try:
+            look_up = getattr(self._get_sink(), "stored_ids", None)
+            if look_up is None:
+                return None
+            return set(look_up(list(ended.in_write_ids)))
+        except Exception:
+            logger.debug("looking up an ended process's last batch failed", exc_info=True)
+            return None
 
     def _drop_leftovers(self, reason: str, *, report: bool = True) -> None:
         with self._lock:
@@ -659,17 +680,19 @@ class BatchWriter:
             first = False
             chunk = self._ready[: self._max_batch_size]
             file = self._file
-            if file is not None:
-                file.set_in_write(len(chunk))
             try:
                 sink: Any = self._get_sink()
+                if file is not None:
+                    file.set_helper(int(getattr(sink, "helper_pid", 0) or 0))
+                    file.set_in_write([pending.record.trace_id for pending in chunk])
                 result = sink.write_traces([pending.record for pending in chunk])
             except Exception as exc:
                 self._write_failed(chunk, exc)
                 return
             finally:
                 if file is not None:
-                    file.set_in_write(0)
+                    file.set_in_write([])
+                    file.set_helper(int(getattr(self._sink, "helper_pid", 0) or 0))
             del self._ready[: len(chunk)]
             stored = self._refused(chunk, result)
             self._stats.records_stored(pending.record.app_name for pending in stored)

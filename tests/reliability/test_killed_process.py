@@ -14,7 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from sqlalchemy import Engine, text
+
 from tests.support import ROOT
+from tests.support.clocks import wait_until
 from tests.support.ledger import said_lost
 
 HOLDER = """
@@ -163,3 +167,100 @@ def test_a_process_that_ends_through_python_leaves_no_file(tmp_path: Path) -> No
         )
         assert done.returncode == 0, done.stderr
         assert list(run_dir.glob("*.ledger")) == [], ending
+
+
+HELD_IN_A_WRITE = """
+import sys, time
+import recalltrace
+
+recalltrace.configure(
+    database_url=sys.argv[1],
+    sample_rate=1.0,
+    service_name="holder",
+    storage_process=sys.argv[2] == "storage-process",
+    max_batch_size=10,
+    flush_interval=0.05,
+)
+
+@recalltrace.rag
+def answer(question):
+    return "ok"
+
+answer("warm-up")  # the connection (or the storage process) is there before the write
+assert recalltrace.flush(60)
+print("ready", flush=True)
+sys.stdin.readline()
+for number in range(25):
+    answer(f"q{number}")
+print("asked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "committed"), [("writer-thread", False), ("storage-process", True)]
+)
+def test_the_batch_a_killed_process_was_writing_is_looked_up_not_guessed(
+    tmp_path: Path, postgres_url: str, pg_engine: Engine, how: str, committed: bool
+) -> None:
+    """Killed in the middle of a write: the file holds the batch's ids, and the next process
+    says how many of them the database has. Through the writer thread the killed process's
+    transaction dies with it (none stored); through a storage process, which outlives it, the
+    write commits once the table is free again (all stored), and the claim waits for that
+    process to end first."""
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HELD_IN_A_WRITE, postgres_url, how],
+        cwd=ROOT,
+        env=_env(run_dir),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ready"
+    blocker = pg_engine.connect()
+    transaction = blocker.begin()
+    blocker.execute(text("LOCK TABLE traces IN ACCESS EXCLUSIVE MODE"))
+    try:
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "asked"
+        (file,) = run_dir.glob(f"{holder.pid}-*.ledger")
+        wait_until(lambda: _in_write(file) == 10, "the holder's first batch to be in a write")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)  # its storage process keeps the pipes open: not communicate()
+        transaction.rollback()
+        blocker.close()
+    url = postgres_url
+    done = subprocess.run(
+        [sys.executable, "-c", NEXT, url],
+        cwd=ROOT,
+        env=_env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    with pg_engine.connect() as conn:
+        stored = int(
+            conn.execute(
+                text("SELECT count(*) FROM traces WHERE user_input LIKE 'q%'")
+            ).scalar_one()
+        )
+    assert stored == (10 if committed else 0)
+    # Exactly the records that are not stored are said lost.
+    assert said_lost(done.stderr) == 25 - stored, done.stderr
+    if committed:
+        assert "0 were in a write that did not commit (and 10 more" in done.stderr
+    else:
+        assert "10 were in a write that did not commit (and 0 more" in done.stderr
+
+
+def _in_write(file: Path) -> int:
+    import struct
+
+    return int(struct.unpack("=8q", file.read_bytes()[:64])[5])
