@@ -1055,3 +1055,28 @@ def test_one_unreadable_document_costs_only_itself_and_says_so(traced: Traced, b
     assert len(notes) == 1, record.notes
     assert f"position {bad} (RuntimeError)" in notes[0]
     assert not [n for n in record.notes if "neither text nor an id" in n]
+
+
+def test_a_request_draws_its_id_without_reading_the_systems_randomness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``os.urandom`` gives up the GIL: with a busy thread beside it, each call waited about
+    0.1 ms to get it back, on every request. The id generator reads it once per process (and
+    again in a copy of the process), not per request."""
+    from recalltrace.tracer import _calls
+
+    _calls.new_record_id()  # this process's generator is seeded
+    reads: list[int] = []
+    real = _calls.urandom
+
+    def counting(size: int) -> bytes:
+        reads.append(size)
+        return real(size)
+
+    monkeypatch.setattr(_calls, "urandom", counting)
+    ids = {_calls.new_record_id() for _ in range(1000)}
+    assert len(ids) == 1000 and reads == []
+    # A copy of the process (another pid) reseeds before its first draw.
+    monkeypatch.setattr(_calls, "getpid", lambda: -1)
+    _calls.new_record_id()
+    assert reads == [32]
