@@ -15,6 +15,7 @@ import pytest
 
 from recalltrace import scorers
 from recalltrace.scorers import ReferenceCache, ScoreResult, TerminalJudgeError, TransientJudgeError
+from tests.support.clocks import wait_until
 from tests.support.judge_server import JudgeServer, Reply, auto_answer, detect_task
 
 QUESTION = "Where is France and what is it's capital?"
@@ -298,6 +299,9 @@ def test_timeouts_raise_transient(server: JudgeServer) -> None:
         asyncio.run(
             scorer(server, "judge_context_recall", {"timeout_s": 0.3}).ascore(**JUDGE_INPUTS)
         )
+    # The last attempt gave up after 0.3 s; on a loaded host the server may read its request
+    # a moment later.
+    wait_until(lambda: server.call_count >= 3, "the third attempt to reach the judge server")
     assert server.call_count == 3
 
 
