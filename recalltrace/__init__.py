@@ -28,6 +28,7 @@ if (_root := _checkout_root()) is not None:
 from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository, run_worker
+from recalltrace._wiring import warm_default_sink as _warm_default_sink
 from recalltrace.tracer import (
     Ledger,
     ScrubbingOptions,
@@ -48,7 +49,7 @@ from recalltrace.tracer import (
 )
 from recalltrace.tracer._sinks import set_default_sink_factory as _set_default_sink_factory
 
-_set_default_sink_factory(_default_sink, _check_default_sink)
+_set_default_sink_factory(_default_sink, _check_default_sink, _warm_default_sink)
 
 __all__ = [
     "Ledger",

@@ -244,7 +244,7 @@ class StorageProcessSink:
     def write_traces(self, records: Sequence[TraceRecord | PlainTrace]) -> WriteResult:
         """Store a batch through the child; returns once it is committed, saying what was
         stored (the plain traces the child could not assemble are not: it logged why)."""
-        result = self._call("write", encode_batch(records))
+        result = self._call("write", encode_batch(records, self._assembly))
         if not isinstance(result, WriteResult):
             raise StorageProcessRefused(f"the storage process answered {result!r} to a write")
         return result
@@ -344,11 +344,12 @@ class StorageProcessSink:
         deadline = time.monotonic() + self._reply_timeout
         try:
             _send(self._to_child, op.encode() + b"\0" + payload, deadline)
-            status, value = _receive(self._from_child, deadline)
+            status, value, lines = _receive(self._from_child, deadline)
         except TimeoutError as exc:
             raise self._lost(f"did not answer within {self._reply_timeout:g} s") from exc
         except (OSError, EOFError) as exc:
             raise self._lost(f"exited ({exc})") from exc
+        _say_again(lines)
         if status == "ok":
             return value
         raise _remote_error(value)
@@ -366,7 +367,9 @@ _STARTED = _TRACE_FIELDS.index("started_at")
 _CONTEXTS = _TRACE_FIELDS.index("retrieved_contexts")
 
 
-def encode_batch(records: Sequence[TraceRecord | PlainTrace]) -> bytes:
+def encode_batch(
+    records: Sequence[TraceRecord | PlainTrace], assembly: AssemblyOptions | None = None
+) -> bytes:
     """``records`` as one frame's payload (:func:`decode_batch` reads it back)."""
     rows: list[Any] = []
     for record in records:
@@ -380,7 +383,7 @@ def encode_batch(records: Sequence[TraceRecord | PlainTrace]) -> bytes:
     try:
         return b"M" + marshal.dumps(rows)
     except ValueError:
-        return b"P" + _pickled_batch(records)
+        return b"P" + _pickled_batch(records, assembly)
 
 
 def decode_batch(payload: bytes) -> list[TraceRecord | PlainTrace]:
@@ -399,20 +402,25 @@ def decode_batch(payload: bytes) -> list[TraceRecord | PlainTrace]:
     return records
 
 
-def _pickled_batch(records: Sequence[Any]) -> bytes:
+def _pickled_batch(records: Sequence[Any], assembly: AssemblyOptions | None) -> bytes:
     try:
         return pickle.dumps(list(records), pickle.HIGHEST_PROTOCOL)
     except Exception:
-        # A value in some record pickle cannot carry: those records go as the storable copy
-        # the database would get anyway (values made JSON-safe).
+        # A value in some record pickle cannot carry (nested deeper than it recurses, say):
+        # those records go as the storable copy the database would get anyway (values made
+        # JSON-safe, nesting cut); a plain trace is assembled here first, unscrubbed, and the
+        # storage process scrubs it as it scrubs every record it is given.
         from recalltrace.storage._storable import storable_record
 
+        options = assembly if assembly is not None else AssemblyOptions(None, None, None)
         safe = []
         for record in records:
             try:
                 pickle.dumps(record, pickle.HIGHEST_PROTOCOL)
                 safe.append(record)
             except Exception:
+                if type(record) is PlainTrace:
+                    record = assemble_plain(record.values, None, options)
                 safe.append(storable_record(record))
         return pickle.dumps(safe, pickle.HIGHEST_PROTOCOL)
 
@@ -444,6 +452,35 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _say_again(lines: list[tuple[str, int, str]]) -> None:
+    """Log in the application what the storage process logged (its warnings and errors): the
+    application's own logging setup says them, not only the child's stderr."""
+    for _, level, text in lines:
+        logger.log(level, "%s", text)
+
+
+class _Kept(logging.Handler):
+    """In the storage process: keeps the ``recalltrace`` loggers' warnings and errors, sent to
+    the application with the next answer (said there once, not on the child's stderr)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[tuple[str, int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.lines.append((record.name, record.levelno, text))
+        except Exception:
+            self.handleError(record)
+
+    def take(self) -> list[tuple[str, int, str]]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
 def serve(from_parent: int, to_parent: int) -> None:
     """The child's loop: read frames from the parent, store them, answer each."""
     # Registered by ``import recalltrace``, which ``python -m`` ran before this module.
@@ -451,6 +488,10 @@ def serve(from_parent: int, to_parent: int) -> None:
     from recalltrace.tracer._state import scrub_reference
 
     config = _receive(from_parent, None)
+    kept = _Kept()
+    root = logging.getLogger("recalltrace")
+    root.addHandler(kept)
+    root.propagate = False  # said by the application, not again on this process's stderr
     if config.get("nice"):
         # Below the application's priority: on a host with no core to spare, the application's
         # requests come first and the records wait in its bounded queue.
@@ -514,10 +555,15 @@ def serve(from_parent: int, to_parent: int) -> None:
                     frozen = True
             except Exception as exc:
                 answer = ("error", _describe(exc))
-            _send(to_parent, pickle.dumps(answer, pickle.HIGHEST_PROTOCOL), None)
+            _send(to_parent, pickle.dumps((*answer, kept.take()), pickle.HIGHEST_PROTOCOL), None)
     finally:
-        if sink is not None:
-            sink.dispose()
+        try:
+            if sink is not None:
+                sink.dispose()
+        finally:
+            # No answer is left to carry what was said since the last one: the child says it.
+            for name, _, text in kept.take():
+                sys.stderr.write(f"{name}: {text}\n")
 
 
 def _assembled(

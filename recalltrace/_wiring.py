@@ -175,6 +175,20 @@ def default_sink(
     return repository
 
 
+def warm_default_sink(database_url: str | None) -> None:
+    """Import what :func:`default_sink` on ``database_url`` imports (the repository, the
+    catalog, the database driver), opening nothing."""
+    import importlib
+
+    import recalltrace.scorers.catalog
+    import recalltrace.storage.repository  # noqa: F401
+    from recalltrace.storage.db import resolve_database_url
+
+    url = resolve_database_url(database_url)
+    if url.startswith("postgresql"):
+        importlib.import_module("psycopg")
+
+
 def check_default_sink() -> None:
     """What ``configure()`` checks before any trace is written: the variants named by
     ``$RECALLTRACE_METRICS`` exist (a typo would otherwise fail every write)."""

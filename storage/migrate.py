@@ -201,7 +201,11 @@ def create_schema_if_missing(
     """Create the schema at head when the database has none of it (no recalltrace table, no
     revision), under the migration lock; returns whether it did. A database at any revision,
     older ones included, or holding some recalltrace tables, is left as it is. ``quiet`` as
-    for :func:`upgrade_engine`."""
+    for :func:`upgrade_engine`. A database that has the schema is recognised without loading
+    Alembic (every process that stores opens the database this way)."""
+    with engine.connect() as conn:
+        if not _schema_absent(conn):
+            return False
     with alembic_quiet(quiet):
         from alembic import command
 

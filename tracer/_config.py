@@ -166,6 +166,12 @@ def _provider_choice(raw: str) -> str:
     return raw
 
 
+def _storage_process_choice(raw: str) -> Any:
+    if raw.lower() == "auto":
+        return None
+    return _truthy(raw)
+
+
 def _enabled(raw: str) -> bool:
     return _truthy(raw)
 
@@ -267,13 +273,19 @@ class TracerConfig:
     (a fresh one), never upgrade an older schema. ``False``: never touch a Postgres schema. SQLite
     always creates and upgrades. A database without the tables keeps the records (bounded) and
     one line says to run ``recalltrace db upgrade``."""
-    storage_process: bool = option(False, env=[("RECALLTRACE_STORAGE_PROCESS", _truthy)])
+    storage_process: bool | None = option(
+        None, env=[("RECALLTRACE_STORAGE_PROCESS", _storage_process_choice)]
+    )
     """Store through a child process the writer starts (the scrubbing rules and the database
-    driver's work then run on the child's interpreter, not between the application's threads:
-    for a busy service storing many records). The child also assembles the records; the
-    application's process only reads its own objects (within the reader's budget) and keeps the
-    ledger. With a scrubbing ``callback`` (application code) records are assembled and scrubbed
-    in the application's process. Applies to the default sink only (not with ``sink=``)."""
+    driver's work then run on the child's interpreter, not between the application's threads).
+    The child also assembles the records; the application's process only reads its own objects
+    (within the reader's budget) and keeps the ledger. With a scrubbing ``callback``
+    (application code) records are assembled and scrubbed in the application's process.
+    ``None`` (the default, ``RECALLTRACE_STORAGE_PROCESS=auto``): decided at the first write, a
+    storage process when the records go to Postgres and the process is not ending (a service),
+    the writer thread when its first write is its last (a job's process, a short script) or the
+    database is a SQLite file; see docs/tracing.md, *Where records are stored from*. Applies to
+    the default sink only (not with ``sink=``)."""
     storage_process_nice: int = option(0, env=[("RECALLTRACE_STORAGE_PROCESS_NICE", _int)])
     """How much lower the storage process's CPU priority is than the application's (``nice``
     increment, 0 to 19; 0, the default: the same). Raised, the child takes only the CPU the
@@ -381,7 +393,7 @@ class TracerConfig:
             raise ValueError("max_batch_size must be at least 1")
         if self.flush_interval <= 0:
             raise ValueError("flush_interval must be positive")
-        if self.storage_process and self.sink is not None:
+        if self.storage_process is True and self.sink is not None:
             raise ValueError(
                 "storage_process applies to the default sink on database_url; pass either "
                 "sink= or storage_process=True, not both"

@@ -89,8 +89,28 @@ def _after_fork_in_child() -> None:
     _pid = os.getpid()
 
 
+# What a process does just before Python's os.fork() copies it (not before a fork from C):
+# registered by the modules that do it, on import.
+_before_fork_steps: list[Callable[[], None]] = []
+
+
+def before_fork(step: Callable[[], None]) -> None:
+    """Run ``step`` in the parent just before every ``os.fork()`` (once, however often added)."""
+    if not any(existing is step for existing in _before_fork_steps):
+        _before_fork_steps.append(step)
+
+
+def _before_fork() -> None:
+    for step in list(_before_fork_steps):
+        try:
+            step()
+        except Exception:
+            if _first_time("before fork"):
+                logger.exception("recalltrace: preparing a fork failed (logged once)")
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 # What else follows a new tracer configuration (span capture attaches itself to the provider

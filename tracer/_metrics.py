@@ -208,17 +208,28 @@ class TracerStats:
                     total[app] = total.get(app, 0) + n
         return totals
 
-    def drop(self, reason: str, app: str, count: int = 1, *, report: bool = True) -> None:
+    def drop(
+        self,
+        reason: str,
+        app: str,
+        count: int = 1,
+        *,
+        report: bool = True,
+        said_by_caller: bool = False,
+    ) -> None:
         """Count dropped records; say so at once, then at most every ten seconds, with the
         exact number of each reason since the last line (see :meth:`report_drops`).
-        ``report=False`` leaves the line to the caller's :meth:`report_drops` (bulk drops)."""
+        ``report=False`` leaves the line to the caller's :meth:`report_drops` (bulk drops);
+        ``said_by_caller`` counts them without any drop line: the caller says them in a line
+        of its own (the ledger's line at exit), which no other thread's drop line repeats."""
         if app:
             app = self.label(app)
         with self._lock:
             key = (reason, app)
             self.dropped[key] = self.dropped.get(key, 0) + count
-            self._unreported[reason] = self._unreported.get(reason, 0) + count
-            due = report and self.clock() - self._last_drop_log >= 10.0
+            if not said_by_caller:
+                self._unreported[reason] = self._unreported.get(reason, 0) + count
+            due = report and not said_by_caller and self.clock() - self._last_drop_log >= 10.0
         if due:
             self.report_drops()
 

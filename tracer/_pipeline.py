@@ -22,8 +22,9 @@ NumPy number) is assembled and scrubbed on the writer thread instead.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from recalltrace.tracer._config import ScrubbingOptions, TracerConfig
 from recalltrace.tracer._metrics import VALUES_NOT_READ, TracerStats
@@ -46,10 +47,41 @@ STORAGE_PROCESS = "storage process"
 """The child process the writer hands batches to (``storage_process=True``)."""
 GIVEN_SINK = "the given sink"
 """The ``sink=`` passed to ``configure()``, called on the writer thread."""
+UNDECIDED = "decided at the first write"
+"""``storage_process`` left to choose, and nothing written yet."""
+
+DEFAULT_SCHEMA_HINT = (
+    "run `recalltrace db upgrade --database-url URL` (or configure auto_migrate=True)"
+)
+"""What to do when the database has no recalltrace tables, as the writer says it."""
 
 READ_TIMEOUT_S = 2.0
 """Longest the writer waits for one record's application objects to be read (plain values are
 read in full, without a time bound)."""
+
+
+class Exporter(Protocol):
+    """What the writer hands its records to: the writer-thread stages and the sink
+    (:class:`RecordPipeline` is the one the tracer uses)."""
+
+    decided: bool
+    """Whether where the stages run is decided (else :meth:`decide` is called first)."""
+
+    def decide(self, *, ending: bool) -> None:
+        """Decide where the stages run, before the first record."""
+
+    def prepare(self, state: TraceState) -> TraceRecord | PlainTrace:
+        """Read (and, unless the sink does, assemble and scrub) a finished request."""
+
+    def prepare_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
+        """A late reference as it is stored."""
+
+    def open_sink(self) -> TraceSink:
+        """The sink to write to."""
+
+    @property
+    def owns_sink(self) -> bool:
+        """Whether the writer closes the sink at shutdown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +95,11 @@ class Stage:
 class RecordPipeline:
     """Where each stage runs (:attr:`stages`), and the stages of the writer thread.
 
-    Built by :func:`plan`; the writer calls :meth:`prepare` for each finished request and
+    Built by :func:`plan`. With ``storage_process`` left to choose (``None``), where the stages
+    after *read* run is decided once, before the first record is prepared (:meth:`decide`):
+    a storage process for a process that keeps storing into a database server, the writer
+    thread for one whose first write is its last (a job's process ending, a short script) or
+    that stores into SQLite. The writer calls :meth:`prepare` for each finished request and
     :meth:`open_sink` once (again after the sink failed to open)."""
 
     def __init__(
@@ -74,11 +110,49 @@ class RecordPipeline:
         stats: TracerStats,
     ) -> None:
         self._config = config
+        self._scrubber_configured = scrubber
         self.assembly = assembly
         self._stats = stats
-        separate = config.storage_process and config.sink is None
+        self.reader = BoundedReader(READ_TIMEOUT_S)
+        self.schema_hint = DEFAULT_SCHEMA_HINT
+        """What the writer says to do when the database has no recalltrace tables (a command
+        that configures the tracer for its own use, such as ``collect``, says it its way)."""
+        self._said: set[str] = set()
+        self.decided = False
+        """Whether where the stages run is decided (always, unless ``storage_process`` is
+        left to choose and nothing was written yet)."""
+        if config.sink is not None or config.storage_process is not None:
+            self._place(bool(config.storage_process) and config.sink is None)
+        else:
+            self._place(False)
+            self.decided = False
+            self.stages = (
+                Stage("read", WRITER_THREAD),
+                Stage("assemble", UNDECIDED),
+                Stage("scrub", None if scrubber is None else UNDECIDED),
+                Stage("store", UNDECIDED),
+            )
+
+    def stores_from_writer_thread(self) -> bool:
+        """Whether the default sink is (or will be) opened on the writer thread."""
+        if self._config.sink is not None:
+            return False
+        if self.decided:
+            return not self.separate
+        return not _server_database(self._config.database_url)
+
+    def decide(self, *, ending: bool) -> None:
+        """Decide where the stages run, before the first record (``ending``: the process is
+        draining for its end, so its first write is its last)."""
+        if self.decided:
+            return
+        self._place(not ending and _server_database(self._config.database_url))
+
+    def _place(self, separate: bool) -> None:
+        config, scrubber = self._config, self._scrubber_configured
         # Scrubbing runs where assembly runs, unless a callback (application code) must run in
         # the application's process.
+        self.separate = separate
         self.remote_scrubbing: ScrubbingOptions | None = None
         if separate and scrubber is not None:
             options = (
@@ -108,13 +182,7 @@ class RecordPipeline:
             Stage("scrub", scrub),
             Stage("store", store),
         )
-        self.reader = BoundedReader(READ_TIMEOUT_S)
-        self.schema_hint = (
-            "run `recalltrace db upgrade --database-url URL` (or configure auto_migrate=True)"
-        )
-        """What the writer says to do when the database has no recalltrace tables (a command
-        that configures the tracer for its own use, such as ``collect``, says it its way)."""
-        self._said: set[str] = set()
+        self.decided = True
 
     def place(self, stage: str) -> str | None:
         """Where ``stage`` runs (``None``: it does not)."""
@@ -163,7 +231,7 @@ class RecordPipeline:
         return open_default_sink(
             config.database_url,
             create_schema=config.auto_migrate,
-            separate_process=config.storage_process,
+            separate_process=self.separate,
             scrubbing=self.remote_scrubbing,
             assembly=self.assembly if self.remote_assembly else None,
             nice=config.storage_process_nice,
@@ -200,6 +268,12 @@ class RecordPipeline:
                 self.reader.budget,
                 VALUES_NOT_READ,
             )
+
+
+def _server_database(database_url: str | None) -> bool:
+    """Whether records go to a database server (Postgres), not a SQLite file."""
+    url = database_url or os.environ.get("RECALLTRACE_DATABASE_URL") or ""
+    return url.startswith("postgresql")
 
 
 def plan(

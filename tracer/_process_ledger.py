@@ -35,7 +35,7 @@ import os
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -345,6 +345,49 @@ def record_ended(directory: Path, ended: EndedProcess) -> EndedProcess:
     )
     _append_ended(directory, ended)
     return ended
+
+
+def open_ledger(
+    directory: Path | None, describe: Callable[[], dict[str, Any]], batch_size: int
+) -> ProcessLedger | None:
+    """This process's file in ``directory`` (``None``: no directory, or it cannot be made,
+    which is said in one line)."""
+    if directory is None:
+        return None
+    try:
+        return ProcessLedger.create(directory, describe(), batch_size)
+    except OSError as exc:
+        logger.warning(
+            "recalltrace: cannot keep this process's ledger file in %s (%s): if this process is "
+            "killed, the records it holds cannot be counted by another (set RECALLTRACE_RUN_DIR "
+            "to a writable directory)",
+            directory,
+            exc.strerror or exc,
+        )
+        return None
+
+
+def look_for_ended(
+    directory: Path, database: str | None, look_up: Callable[[list[str]], set[str] | None]
+) -> list[EndedProcess]:
+    """Claim the files of ended processes in ``directory``, look up the batch each was writing
+    with ``look_up`` (when it wrote to ``database``, the one the caller writes to), record them
+    in ``ended.jsonl``; returns them for the caller to say and count. Never raises."""
+    try:
+        found = claim_ended(directory)
+    except Exception:
+        logger.debug("looking for ended processes' ledger files failed", exc_info=True)
+        return []
+    said = []
+    for ended in found:
+        stored = None
+        if ended.in_write_ids and ended.database == database:
+            try:
+                stored = look_up(list(ended.in_write_ids))
+            except Exception:
+                logger.debug("looking up an ended process's last batch failed", exc_info=True)
+        said.append(record_ended(directory, resolved(ended, stored)))
+    return said
 
 
 def _append_ended(directory: Path, ended: EndedProcess) -> None:

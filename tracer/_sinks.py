@@ -16,16 +16,27 @@ if TYPE_CHECKING:
 
 _factory: Callable[..., TraceSink] | None = None
 _check: Callable[[], None] | None = None
+_warm: Callable[[str | None], None] | None = None
 
 
 def set_default_sink_factory(
-    factory: Callable[..., TraceSink], check: Callable[[], None] | None = None
+    factory: Callable[..., TraceSink],
+    check: Callable[[], None] | None = None,
+    warm: Callable[[str | None], None] | None = None,
 ) -> None:
     """Register what opens the default sink from the configured database URL, and ``check``,
     which ``configure()`` runs at once to refuse (``ValueError``) what would make every later
-    write fail (an unknown metric in the environment, say)."""
-    global _factory, _check
-    _factory, _check = factory, check
+    write fail (an unknown metric in the environment, say); ``warm(database_url)`` loads what
+    opening it needs, without opening it."""
+    global _factory, _check, _warm
+    _factory, _check, _warm = factory, check, warm
+
+
+def warm_default_sink(database_url: str | None) -> None:
+    """Load what opening the default sink on ``database_url`` needs (its modules), so that
+    processes forked afterwards find them loaded."""
+    if _warm is not None:
+        _warm(database_url)
 
 
 def check_default_sink() -> None:

@@ -26,26 +26,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
 from recalltrace.tracer import _threads
 from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child, own_process
 from recalltrace.tracer._metrics import TracerStats
+from recalltrace.tracer._pipeline import DEFAULT_SCHEMA_HINT
 from recalltrace.tracer._plain import PlainTrace
-from recalltrace.tracer._process_ledger import (
-    EndedProcess,
-    ProcessLedger,
-    claim_ended,
-    record_ended,
-    resolved,
-)
+from recalltrace.tracer._process_ledger import ProcessLedger, look_for_ended, open_ledger
 from recalltrace.tracer._signals import keep_off_this_thread
 from recalltrace.tracer._state import TraceState, merge_reference_into_record
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import ReferenceUpdate, TraceRecord, WriteResult
     from recalltrace.tracer._config import TraceSink
+    from recalltrace.tracer._pipeline import Exporter
 
 logger = logging.getLogger("recalltrace.tracer")
 
@@ -55,30 +51,11 @@ _MAX_BACKOFF = 5.0
 # Longest stretch of record assembly before the writer offers the GIL to the application.
 _SLICE = 0.001
 _MAX_REFERENCE_BACKOFF = 5.0
-# How often the writer looks for ledger files of processes that ended without removing theirs.
+# How often the writer looks for ledger files of processes that ended without removing theirs,
+# and how long after it starts it looks first (a process ending sooner looks at its end).
 _LOOK_FOR_ENDED_EVERY = 60.0
+_FIRST_LOOK_AFTER = 2.0
 _sleep = _threads.original("time", "sleep")
-DEFAULT_SCHEMA_HINT = (
-    "run `recalltrace db upgrade --database-url URL` (or configure auto_migrate=True)"
-)
-
-
-class Exporter(Protocol):
-    """What the writer hands its records to: the pipeline's writer-thread stages and its sink
-    (:class:`~recalltrace.tracer._pipeline.RecordPipeline`)."""
-
-    def prepare(self, state: TraceState) -> TraceRecord | PlainTrace:
-        """Read (and, unless the sink does, assemble and scrub) a finished request."""
-
-    def prepare_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
-        """A late reference as it is stored."""
-
-    def open_sink(self) -> TraceSink:
-        """The sink to write to."""
-
-    @property
-    def owns_sink(self) -> bool:
-        """Whether the writer closes the sink at shutdown."""
 
 
 def is_trace_not_found(exc: BaseException) -> bool:
@@ -199,11 +176,16 @@ class BatchWriter:
         self._completed = 0
         self._flush_waiters = 0
         self._stopping = False
+        self.ending = False
+        """Set when the process drains for its end (its first write may be its last)."""
         self._thread: _threads.Thread | None = None
         self._sink: TraceSink | None = None
         self._file: ProcessLedger | None = None
         self._file_refused = False
-        self._next_look = 0.0
+        # The first look comes a little after the writer starts, past a process's first burst
+        # of requests (each of its system calls gives up the GIL a busy application holds).
+        self._next_look = time.monotonic() + _FIRST_LOOK_AFTER
+        self._looked = False
         # Owned by whichever thread runs the cycles (the writer thread, or a flush at exit).
         self._ready: list[_Pending] = []
         self._orphans: list[_Orphan] = []
@@ -343,6 +325,8 @@ class BatchWriter:
             thread.join(remaining)
         self._drop_leftovers("shutdown", report=report)
         stuck = thread is not None and thread.is_alive() and not thread.is_current()
+        if not stuck and self._accepted:
+            self._look_for_ended(at_end=True)
         sink, self._sink = self._sink, None
         if sink is not None and self._exporter.owns_sink and not stuck:
             dispose = getattr(sink, "dispose", None)
@@ -363,19 +347,8 @@ class BatchWriter:
             if self._file is not None or self._file_refused:
                 return
             self._file_refused = True  # until made: a record racing this one goes without
-        directory = self._run_dir
-        if directory is None:
-            return
-        try:
-            made = ProcessLedger.create(directory, self._describe(), self._max_batch_size)
-        except OSError as exc:
-            logger.warning(
-                "recalltrace: cannot keep this process's ledger file in %s (%s): if this "
-                "process is killed, the records it holds cannot be counted by another "
-                "(set RECALLTRACE_RUN_DIR to a writable directory)",
-                directory,
-                exc.strerror or exc,
-            )
+        made = open_ledger(self._run_dir, self._describe, self._max_batch_size)
+        if made is None:
             return
         with self._lock:
             made.set_pending(len(self._queue) + self._held)
@@ -407,36 +380,24 @@ class BatchWriter:
             else:
                 file.close()
 
-    def _look_for_ended(self) -> None:
+    def _look_for_ended(self, *, at_end: bool = False) -> None:
         """Say what processes that ended without running their exit code held (every minute
-        on the writer thread)."""
+        on the writer thread, and at the end of a process that never looked), looking up their
+        batch in write through this sink (used by one thread at a time: the writer thread, or
+        the shutdown once that thread ended)."""
         now = time.monotonic()
-        if now < self._next_look or self._run_dir is None:
+        if self._run_dir is None or (now < self._next_look and not (at_end and not self._looked)):
             return
         self._next_look = now + _LOOK_FOR_ENDED_EVERY
-        try:
-            found = claim_ended(self._run_dir)
-        except Exception:
-            logger.debug("looking for ended processes' ledger files failed", exc_info=True)
-            return
-        for ended in found:
-            ended = record_ended(self._run_dir, resolved(ended, self._stored_of(ended)))
+        self._looked = True
+
+        def look_up(ids: list[str]) -> set[str] | None:
+            stored_ids = getattr(self._get_sink(), "stored_ids", None)
+            return None if stored_ids is None else set(stored_ids(ids))
+
+        for ended in look_for_ended(self._run_dir, self._describe().get("database"), look_up):
             logger.warning("%s", ended.line())
             self._stats.lost_by_ended_process(ended.lost)
-
-    def _stored_of(self, ended: EndedProcess) -> set[str] | None:
-        """Which records of the batch ``ended`` was writing are stored, when it wrote to the
-        database this process writes to and the sink can say (else ``None``)."""
-        if not ended.in_write_ids or ended.database != self._describe().get("database"):
-            return None
-        try:
-            look_up = getattr(self._get_sink(), "stored_ids", None)
-            if look_up is None:
-                return None
-            return set(look_up(list(ended.in_write_ids)))
-        except Exception:
-            logger.debug("looking up an ended process's last batch failed", exc_info=True)
-            return None
 
     def _drop_leftovers(self, reason: str, *, report: bool = True) -> None:
         with self._lock:
@@ -453,9 +414,9 @@ class BatchWriter:
                 self._assembling_dropped[id(state)] = reason
             ready, orphans = list(self._ready), list(self._orphans)
         for state in states + assembling:
-            self._stats.drop(reason, state.app_name, report=False)
+            self._stats.drop(reason, state.app_name, report=False, said_by_caller=not report)
         if references:
-            self._stats.drop(reason, "", references, report=False)
+            self._stats.drop(reason, "", references, report=False, said_by_caller=not report)
         # Records the writer holds (being assembled, awaiting a retry while storage is down)
         # are lost with the process too. A writer thread still stuck in a write is abandoned:
         # what it holds is counted now rather than never.
@@ -464,9 +425,11 @@ class BatchWriter:
             if pending.dropped_as is None:  # counted once, however often this runs
                 pending.dropped_as = reason
                 newly_dropped += 1
-                self._stats.drop(reason, pending.record.app_name, report=False)
+                self._stats.drop(
+                    reason, pending.record.app_name, report=False, said_by_caller=not report
+                )
         if orphans:
-            self._stats.drop(reason, "", len(orphans), report=False)
+            self._stats.drop(reason, "", len(orphans), report=False, said_by_caller=not report)
         if not thread_alive:
             self._ready = []
             self._orphans = []
@@ -578,6 +541,8 @@ class BatchWriter:
             self._wake.set()
 
     def _cycle(self) -> None:
+        if not self._exporter.decided:
+            self._exporter.decide(ending=self.ending)
         self._look_for_ended()
         _run_cycle_hooks()
         self._take_traces()

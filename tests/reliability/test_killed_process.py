@@ -54,6 +54,8 @@ def answer(question):
 
 answer("after")
 assert recalltrace.flush(30)
+# A process looks for ended ones a moment after its writer starts, and at its end at the latest.
+recalltrace.shutdown(30)
 print(recalltrace.ledger().lost_by_ended_processes, flush=True)
 """
 
