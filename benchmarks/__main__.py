@@ -37,6 +37,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ],
     ("tracer_overhead-10docs-new", ["benchmarks.tracer_overhead", "--new-documents"]),
     ("saturation", ["benchmarks.saturation"]),
+    ("forked_jobs", ["benchmarks.forked_jobs"]),
     ("ingest", ["benchmarks.ingest"]),
     ("storage_ingest", ["benchmarks.storage_ingest"]),
     ("scrub", ["benchmarks.scrub"]),

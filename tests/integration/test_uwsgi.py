@@ -72,7 +72,7 @@ def wait_logged(server: Server, pattern: re.Pattern[str], count: int) -> None:
 def test_every_answered_request_is_its_own_stored_row(
     tmp_path: Path, pg_engine: Engine, postgres_url: str, case: str
 ) -> None:
-    uwsgi = require_tool("uwsgi", "pip install uwsgi: the integrations extra")
+    uwsgi = require_tool("uwsgi", "pip install -e '.[servers]' (built from source: a C compiler)")
     shutil.copy(APP, tmp_path / "traced_app.py")
     port = free_port()
     fifo = tmp_path / "master.fifo"
