@@ -17,8 +17,9 @@ the record's attempts). The ledger is kept in the application's process, so ever
 ends in exactly one counted outcome.
 
 The child is started on the first write, with the application's interpreter and its
-``sys.path`` (``sys.executable -c "... from recalltrace._storage_process import main; main()"``),
-and started again when it is gone. It
+``sys.path`` (``python -c "... from recalltrace._storage_process import main; main()"``, where
+``python`` is :func:`python_interpreter`), and started again when it is gone; when it cannot be
+started at all, the tracer stores from its writer thread instead. It
 ignores SIGINT and SIGTERM: it ends when its pipe closes (the application exits, or the tracer
 shuts down after draining its queue), so a signal sent to the whole process group does not end
 it before the application has handed over what it holds. A child that does not answer within
@@ -69,8 +70,27 @@ _close = original("os", "close")
 _sleep = original("time", "sleep")
 
 
+def _inheritable_descriptors() -> list[int]:
+    """This process's descriptors above stderr that a spawned program would inherit (a server's
+    pipes and sockets made without close-on-exec: uWSGI's)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        fd = int(name)
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                if os.get_inheritable(fd):
+                    found.append(fd)
+    return found
+
+
 class _Child:
-    """The storage process: started with ``posix_spawn``, its stdin and stdout the two pipes."""
+    """The storage process: started with ``posix_spawn``, its stdin and stdout the two pipes,
+    its stderr the application's; it holds none of the application's other descriptors (a
+    copy of a server's pipe kept it open: uWSGI's threaded workers waited on its end)."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         to_read, to_write = os.pipe()
@@ -83,6 +103,7 @@ class _Child:
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, to_read, 0),
                     (os.POSIX_SPAWN_DUP2, from_write, 1),
+                    *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_descriptors()),
                 ],
             )
         except BaseException:
@@ -130,7 +151,9 @@ _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _PATH_VARIABLE = "RECALLTRACE_STORAGE_PROCESS_PATH"
 _BOOTSTRAP = (
-    "import json, os, sys; "
+    # What the child got of the application's descriptors besides its pipes and stderr (one
+    # opened by another thread while it was spawned) is closed before anything else.
+    "import json, os, sys; os.closerange(3, os.sysconf('SC_OPEN_MAX')); "
     f"sys.path[:] = json.loads(os.environ.pop({_PATH_VARIABLE!r})); "
     "from recalltrace._storage_process import main; main()"
 )
@@ -138,6 +161,14 @@ _BOOTSTRAP = (
 
 class StorageProcessLost(ConnectionError):
     """The storage process exited, or did not answer in time; the batch is retried."""
+
+
+class StorageProcessCannotStart(StorageProcessLost):
+    """The storage process could not be started (no Python interpreter to start it with, or it
+    ended or stayed silent while starting): the tracer stores from its writer thread instead."""
+
+    cannot_start = True
+    """What the tracer's record pipeline looks for (it does not import this module)."""
 
 
 class StorageProcessUnavailable(ConnectionError):
@@ -211,6 +242,25 @@ def _grow_pipe(fd: int) -> None:
 
 
 # -- the application's side ----------------------------------------------------------------
+
+
+def python_interpreter() -> str | None:
+    """The Python interpreter to start the storage process with: ``sys.executable`` when it is
+    one. A server that embeds Python (uWSGI, mod_wsgi) sets ``sys.executable`` to its own
+    program, which would read ``-c`` as its own option; then the interpreter of this Python
+    version in the environment's ``bin`` (a virtualenv's), else in the installation's.
+    ``None`` when none is found."""
+    major, minor = sys.version_info[:2]
+    candidates = [sys.executable]
+    for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
+        for name in (f"python{major}.{minor}", f"python{major}"):
+            candidates.append(os.path.join(prefix, "bin", name))
+    candidates.append(getattr(sys, "_base_executable", ""))
+    for path in candidates:
+        name = os.path.basename(path or "")
+        if name.startswith(("python", "pypy")) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 class StorageProcessSink:
@@ -291,7 +341,20 @@ class StorageProcessSink:
         # The child imports what this process imports: it starts with this process's sys.path.
         env = dict(os.environ)
         env[_PATH_VARIABLE] = json.dumps(sys.path)
-        proc = _Child([sys.executable, "-c", _BOOTSTRAP], env)
+        python = python_interpreter()
+        if python is None:
+            raise StorageProcessCannotStart(
+                f"the storage process cannot be started: this process's program "
+                f"({sys.executable or 'unknown'}) is not a Python interpreter, and none of "
+                f"Python {sys.version_info[0]}.{sys.version_info[1]} was found in {sys.prefix} "
+                f"or {sys.base_prefix}"
+            )
+        try:
+            proc = _Child([python, "-c", _BOOTSTRAP], env)
+        except OSError as exc:
+            raise StorageProcessCannotStart(
+                f"the storage process could not be started with {python} ({exc})"
+            ) from exc
         self._to_child = proc.to_child
         self._from_child = proc.from_child
         _grow_pipe(self._to_child)
@@ -312,11 +375,16 @@ class StorageProcessSink:
             _send(self._to_child, pickle.dumps(config), deadline)
             ready = _receive(self._from_child, deadline)
         except TimeoutError as exc:
-            raise self._lost(f"did not start within {self._start_timeout:g} s") from exc
+            raise self._lost(
+                f"did not start within {self._start_timeout:g} s", StorageProcessCannotStart
+            ) from exc
         except (OSError, EOFError) as exc:
-            raise self._lost(f"exited while starting ({exc})") from exc
+            raise self._lost(
+                f"exited while starting ({exc}; started as {python} -c ...)",
+                StorageProcessCannotStart,
+            ) from exc
         if ready != "ready":
-            raise self._lost(f"answered {ready!r} while starting")
+            raise self._lost(f"answered {ready!r} while starting", StorageProcessCannotStart)
 
     def _close_pipes(self) -> None:
         for fd in (self._to_child, self._from_child):
@@ -325,7 +393,9 @@ class StorageProcessSink:
                     _close(fd)
         self._to_child = self._from_child = -1
 
-    def _lost(self, why: str) -> StorageProcessLost:
+    def _lost(
+        self, why: str, kind: type[StorageProcessLost] = StorageProcessLost
+    ) -> StorageProcessLost:
         proc = self._proc
         self._proc = None
         self._close_pipes()
@@ -334,7 +404,7 @@ class StorageProcessSink:
             if proc.poll() is None:
                 proc.kill()
             code = proc.wait()
-        return StorageProcessLost(f"the storage process {why} (exit code {code})")
+        return kind(f"the storage process {why} (exit code {code})")
 
     def _call(self, op: str, payload: bytes) -> Any:
         if self._proc is not None and os.getpid() == self._owner and self._proc.poll() is not None:
@@ -440,8 +510,11 @@ def _remote_error(info: dict[str, Any]) -> Exception:
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
-    from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
-    from recalltrace.tracer._writer import is_trace_not_found
+    from recalltrace.storage.errors import (
+        is_database_unavailable,
+        is_schema_missing,
+        is_trace_not_found,
+    )
 
     return {
         "type": type(exc).__name__,
@@ -577,7 +650,7 @@ def _assembled(
         if type(item) is not PlainTrace:
             if scrubber is not None:
                 scrubber.scrub_record(item)
-            records.append(item)  # type: ignore[arg-type]
+            records.append(item)
             continue
         try:
             if assembly is None:

@@ -47,3 +47,10 @@ def is_schema_missing(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def is_trace_not_found(exc: BaseException) -> bool:
+    """Whether a sink's exception means "this trace is not stored (yet)"."""
+    if isinstance(exc, LookupError):
+        return True
+    return any(cls.__name__ == "TraceNotFound" for cls in type(exc).__mro__)

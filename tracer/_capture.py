@@ -51,9 +51,14 @@ from recalltrace.tracer._capture_build import (
     span_role,
 )
 from recalltrace.tracer._conventions import RECALLTRACE_SCOPE, SPAN_KIND
-from recalltrace.tracer._internal import FORK_CAPTURE, at_fork_in_child, on_configure, own_process
+from recalltrace.tracer._internal import (
+    FORK_CAPTURE,
+    add_cycle_hook,
+    at_fork_in_child,
+    on_configure,
+    own_process,
+)
 from recalltrace.tracer._span_views import ended_span_view
-from recalltrace.tracer._writer import add_cycle_hook
 
 logger = logging.getLogger("recalltrace.tracer")
 _sleep = _threads.original("time", "sleep")

@@ -157,3 +157,24 @@ def user_code_error(where: str) -> None:
     """Call from an ``except`` block around user-supplied code or user data: log once."""
     if _first_time(where):
         logger.exception("recalltrace: %s raised (logged once; the value is not captured)", where)
+
+
+# Work handed to the writer thread by other parts of the tracer (span capture finds the
+# requests in finished spans there): each hook runs at the start of every writer cycle and of
+# every flush, in the thread running it, so what it offers is queued before a flush counts.
+_cycle_hooks: list[Callable[[], None]] = []
+
+
+def add_cycle_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at the start of every writer cycle and flush (once, however often added)."""
+    if hook not in _cycle_hooks:
+        _cycle_hooks.append(hook)
+
+
+def run_cycle_hooks() -> None:
+    """Run every hook added with :func:`add_cycle_hook` (each failure logged)."""
+    for hook in list(_cycle_hooks):
+        try:
+            hook()
+        except Exception:
+            logger.exception("recalltrace writer: handing over finished work failed")

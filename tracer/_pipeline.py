@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from recalltrace.tracer._config import ScrubbingOptions, TracerConfig
 from recalltrace.tracer._metrics import VALUES_NOT_READ, TracerStats
-from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, plain_trace
+from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plain, plain_trace
 from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
 from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sinks import open_default_sink
@@ -83,6 +83,16 @@ class Exporter(Protocol):
     def owns_sink(self) -> bool:
         """Whether the writer closes the sink at shutdown."""
 
+    def fall_back(self, exc: Exception) -> bool:
+        """After the sink failed with ``exc``: whether the stages moved to the writer thread
+        (the sink was a storage process that cannot start)."""
+
+    def redo(self, item: TraceRecord | PlainTrace) -> TraceRecord | PlainTrace:
+        """A record prepared before :meth:`fall_back`, as the stages now prepare it."""
+
+    def redo_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
+        """A late reference prepared before :meth:`fall_back`, as it is now prepared."""
+
 
 @dataclass(frozen=True, slots=True)
 class Stage:
@@ -118,6 +128,8 @@ class RecordPipeline:
         """What the writer says to do when the database has no recalltrace tables (a command
         that configures the tracer for its own use, such as ``collect``, says it its way)."""
         self._said: set[str] = set()
+        self._unscrubbed = False
+        """Set by :meth:`fall_back` when the records prepared before it are not scrubbed."""
         self.decided = False
         """Whether where the stages run is decided (always, unless ``storage_process`` is
         left to choose and nothing was written yet)."""
@@ -241,6 +253,38 @@ class RecordPipeline:
     def owns_sink(self) -> bool:
         """Whether the sink is the tracer's to close (not one passed in)."""
         return self._config.sink is None
+
+    def fall_back(self, exc: Exception) -> bool:
+        """After the store stage's sink failed with ``exc``: when that sink is a storage
+        process that cannot start (this process's program is not a Python interpreter, or the
+        child ended while starting), run every stage on the writer thread from now on, said
+        once with why; ``True`` when it did (the writer then opens the new sink and hands the
+        records it holds to :meth:`redo`)."""
+        if not (self.separate and getattr(exc, "cannot_start", False)):
+            return False
+        self._unscrubbed = self.remote_scrubbing is not None
+        self._place(False)
+        logger.warning(
+            "recalltrace: %s; records are stored from the writer thread in this process "
+            "instead (storage_process=False does so from the start)",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        return True
+
+    def redo(self, item: TraceRecord | PlainTrace) -> TraceRecord | PlainTrace:
+        """A record prepared for the storage process, as the writer thread stores it: a plain
+        trace assembled, and scrubbed here when the storage process was to scrub it."""
+        if type(item) is PlainTrace:
+            return assemble_plain(item.values, self.scrubber, self.assembly)
+        if self._unscrubbed and self.scrubber is not None:
+            self.scrubber.scrub_record(item)  # type: ignore[arg-type]
+        return item
+
+    def redo_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:
+        """A late reference prepared for the storage process, as the writer thread stores it."""
+        if self._unscrubbed and self.scrubber is not None:
+            return scrub_reference(self.scrubber, update)
+        return update
 
     def _read(self, state: TraceState) -> None:
         summary = read_values(state, self.reader)

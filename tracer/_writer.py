@@ -28,9 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recalltrace.storage.errors import is_database_unavailable, is_schema_missing
+from recalltrace.storage.errors import (
+    is_database_unavailable,
+    is_schema_missing,
+    is_trace_not_found,
+)
 from recalltrace.tracer import _threads
-from recalltrace.tracer._internal import FORK_WRITERS, at_fork_in_child, own_process
+from recalltrace.tracer._internal import (
+    FORK_WRITERS,
+    at_fork_in_child,
+    own_process,
+    run_cycle_hooks,
+)
 from recalltrace.tracer._metrics import TracerStats
 from recalltrace.tracer._pipeline import DEFAULT_SCHEMA_HINT
 from recalltrace.tracer._plain import PlainTrace
@@ -58,13 +67,6 @@ _FIRST_LOOK_AFTER = 2.0
 _sleep = _threads.original("time", "sleep")
 
 
-def is_trace_not_found(exc: BaseException) -> bool:
-    """Whether a sink's exception means "this trace is not stored (yet)"."""
-    if isinstance(exc, LookupError):
-        return True
-    return any(cls.__name__ == "TraceNotFound" for cls in type(exc).__mro__)
-
-
 @dataclass(slots=True)
 class _Pending:
     record: TraceRecord | PlainTrace
@@ -85,28 +87,8 @@ class _Orphan:
     still on its way); it is retried in the background until ``deadline``."""
 
 
-# Work handed to the writer thread by other parts of the tracer (span capture finds the
-# requests in finished spans there): each hook runs at the start of every writer cycle and of
-# every flush, in the thread running it, so what it offers is queued before a flush counts.
-_cycle_hooks: list[Callable[[], None]] = []
-
-
 # Every writer of this process, reset in a forked child by the tracer's one fork hook.
 _writers: weakref.WeakSet[BatchWriter] = weakref.WeakSet()
-
-
-def add_cycle_hook(hook: Callable[[], None]) -> None:
-    """Run ``hook`` at the start of every writer cycle and flush (once, however often added)."""
-    if hook not in _cycle_hooks:
-        _cycle_hooks.append(hook)
-
-
-def _run_cycle_hooks() -> None:
-    for hook in list(_cycle_hooks):
-        try:
-            hook()
-        except Exception:
-            logger.exception("recalltrace writer: handing over finished work failed")
 
 
 def _reset_writers_in_child() -> None:
@@ -290,7 +272,7 @@ class BatchWriter:
         if self._pid != os.getpid():
             own_process()
         deadline = None if timeout is None else time.monotonic() + timeout
-        _run_cycle_hooks()
+        run_cycle_hooks()
         with self._lock:
             target = self._accepted
             if self._completed >= target:
@@ -544,7 +526,7 @@ class BatchWriter:
         if not self._exporter.decided:
             self._exporter.decide(ending=self.ending)
         self._look_for_ended()
-        _run_cycle_hooks()
+        run_cycle_hooks()
         self._take_traces()
         self._take_references()
         if self._ready and self.clock() >= self._next_attempt:
@@ -699,7 +681,21 @@ class BatchWriter:
             )
         return stored
 
+    def _fell_back(self, exc: Exception) -> bool:
+        """Whether the stages moved here (a storage process that cannot start); what this
+        thread holds is prepared again for them."""
+        if not self._exporter.fall_back(exc):
+            return False
+        self._sink = None
+        for pending in self._ready:
+            pending.record = self._exporter.redo(pending.record)
+        for orphan in self._orphans:
+            orphan.update = self._exporter.redo_reference(orphan.update)
+        return True
+
     def _write_failed(self, chunk: list[_Pending], exc: Exception) -> None:
+        if self._fell_back(exc):
+            return
         now = self.clock()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         name = type(exc).__name__
@@ -752,6 +748,8 @@ class BatchWriter:
             try:
                 self._get_sink().attach_reference(orphan.update)
             except Exception as exc:
+                if self._fell_back(exc):
+                    continue
                 if not is_trace_not_found(exc):
                     logger.debug("attaching a reference failed; will retry", exc_info=True)
                 if now >= orphan.deadline:

@@ -170,3 +170,101 @@ def test_a_process_loads_the_database_stack_before_forking_only_for_writer_threa
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"before": False, "child": loaded}
     assert _count(postgres_url) == 1
+
+
+# A program that embeds Python (uWSGI, mod_wsgi) sets sys.executable to itself: the storage
+# process cannot be started with it. The stand-in here is a program that is not Python at all,
+# and an installation with no interpreter in it; then one that ends while starting.
+EMBEDDED = """
+import json, os, sys
+sys.executable, how = sys.argv[1], sys.argv[3]
+if how == "no-python":
+    sys.prefix = sys.exec_prefix = sys.base_prefix = sys.argv[4]
+    sys._base_executable = ""
+import recalltrace
+from recalltrace.tracer import _runtime
+
+recalltrace.configure(
+    database_url=sys.argv[2], sample_rate=1.0, service_name="choice",
+    storage_process=True if how == "asked" else None,
+)
+
+@recalltrace.rag
+def answer(question):
+    return "ok: " + question
+
+for n in range(20):
+    answer(f"question {n} from alice@example.com")
+assert recalltrace.flush(60)
+pipeline = _runtime.get().pipeline
+print(json.dumps({"store": pipeline.place("store")}), flush=True)
+recalltrace.shutdown(60)
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("how", ["no-python", "ends-starting", "asked"])
+def test_a_storage_process_that_cannot_start_leaves_storing_to_the_writer_thread(
+    tmp_path: Path, pg_engine: object, postgres_url: str, how: str
+) -> None:
+    """Every record is stored, scrubbed, from the writer thread; why is said once."""
+    program = tmp_path / "uwsgi"
+    if how != "no-python":
+        program = tmp_path / "python3"  # looks like Python, ends at once (as uWSGI reading -c)
+    program.write_text("#!/bin/sh\necho 'unable to load configuration' >&2\nexit 1\n")
+    program.chmod(0o755)
+    empty = tmp_path / "installation"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env["RECALLTRACE_RUN_DIR"] = str(tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDED, str(program), postgres_url, how, str(empty)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"store": "writer thread"}
+    said = [line for line in done.stderr.splitlines() if "from the writer thread" in line]
+    assert len(said) == 1, done.stderr[-3000:]
+    expected = "is not a Python interpreter" if how == "no-python" else "exited while starting"
+    assert expected in said[0], said
+    assert _count(postgres_url) == 20
+    from sqlalchemy import text
+
+    from recalltrace.storage.db import create_engine_from_url
+
+    engine = create_engine_from_url(postgres_url)
+    try:
+        with engine.connect() as conn:
+            inputs = conn.execute(
+                text("SELECT user_input FROM traces WHERE service_name = 'choice'")
+            ).scalars()
+            assert not [value for value in inputs if "alice@example.com" in value]
+    finally:
+        engine.dispose()
+
+
+def test_the_storage_process_starts_with_python_where_sys_executable_is_another_program(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from recalltrace import _storage_process
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "uwsgi"))
+    found = _storage_process.python_interpreter()
+    assert found is not None and os.path.basename(found).startswith("python")
+    assert found.startswith((sys.prefix, sys.base_prefix)) or found == sys._base_executable
+    # Its version is this one: the compiled modules on sys.path are this version's.
+    version = subprocess.run(
+        [found, "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    assert version == str(sys.version_info[:2])
+    for name in ("prefix", "exec_prefix", "base_prefix"):
+        monkeypatch.setattr(sys, name, str(tmp_path))
+    monkeypatch.setattr(sys, "_base_executable", "", raising=False)
+    assert _storage_process.python_interpreter() is None

@@ -520,3 +520,29 @@ def test_the_application_loads_no_database_stack_with_a_storage_process(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_the_storage_process_keeps_none_of_the_applications_descriptors(
+    postgres_url: str, pg_engine: Engine
+) -> None:
+    """A server's own pipes and sockets end when the server closes them, storage process or
+    not: uWSGI's threaded workers stop on the end of a pipe whose writing end they close, and a
+    copy held by the storage process kept them waiting until it exited (at the application's
+    exit, which waited for them)."""
+    read_end, write_end = os.pipe()
+    os.set_inheritable(read_end, True)
+    os.set_inheritable(write_end, True)  # as uWSGI's pipe(): no close-on-exec
+    sink = StorageProcessSink(postgres_url)
+    try:
+        sink.write_traces([make_trace()])
+        child = sink.helper_pid
+        assert child
+        held = {os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")}
+        ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (read_end, write_end)}
+        assert not held & ours, held
+        os.close(write_end)
+        os.set_blocking(read_end, False)
+        assert os.read(read_end, 1) == b""  # the end of the pipe, not "would block"
+    finally:
+        os.close(read_end)
+        sink.dispose()

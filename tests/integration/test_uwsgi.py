@@ -106,6 +106,9 @@ def test_every_answered_request_is_its_own_stored_row(
             server.wait(120, "uWSGI did not end within 120 s of its graceful shutdown")
     stderr = server.output()
     assert server.returncode == 0, stderr[-3000:]
+    # uWSGI's sys.executable is uWSGI itself: the workers' storage processes start with the
+    # environment's Python all the same (the default with Postgres), not the writer thread.
+    assert "from the writer thread in this process instead" not in stderr, stderr[-3000:]
     outcome, references = check(pg_engine, postgres_url, load.answers, stderr, env)
     # uWSGI's SIGTERM with --die-on-term stops each worker at once (SIGINT, then exit() from
     # C): a worker still closing its last request skips Python's atexit, and what it held is
