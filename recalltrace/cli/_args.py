@@ -62,7 +62,9 @@ def _piped(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
     return run
 
 
-def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
+def _add_common(
+    parser: argparse.ArgumentParser, *, metric_help: str, metric_required: bool = False
+) -> None:
     _add_database_option(parser)
     parser.add_argument(
         "--since",
@@ -75,7 +77,9 @@ def _add_common(parser: argparse.ArgumentParser, *, metric_help: str) -> None:
     parser.add_argument(
         "--app", type=_stored_text, default=None, metavar="NAME", help="only this app"
     )
-    parser.add_argument("--metric", default=None, metavar="METRIC", help=metric_help)
+    parser.add_argument(
+        "--metric", default=None, metavar="METRIC", help=metric_help, required=metric_required
+    )
     _add_version(parser)
 
 

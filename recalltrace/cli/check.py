@@ -73,7 +73,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         f"(default: {MIN_TRACES})",
     )
     check.add_argument(
-        "--since", default="1h", metavar="WHEN", help="window start (default: 1h; see --help)"
+        "--since",
+        default="1h",
+        metavar="WHEN",
+        help="window start: a duration before now (30m, 1h, 7d) or an ISO timestamp "
+        "(2026-11-01T10:00:00Z); default: 1h",
     )
     check.add_argument("--until", default=None, metavar="WHEN", help="window end (default: now)")
     check.add_argument(

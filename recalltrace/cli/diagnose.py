@@ -91,7 +91,7 @@ def register(scores_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Three sections for one metric in a window. Slices: each value of a "
         "request attribute (release, environment, tag, app, service, user, session) and of "
         "the retrieved documents' metadata (document.KEY) with at most 50 values, against the "
-        "rest: mean, difference with its 95%% interval (Welch, Student's t), false-discovery "
+        "rest: mean, difference with its 95% interval (Welch, Student's t), false-discovery "
         "rate controlled across every slice tested (Benjamini-Hochberg), ranked by impact "
         "(traces x recall lost); only the significant ones below the rest unless --all. "
         "Missed references (id_based_context_recall, non_llm_context_recall): each reference "
@@ -99,7 +99,11 @@ def register(scores_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "claims (llm_context_recall): the claims the retrieved contexts most often did not "
         "support.",
     )
-    _add_common(diagnose, metric_help="the metric to diagnose (required)")
+    _add_common(
+        diagnose,
+        metric_help="the metric to diagnose (e.g. id_based_context_recall)",
+        metric_required=True,
+    )
     _add_where(diagnose)
     diagnose.add_argument(
         "--q",
@@ -149,7 +153,7 @@ class _Drill:
         self.common = common
         window = ["--metric", args.metric]
         if args.metric_version is not None:
-            window += ["--version", args.metric_version]
+            window += ["--metric-version", args.metric_version]
         if since is not None:
             window += ["--since", _iso(since)]
         if until is not None:
@@ -173,8 +177,7 @@ class _Drill:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     metric, version = _metric_version(args)
-    if metric is None:
-        raise CommandError("scores diagnose needs --metric (e.g. --metric id_based_context_recall)")
+    assert metric is not None  # --metric is required
     since, until = _window(args)
     with _database(args) as engine:
         lower, upper = _data_window(engine, since, until)

@@ -50,11 +50,11 @@ def register(scores_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="mean recall per release/environment/tag/... with 95%% intervals, each against a "
         "baseline with a verdict",
         description="For each group of traces (by --by), the number of scored traces and the "
-        "mean of METRIC with its 95%% confidence interval; for each group against the baseline, "
-        "the difference with its 95%% interval and a verdict: worse, better, no detectable "
+        "mean of METRIC with its 95% confidence interval; for each group against the baseline, "
+        "the difference with its 95% interval and a verdict: worse, better, no detectable "
         "difference, or too few traces. The interval method is named in the output.",
     )
-    _add_common(compare, metric_help="the metric to compare (required)")
+    _add_common(compare, metric_help="the metric to compare", metric_required=True)
     compare.add_argument(
         "--by",
         required=True,
@@ -131,8 +131,7 @@ def _compare(
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     metric, version = _metric_version(args)
-    if metric is None:
-        raise CommandError("scores compare needs --metric")
+    assert metric is not None  # --metric is required
     since, until = _window(args)
     with _database(args) as engine:
         result = _compare(engine, args, metric, version, *_data_window(engine, since, until))

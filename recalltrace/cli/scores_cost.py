@@ -45,7 +45,11 @@ def register(scores_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_database_option(cost)
     cost.add_argument(
-        "--since", default="30d", metavar="WHEN", help="stored from (default: 30d; see --help)"
+        "--since",
+        default="30d",
+        metavar="WHEN",
+        help="stored from: a duration before now (1d, 30d) or an ISO timestamp "
+        "(2026-11-01); default: 30d",
     )
     cost.add_argument("--until", default=None, metavar="WHEN", help="stored until (default: now)")
     cost.add_argument(

@@ -165,7 +165,7 @@ def test_unsupported_claims(url: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "scores diagnose needs --metric"),
+        ([], "the following arguments are required: --metric"),
         (["--metric", "no_such"], "unknown metric 'no_such'"),
         (["--metric", ID_METRIC, "--q", "2"], "expected a rate between 0 and 1"),
         (["--metric", ID_METRIC, "--min-count", "1"], "from 2 to"),
@@ -227,3 +227,21 @@ def test_stored_text_stays_inert_in_every_format(tmp_path_factory: pytest.TempPa
                         float(cell)  # a number (a negative difference) is no formula
                     except ValueError:
                         assert not cell.startswith(("=", "+", "-", "@")), row
+
+
+def test_a_drill_down_keeps_the_metric_version_it_was_given(url: str) -> None:
+    """``--metric-version`` reaches the printed drill-downs as the option they take (a bare
+    ``--version`` made every one of them exit 2)."""
+    code, out, err = run("scores", "worst", "--database-url", url, "--metric", ID_METRIC,
+                         "--format", "json", "--limit", "1")  # fmt: skip
+    assert code == 0, err
+    version = str(json.loads(out)[0]["version"])
+    document = json.loads(
+        diagnose(url, "--metric", ID_METRIC, "--metric-version", version, "--format", "json")
+    )
+    drills = [row["drill"] for row in document["slices"] + document["missed_references"]]
+    assert drills
+    for drill in drills[:4]:
+        assert f"--metric-version {version}" in drill or drill.startswith("recalltrace trace ")
+        code, _, err = run(*shlex.split(drill)[1:])
+        assert code == 0, (drill, err)
