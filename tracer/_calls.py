@@ -34,7 +34,7 @@ from recalltrace.tracer._conventions import (
 from recalltrace.tracer._extract import is_plain_data, snapshot, to_text
 from recalltrace.tracer._internal import internal_error, own_process, user_code_error
 from recalltrace.tracer._kinds import Kind, Stream, record_stream, stream_item
-from recalltrace.tracer._scrub import scrub_span_attributes
+from recalltrace.tracer._span_scrub import scrub_span
 
 
 class Param(NamedTuple):
@@ -366,9 +366,11 @@ def _capture_references(spec: Spec, state: Any, args: tuple[Any, ...], kwargs: A
 def _end(call: Call) -> None:
     scrub = call.runtime.span_scrub
     if scrub is not None and call.recording:
-        # Attributes the application set on this span itself (with the OpenTelemetry API)
-        # are user text too; the tracer's own, scrubbed already, are recognised at once.
-        scrub_span_attributes(call.span, scrub)
+        # What the application set on this span itself with the OpenTelemetry API (its
+        # attributes, name, events, links, status) is user text too; the tracer's own,
+        # scrubbed already, is recognised at once. Before end(): no span processor has seen
+        # the span yet, whatever the provider holds (see _span_scrub).
+        scrub_span(call.span, scrub)
     try:
         call.span.end()
     except Exception:

@@ -58,6 +58,7 @@ from recalltrace.tracer._internal import (
     on_configure,
     own_process,
 )
+from recalltrace.tracer._span_scrub import scrub_span
 from recalltrace.tracer._span_views import ended_span_view
 
 logger = logging.getLogger("recalltrace.tracer")
@@ -286,6 +287,8 @@ class SpanCapture:
         if not self.active:
             return
         try:
+            if not _sdk_calls_on_ending():
+                _scrub_ending(span)  # an older SDK: scrubbed for the processors after this
             if self._groups:  # a decorated request is open: its calls join it now
                 with self._lock:
                     self._replay_locked()
@@ -304,7 +307,11 @@ class SpanCapture:
             internal_error("capturing a finished span")
 
     def _on_ending(self, span: Any) -> None:
-        """Called by newer SDKs just before a span ends; nothing to do then."""
+        """Called by the SDK (1.40 and later) as a span ends, before any processor's
+        ``on_end``: with span scrubbing on, the instrumentations' spans are scrubbed here,
+        before any exporter sees them (see :mod:`._span_scrub` for the invariant)."""
+        if self.active:
+            _scrub_ending(span)
 
     def _after_note(self, waiting: int) -> None:
         if waiting >= self._journal_limit:
@@ -460,6 +467,34 @@ class SpanCapture:
         them)."""
         self.finish_pending()
         return True
+
+
+_on_ending_called: list[bool] = []
+
+
+def _sdk_calls_on_ending() -> bool:
+    """Whether the SDK's spans call ``_on_ending`` of their processors (1.40 and later)."""
+    if not _on_ending_called:
+        try:
+            from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+        except ImportError:
+            _on_ending_called.append(False)
+        else:
+            _on_ending_called.append(hasattr(SynchronousMultiSpanProcessor, "_on_ending"))
+    return _on_ending_called[0]
+
+
+def _scrub_ending(span: Any) -> None:
+    """Scrub an instrumentation's span that is ending, when span scrubbing is on (the
+    decorators' spans were scrubbed before they ended)."""
+    runtime = loaded_runtime()
+    scrub = getattr(runtime, "span_scrub", None)
+    if scrub is None:
+        return
+    scope = getattr(span, "instrumentation_scope", None)
+    if scope is not None and scope.name == RECALLTRACE_SCOPE:
+        return
+    scrub_span(span, scrub)
 
 
 # Seconds a finished subtree waits on the writer thread, while two instrumentors of

@@ -41,8 +41,9 @@ from recalltrace.tracer._metrics import Ledger, TracerStats, register_instrument
 from recalltrace.tracer._pipeline import READ_TIMEOUT_S, RecordPipeline, plan
 from recalltrace.tracer._process_ledger import default_run_dir
 from recalltrace.tracer._sampling import TraceSampler
-from recalltrace.tracer._scrub import TextScrub, build_scrubber, span_text_scrubber
+from recalltrace.tracer._scrub import build_scrubber
 from recalltrace.tracer._sinks import check_default_sink, warm_default_sink
+from recalltrace.tracer._span_scrub import TextScrub, span_text_scrubber
 from recalltrace.tracer._state import TraceState, read_ids
 from recalltrace.tracer._writer import BatchWriter
 

@@ -15,10 +15,9 @@ or replace each match. Every change is noted on the record, without the secret i
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -723,68 +722,6 @@ def build_scrubber(options: ScrubbingOptions | bool | None) -> Scrubber | None:
     if options is None or options is True:
         options = ScrubbingOptions()
     return Scrubber(options)
-
-
-TextScrub = Callable[[str], str]
-
-
-def span_text_scrubber(scrubber: Scrubber | None, options: Any) -> TextScrub | None:
-    """The function applied to span attribute text, when span scrubbing is on."""
-    if scrubber is None or not isinstance(options, ScrubbingOptions):
-        return None
-    if not options.scrub_span_attributes:
-        return None
-
-    produced: set[str] = set()  # texts this function returned lately: scrubbed already
-
-    def scrub(text: str) -> str:
-        if text in produced:
-            return text
-        result = scrub_once(text)
-        if len(produced) >= 4096:
-            produced.clear()
-        produced.add(result)
-        return result
-
-    def scrub_once(text: str) -> str:
-        if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
-            # JSON text (document metadata, messages): its keys and strings are scrubbed as
-            # the structure they are, not as escaped text, then encoded again.
-            try:
-                value = json.loads(text)
-            except ValueError:
-                value = None
-            if isinstance(value, (dict, list)):
-                scrubbed = scrubber.scrub_value(value, "span", None)
-                if scrubbed == value:
-                    return text
-                return json.dumps(scrubbed, ensure_ascii=False, default=str)
-        return scrubber.scrub_text(text, "span", None)
-
-    return scrub
-
-
-def scrub_span_attributes(span: Any, scrub: TextScrub) -> None:
-    """Scrub the text attributes (strings and sequences of strings) of a span not yet ended,
-    in place; never raises."""
-    try:
-        attributes = getattr(span, "attributes", None)
-        if not attributes:
-            return
-        changed: dict[str, Any] = {}
-        for key, value in attributes.items():
-            if isinstance(value, str):
-                scrubbed = scrub(value)
-                if scrubbed != value:
-                    changed[key] = scrubbed
-            elif isinstance(value, (tuple, list)) and any(isinstance(v, str) for v in value):
-                items = [scrub(v) if isinstance(v, str) else v for v in value]
-                if items != list(value):
-                    changed[key] = items
-        if changed:
-            span.set_attributes(changed)
-    except Exception:
-        logger.debug("recalltrace: scrubbing a span's attributes failed", exc_info=True)
 
 
 def default_pattern_names() -> Sequence[str]:
