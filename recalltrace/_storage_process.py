@@ -650,7 +650,7 @@ def _assembled(
         if type(item) is not PlainTrace:
             if scrubber is not None:
                 scrubber.scrub_record(item)
-            records.append(item)
+            records.append(item)  # type: ignore[arg-type]
             continue
         try:
             if assembly is None:
