@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
 from recalltrace.tracer._scrub import _patterns as P
+from recalltrace.tracer._scrub import _values as N
 from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
 if TYPE_CHECKING:
@@ -465,6 +466,8 @@ class Scrubber:
         for key, item in metadata.items():
             if type(item) is str:
                 texts.append(item)
+            elif (digits := N.number_text(item)) is not None:
+                texts.append(digits)
             elif type(item) not in _PLAIN:
                 texts.append(repr(metadata))
                 return False
@@ -482,10 +485,15 @@ class Scrubber:
         notes: list[str] | None,
         depth: int = 0,
         rules: _Rules | None = None,
+        hidden: list[str] | None = None,
     ) -> Any:
-        """Scrub strings inside ``value`` (dicts, lists, tuples), returning a scrubbed copy."""
+        """Scrub strings and numbers (see ``_values``) inside ``value`` (dicts, lists,
+        tuples), returning a scrubbed copy; ``hidden`` gets the strings inside the values
+        redacted whole under sensitive keys (so that no note quotes them)."""
         if isinstance(value, str):
             return self.scrub_text(value, path, notes, rules)
+        if type(value) is int or type(value) is float:
+            return N.scrub_number(self, value, path, notes, rules)
         if depth > 20:
             return value
         if isinstance(value, dict):
@@ -508,13 +516,15 @@ class Scrubber:
                     if replacement != shown:
                         if notes is not None:
                             _note(notes, f"scrubbed sensitive_key in {item_path}")
+                        if hidden is not None:
+                            _strings_of(item, hidden, 0)
                         result[key] = replacement
                         continue
-                result[key] = self.scrub_value(item, item_path, notes, depth + 1, rules)
+                result[key] = self.scrub_value(item, item_path, notes, depth + 1, rules, hidden)
             return result
         if isinstance(value, (list, tuple)):
             items = [
-                self.scrub_value(item, f"{path}[{index}]", notes, depth + 1, rules)
+                self.scrub_value(item, f"{path}[{index}]", notes, depth + 1, rules, hidden)
                 for index, item in enumerate(value)
             ]
             return items if isinstance(value, list) else tuple(items)
@@ -613,19 +623,22 @@ class Scrubber:
                         context.id, f"retrieved_contexts[{index}].id", notes, rules
                     )
         # Other metadata is walked: sensitive key names redact whatever value they hold.
+        hidden: list[str] = []
         for index, context in enumerate(record.retrieved_contexts):
             if context.metadata and (rules or self._custom or index not in plain_metadata):
+                where = f"retrieved_contexts[{index}].metadata"
                 context.metadata = self.scrub_value(
-                    context.metadata, f"retrieved_contexts[{index}].metadata", notes, 0, rules
+                    context.metadata, where, notes, 0, rules, hidden
                 )
         if record.metadata:
             record.metadata = self.scrub_value(
-                record.metadata, "metadata", notes, 0, metadata_rules
+                record.metadata, "metadata", notes, 0, metadata_rules, hidden
             )
-        # Notes name fields and keys, and carry messages (a document that could not be read
-        # says why): whatever reached them is scrubbed too, without notes of its own.
+        # Notes name fields and keys (a key path under a sensitive key quotes what it held),
+        # and carry messages (a document that could not be read says why): whatever reached
+        # them is scrubbed too, without notes of its own.
         if notes:
-            record.notes = [self.scrub_text(note, "notes", None) for note in notes]
+            record.notes = N.scrub_notes(self, notes, hidden, self._replacement)
 
     def _content_rules(self, record: TraceRecord) -> _Rules:
         """The rules that find something in the record's retrieved contents, gating only the
@@ -699,6 +712,8 @@ def _strings_of(value: Any, out: list[str], depth: int) -> None:
     """Every string :meth:`Scrubber.scrub_value` would scrub in ``value`` (keys as text)."""
     if isinstance(value, str):
         out.append(value)
+    elif (digits := N.number_text(value)) is not None:
+        out.append(digits)
     elif depth > 20:
         return
     elif isinstance(value, dict):
