@@ -86,6 +86,23 @@ def _remember_parsers(parser: argparse.ArgumentParser) -> None:
                 _remember_parsers(child)
 
 
+def _value_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """What no command can take, said by the option's name: ``--`` as an option's value
+    (``--app=--``: argparse drops the ``--`` and hands on an empty list in place of the one
+    value the option takes), and a NUL character, which no path, URL or name holds (only a
+    call from Python can pass one)."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+        single = type(action) is argparse._StoreAction and action.nargs is None
+        if single and value == [] and action.option_strings:
+            return f"{name} needs a value ('--' is not one)"
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(item, str) and "\x00" in item for item in values):
+            return f"{name}: a NUL character is not allowed"
+    return None
+
+
 def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     """One line naming what ``parser`` did not recognise and the options it has (the close
     ones when there are some)."""
@@ -164,9 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extras = parser.parse_known_args(
         _attach_dash_values(list(sys.argv[1:] if argv is None else argv))
     )
+    where: argparse.ArgumentParser = getattr(args, "command_parser", parser)
     if extras:
-        where: argparse.ArgumentParser = getattr(args, "command_parser", parser)
         where.error(version_misplaced(where, extras) or _unknown_options(where, extras))
+    problem = _value_problem(where, args)
+    if problem is not None:
+        where.error(problem)
     if getattr(args, "database_url", None) is None and args.global_database_url is not None:
         args.database_url = args.global_database_url
     logging.basicConfig(
