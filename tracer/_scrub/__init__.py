@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
+from recalltrace.tracer._scrub import _generic as G
 from recalltrace.tracer._scrub import _patterns as P
 from recalltrace.tracer._scrub import _values as N
 from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
@@ -431,6 +432,7 @@ class Scrubber:
         if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
+        rules.extend(G.rules_for(text))  # the generic detectors (``_generic``), gated there
         return rules
 
     def _file_rules(

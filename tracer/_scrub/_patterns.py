@@ -409,6 +409,8 @@ def reference_or_placeholder(value: str) -> bool:
 def _looks_like_word(value: str) -> bool:
     """A value a sentence would continue with: letters only (an initial capital at most)."""
     core = value.rstrip(".,;:!?)」。")
+    if "-" in core.strip("-") and all(part.isalpha() for part in core.split("-")):
+        core = core.replace("-", "")  # "case-sensitive", "single-use": words joined
     return core.isalpha() and (core[1:].islower() or (core.isupper() and len(core) <= 4))
 
 
@@ -421,6 +423,11 @@ def iban_ok(text: str) -> bool:
     moved = compact[4:] + compact[:4]
     number = "".join(str(int(c, 36)) for c in moved)
     return int(number) % 97 == 1
+
+
+# The prefixes card issuers use (Visa, Mastercard, American Express, Diners, Discover, JCB,
+# UnionPay, Maestro): a 13-digit millisecond timestamp (17...) is no card number.
+_CARD_ISSUER = re.compile(r"4|5[0-9]|2[2-7]|3[04-9]|6")
 
 
 def luhn_ok(digits: str) -> bool:
@@ -441,6 +448,8 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
     if name in _ASSIGNMENT_KINDS and match.re.groups:
         if reference_or_placeholder(secret):
             return False
+        if "://" in secret and "@" not in secret:
+            return False  # OAUTH_REDIRECT_URI=https://...: an address, not a credential
         if name != "password" and secret.isdigit() and len(secret) <= 8:
             return False  # MAX_TOKENS=4096: a count, not a token
         operator = text[match.start() : match.start(1)]
@@ -458,7 +467,8 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
         # user@host after ssh, scp or rsync is a login, not an address.
         return _REMOTE_LOGIN.search(text, max(0, match.start() - 64), match.start()) is None
     if name == "card_number":
-        return luhn_ok(secret.replace(" ", "").replace("-", ""))
+        digits = secret.replace(" ", "").replace("-", "")
+        return _CARD_ISSUER.match(digits) is not None and luhn_ok(digits)
     if name == "iban":
         return iban_ok(secret)
     if name == "phone_number":
@@ -485,15 +495,29 @@ def decode_base64(text: str) -> str | None:
 
 
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")
+# Characters that show nothing (zero-width space, joiners, soft hyphen, word joiner, BOM):
+# dropped before matching, so that a key they split is whole again.
+INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
+# Cyrillic and Greek letters drawn like Latin ones, folded to them when they stand next to a
+# Latin letter (a word of mixed scripts, such as "pаsswоrd" with Cyrillic a and o).
+_HOMOGLYPHS = dict(zip("аеорсухіјѕАВЕКМНОРСТХІЈЅο", "aeopcyxijsABEKMHOPCTXIJSo", strict=True))
+_MIXED_SCRIPT = re.compile(f"[A-Za-z][{''.join(_HOMOGLYPHS)}]|[{''.join(_HOMOGLYPHS)}][A-Za-z]")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 
 def normalise(text: str) -> tuple[str, list[int] | None]:
     """``text`` with compatibility forms folded (NFKC: full-width letters and digits, ligatures)
-    and every decimal digit of any script made ASCII, so that the patterns see one form; with
+    and every decimal digit of any script made ASCII, invisible characters dropped (``INVISIBLE``)
+    and Cyrillic or Greek look-alikes inside a Latin word made Latin, so that the patterns see
+    one form; with
     the offset in ``text`` of each character of the result, or ``None`` when the lengths
     agree (offsets are then the same)."""
-    if unicodedata.is_normalized("NFKC", text) and _OTHER_DIGIT.search(text) is None:
+    if (
+        unicodedata.is_normalized("NFKC", text)
+        and _OTHER_DIGIT.search(text) is None
+        and INVISIBLE.search(text) is None
+        and _MIXED_SCRIPT.search(text) is None
+    ):
         return text, None
     pieces: list[str] = []
     lengths: list[tuple[int, int, int]] = []  # (offset in text, characters in text, in result)
@@ -507,6 +531,10 @@ def normalise(text: str) -> tuple[str, list[int] | None]:
                 folded = "".join(str(unicodedata.decimal(c)) for c in folded)
             elif char.isspace():
                 folded = " "
+            elif INVISIBLE.match(char):
+                folded = ""
+            elif char in _HOMOGLYPHS and _next_to_latin(text, index):
+                folded = _HOMOGLYPHS[char]
             pieces.append(folded)
             if len(folded) != 1:
                 lengths.append((index, 1, len(folded)))
@@ -524,6 +552,12 @@ def normalise(text: str) -> tuple[str, list[int] | None]:
         position = index + 1
     offsets.extend(range(position, len(text) + 1))
     return result, offsets
+
+
+def _next_to_latin(text: str, index: int) -> bool:
+    before = text[index - 1 : index]
+    after = text[index + 1 : index + 2]
+    return (before.isascii() and before.isalpha()) or (after.isascii() and after.isalpha())
 
 
 def lower(text: str) -> str:

@@ -1,0 +1,637 @@
+"""Generic detectors: secrets found by their context and their randomness rather than by a
+vendor's format, personal identifiers checked by maintained validators, and encoded text
+decoded before it is searched.
+
+- **Credentials in context.** A value under a name that says what it is, in any syntax
+  (``db_password: …``, ``"accessToken": "…"``, ``define('DB_PASSWORD', '…')``, ``'password' =>
+  '…'``, ``<password>…</password>``, ``<add key="ApiSecret" value="…"/>``, ``X-Api-Key: …``,
+  ``Signature=…``); command-line flags (``--token …``, ``--password=…``, ``-w '…'`` after
+  ldapsearch, ``-p…`` after mysql, ``-a …`` after redis-cli); ``Authorization`` headers of any
+  scheme (``SSWS``, ``Token``, ``Digest … response="…"``, SigV4 ``Signature=…``); cookie
+  values; literal arguments of a call that look like credentials (``Client('AC…', '…')``); a
+  random token right after "key", "token", "secret", "password" or "login"; and tokens with a
+  short vendor-like prefix (``lsv2_pt_…``, ``r8_…``) whose body is random. A value counts as
+  random by its Shannon entropy over its characters, with the thresholds of its alphabet: at
+  least 3.0 bits a character for hexadecimal text (as detect-secrets' hex plugin), 3.5 for
+  other text of 20 characters or more (gitleaks' generic rule), less for shorter values; it
+  must also mix letters and digits. A value under a password-like name need not be random,
+  only not a word of prose, code or a placeholder.
+- **Personal identifiers.** National identity and tax numbers of several countries (``stdnum``
+  checksums), after a context word ("SSN", "CPF", "Steuer-ID", "passport"...) or, for the
+  formats that cannot be mistaken (a CPF's dots and dash, an Italian codice fiscale, a
+  Chinese identity number), alone; IBANs in any case and spacing; card numbers with dots
+  (Luhn and the issuer's prefix); phone numbers (``phonenumbers``), international ones alone,
+  national ones in the formats of France and Japan or after a context word.
+- **Encoded text.** ``\\u`` and ``\\x`` escapes, HTML character references, percent-encoding
+  and hexadecimal are decoded and the decoded text searched by the whole scrubber; the
+  encoded run is redacted when something is found in it.
+
+Each detector runs only when a cheap literal test on the text passes, and its expressions
+start at a literal found by ``str.find`` or are linear. ``rules_for`` gives the engine the
+detectors whose gates pass, as rules it runs like its own patterns.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import math
+import re
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import phonenumbers
+from stdnum import iban as _iban
+from stdnum import luhn as _luhn
+from stdnum.au import tfn
+from stdnum.be import nn
+from stdnum.br import cpf
+from stdnum.ca import sin
+from stdnum.cn import ric
+from stdnum.de import idnr
+from stdnum.dk import cpr
+from stdnum.es import dni, nie
+from stdnum.fi import hetu
+from stdnum.fr import nir
+from stdnum.in_ import aadhaar
+from stdnum.it import codicefiscale
+from stdnum.nl import bsn
+from stdnum.no import fodselsnummer
+from stdnum.pl import pesel
+from stdnum.se import personnummer
+from stdnum.us import ssn
+
+from recalltrace.tracer._scrub import _patterns as P
+
+Span = tuple[int, int]
+
+# -- randomness ----------------------------------------------------------------------------------
+
+_HEX = frozenset("0123456789abcdefABCDEF-")
+
+
+def entropy(value: str) -> float:
+    """Shannon entropy of ``value``, in bits a character."""
+    size = len(value)
+    return -sum(n / size * math.log2(n / size) for n in Counter(value).values())
+
+
+def looks_random(value: str, minimum: int = 12) -> bool:
+    """Whether ``value`` looks like a generated credential: long enough, letters and digits,
+    and an entropy above its alphabet's threshold."""
+    size = len(value)
+    if size < minimum or size > 512:
+        return False
+    if not any(c.isdigit() for c in value) or not any(c.isalpha() for c in value):
+        return False
+    if set(value) <= _HEX:
+        return size >= 16 and entropy(value) >= 3.0
+    return entropy(value) >= min(3.5, 0.85 * math.log2(size))
+
+
+def password_shaped(value: str) -> bool:
+    """At least 8 characters of three of: lower case, upper case, digits, symbols."""
+    if len(value) < 8:
+        return False
+    classes = (
+        any(c.islower() for c in value)
+        + any(c.isupper() for c in value)
+        + any(c.isdigit() for c in value)
+        + any(not c.isalnum() for c in value)
+    )
+    return classes >= 3
+
+
+_WORDY = re.compile(r"[A-Za-z]+(?:[-'][A-Za-z]+)*[.,;:!?)]*")
+
+
+def prose(value: str) -> bool:
+    """A word (or hyphenated words) of a sentence, not a value."""
+    return _WORDY.fullmatch(value) is not None
+
+
+# -- credentials in context ----------------------------------------------------------------------
+
+# The words that name a credential. Strong ones (passwords, secrets) take any value that is not
+# prose, code or a placeholder; the others take random values only.
+_STRONG = ("pass", "pwd", "secret", "credential", "cookie")
+_NAME_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature")
+_NAME_WORDS += ("cookie", "session", "sid", "dsn")
+_ASSIGN = re.compile(
+    r"(?i:pass(?:word|wd|phrase|code)?|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|key"
+    r"|auth|credentials?|signature|cookie|session[_\-]?id|sid|dsn)"
+    r"(?:[_\-.]?(?i:key|token|secret|base|value|string|hex|b64|id|sid)){0,2}(?:[_\-]?\d{1,4})?"
+    r"(?:\\{0,7}[\"'`])?[^\S\n]{0,3}(?:=>|:=|\+?=|:(?!//)|\\{0,7}[\"'][^\S\n]*,)[^\S\n]{0,3}"
+    r"(\\{0,7}[\"'`])?([^\s\"'`,;<>\\]{4,256})"
+)
+_XML_TAG = re.compile(r"<([A-Za-z_][\w:.\-]{0,40})>([^<\s]{4,256})</\1>")
+_XML_ATTRIBUTE = re.compile(
+    r"(?i:key|name)=\\*[\"']([^\"'<>\n\\]{1,64})\\*[\"'][^\S\n]+(?i:value)=\\*[\"']"
+    r"([^\"'<>\n\\]{4,256})\\*[\"']"
+)
+_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key|auth|credential|signature|cookie")
+
+
+def _boundary(text: str, index: int) -> bool:
+    """Whether a name word may start at ``index``: after a non-letter, a separator, or a
+    change to upper case (``accessToken``)."""
+    if index == 0:
+        return True
+    before = text[index - 1]
+    if not before.isalnum():
+        return True
+    return before.islower() or before.isdigit() if text[index].isupper() else False
+
+
+def _strong(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _STRONG)
+
+
+def _value_ok(strong: bool, value: str, quoted: bool, operator: str) -> bool:
+    if P.reference_or_placeholder(value) or value.endswith(("(", "[")):
+        return False
+    if "://" in value and "@" not in value:
+        return False  # a URL (a redirect, an endpoint), not a credential
+    if value.isdigit():
+        return strong and len(value) >= 6
+    if strong:
+        if len(value) < 6 and not password_shaped(value):
+            return False
+        return not prose(value) or (quoted and "=" in operator)
+    return looks_random(value.split("=", 1)[-1] if value.count("=") == 1 else value)
+
+
+def _quoted_end(text: str, start: int, quote: str) -> int:
+    """The end of a quoted value opened before ``start``: its closing quote on the line."""
+    end = text.find(quote, start)
+    line = text.find("\n", start)
+    if end < 0 or (0 <= line < end) or end - start > 256:
+        return -1
+    return end
+
+
+def _assignments(text: str, lowered: str) -> Iterator[Span]:
+    seen: set[int] = set()
+    for word in _NAME_WORDS:
+        index = lowered.find(word)
+        while index >= 0:
+            if index not in seen and _boundary(text, index):
+                seen.add(index)
+                match = _ASSIGN.match(text, index)
+                if match is not None:
+                    span = _assignment_span(text, match)
+                    if span is not None:
+                        yield span
+            index = lowered.find(word, index + 1)
+    if "</" in text:
+        for match in _XML_TAG.finditer(text):
+            if _SECRET_NAME.search(match.group(1)) and _value_ok(
+                _strong(match.group(1)), match.group(2), True, "="
+            ):
+                yield match.span(2)
+    if "value=" in lowered:
+        for match in _XML_ATTRIBUTE.finditer(text):
+            if _SECRET_NAME.search(match.group(1)) and _value_ok(
+                _strong(match.group(1)), match.group(2), True, "="
+            ):
+                yield match.span(2)
+
+
+_JWK_PRIVATE = re.compile(r'\\*"(?:d|p|q|dp|dq|qi|k)\\*"\s*:\s*\\*"([A-Za-z0-9_\-]{16,4096})')
+_PUTTY = re.compile(
+    r"Private-Lines:[^\S\n]*\d{1,3}[^\S\n]*(?:\r?\n|\\n)((?:[A-Za-z0-9+/=]{4,}(?:\r?\n|\\n)?)+)"
+)
+
+
+def _key_files(text: str) -> Iterator[Span]:
+    """The private members of a JSON Web Key; the private lines of a PuTTY key file."""
+    if '"kty' in text or 'kty\\"' in text:
+        for match in _JWK_PRIVATE.finditer(text):
+            yield match.span(1)
+    if "Private-Lines" in text:
+        for match in _PUTTY.finditer(text):
+            yield match.span(1)
+
+
+def _assignment_span(text: str, match: re.Match[str]) -> Span | None:
+    start, end = match.span(2)
+    quote = match.group(1)
+    if quote:
+        closing = _quoted_end(text, start, quote[-1])
+        if closing < 0:
+            return None
+        while end < closing and text[closing - 1] == "\\":
+            closing -= 1
+        end = closing
+    value = text[start:end]
+    operator = text[match.start() : match.start(2)]
+    name = operator.rstrip("\"'`\\ \t=:>+,")
+    if not _value_ok(_strong(name), value, bool(quote), operator):
+        return None
+    return start, end
+
+
+_FLAG = re.compile(
+    r"--?(token|password|passwd|pass|api-?key|secret|auth-token|access-token|token-secret"
+    r"|client-secret|key|auth|w|p|a)(?:=|[^\S\n]+)([\"']?)([^\s\"']{6,256})"
+)
+_MYSQL = re.compile(r"(?<=\s)-p([^\s\"'-][^\s\"']{3,255})")
+_SHORT_FLAG_TOOL = {"w": ("ldap",), "a": ("redis-cli",), "p": ("mysql", "mariadb", "psql")}
+
+
+def _flags(text: str, lowered: str) -> Iterator[Span]:
+    index = text.find("-")
+    while index >= 0:
+        if index == 0 or text[index - 1] in " \t\n":
+            match = _FLAG.match(text, index)
+            if match is not None:
+                name, quote, value = match.group(1), match.group(2), match.group(3)
+                start, end = match.span(3)
+                if quote:
+                    closing = _quoted_end(text, start, quote)
+                    end = closing if closing > 0 else end
+                    value = text[start:end]
+                if _flag_value_ok(text, lowered, index, name, value):
+                    yield start, end
+        index = text.find("-", index + 1)
+    if "mysql" in lowered or "mariadb" in lowered:
+        for match in _MYSQL.finditer(text):
+            if not P.reference_or_placeholder(match.group(1)):
+                yield match.span(1)
+
+
+def _flag_value_ok(text: str, lowered: str, index: int, name: str, value: str) -> bool:
+    if P.reference_or_placeholder(value) or value.startswith(("-", "/", "./", "~")):
+        return False
+    if len(name) > 1:
+        return not prose(value) and (password_shaped(value) or looks_random(value, 8))
+    line_start = lowered.rfind("\n", 0, index) + 1
+    line = lowered[line_start:index]
+    if not any(tool in line for tool in _SHORT_FLAG_TOOL[name]):
+        return False
+    return password_shaped(value) or looks_random(value, 8)
+
+
+_AUTHORIZATION = re.compile(
+    r"(?i:authorization)\\?[\"']?[^\S\n]*[:=][^\S\n]*\\?[\"']?([A-Za-z][\w\-]{1,30})[^\S\n]+"
+    r"([^\s\"',;]{6,512})"
+)
+_PARAMETER = re.compile(r"(?i:response|signature|sig)=\\?\"?([A-Za-z0-9+/=_\-]{16,512})")
+
+
+def _authorization(text: str, lowered: str) -> Iterator[Span]:
+    for match in _AUTHORIZATION.finditer(text):
+        value = match.group(2)
+        if "=" in value.rstrip("="):
+            # A scheme with parameters (Digest, AWS4-HMAC-SHA256): its signature is the secret.
+            line_end = text.find("\n", match.start())
+            stop = line_end if line_end >= 0 else len(text)
+            for parameter in _PARAMETER.finditer(text, match.start(2), stop):
+                yield parameter.span(1)
+        elif not P.reference_or_placeholder(value):
+            yield match.span(2)
+
+
+_COOKIE = re.compile(r"(?i:(?:set-)?cookie)\\?[\"']?[^\S\n]*:[^\S\n]*([^\n\"]{3,4096})")
+_COOKIE_PAIR = re.compile(r"([^\s=;,]{1,64})=([^;\s,\"]{6,1024})")
+_COOKIE_ATTRIBUTES = frozenset(["path", "domain", "expires", "max-age", "samesite", "version"])
+
+
+def _cookies(text: str) -> Iterator[Span]:
+    for match in _COOKIE.finditer(text):
+        for pair in _COOKIE_PAIR.finditer(text, match.start(1), match.end(1)):
+            if pair.group(1).lower() in _COOKIE_ATTRIBUTES or prose(pair.group(2)):
+                continue
+            yield pair.span(2)
+
+
+_CALL = re.compile(r"\b([A-Za-z_][\w.]{0,60})\(([^()\n]{16,600})\)")
+_LITERAL = re.compile(r"\\*([\"'])([A-Za-z0-9_\-+/=.$:]{16,256})\\*\1")
+_CALL_CONTEXT = re.compile(r"(?i)client|auth|key|token|secret|credential|login|connect|api|sdk")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _call_arguments(text: str) -> Iterator[Span]:
+    for call in _CALL.finditer(text):
+        callee = call.group(1)
+        context = _CALL_CONTEXT.search(callee) is not None
+        if not context and not callee.rsplit(".", 1)[-1][:1].isupper():
+            continue
+        for literal in _LITERAL.finditer(text, call.start(2), call.end(2)):
+            value = literal.group(2)
+            if _UUID.fullmatch(value) and not context:
+                continue
+            if looks_random(value, 16 if context else 20):
+                yield literal.span(2)
+
+
+_AFTER_WORD = re.compile(
+    r"(?i:api[ _\-]?key|key|token|secret|password|passwd|passphrase|credentials?|login)s?"
+    r"(?:[^\S\n]+(?i:is|was|set to|=|:))?[^\S\n]+[\"'`]?([A-Za-z0-9+/=_\-.$~]{16,256})"
+)
+_AFTER_WORDS = ("key", "token", "secret", "passw", "passphrase", "credential", "login")
+
+
+def _reference_or_path(value: str) -> bool:
+    """Code, a placeholder, or a path or file name (``exports/2026/part-0001.parquet``)."""
+    if P.reference_or_placeholder(value):
+        return True
+    tail = value.rsplit("/", 1)[-1]
+    return ("/" in value and "." in tail) or tail.rsplit(".", 1)[-1].lower() in P.FILE_SUFFIXES
+
+
+def _after_words(text: str, lowered: str) -> Iterator[Span]:
+    seen: set[int] = set()
+    for word in _AFTER_WORDS:
+        index = lowered.find(word)
+        while index >= 0:
+            start = index - 4 if word == "key" and lowered.startswith("api", index - 4) else index
+            if start not in seen and (start == 0 or not text[start - 1].isalnum()):
+                seen.add(start)
+                match = _AFTER_WORD.match(text, start)
+                if match is not None:
+                    value = match.group(1).rstrip(".")
+                    if looks_random(value, 16) and not _reference_or_path(value):
+                        yield match.start(1), match.start(1) + len(value)
+            index = lowered.find(word, index + 1)
+
+
+_PREFIXED = re.compile(
+    r"(?<![A-Za-z0-9_\-])([A-Za-z][A-Za-z0-9]{0,11}[_\-](?:[A-Za-z0-9]{1,10}[_\-]){0,2})"
+    r"([A-Za-z0-9]{28,256}(?:[_\-.$][A-Za-z0-9]{4,256}){0,4})(?![A-Za-z0-9_\-])"
+)
+_NOT_PREFIXES = frozenset(["sha", "sha1", "sha256", "sha512", "md5", "commit", "trace", "span"])
+_NOT_PREFIXES |= {"uuid", "build", "run", "req", "request", "id", "chunk", "doc", "part", "job"}
+
+
+def _prefixed(text: str) -> Iterator[Span]:
+    for match in _PREFIXED.finditer(text):
+        prefix = re.split(r"[_\-]", match.group(1))[0].lower()
+        body = match.group(2)
+        if prefix in _NOT_PREFIXES:
+            continue
+        if looks_random(body, 28):
+            yield match.span()
+
+
+# -- personal identifiers -----------------------------------------------------------------------
+
+_ID_CONTEXT = re.compile(
+    r"(?i)\bssn\b|social[ \-]security|s[ée]curit[ée] sociale|\bnir\b|\binsee\b|steuer|\bidnr\b"
+    r"|\bbsn\b|burgerservice|\bcpf\b|\bdni\b|\bnie\b|\bnif\b|aadhaa?r|\bpesel\b|personnummer"
+    r"|codice fiscale|\bsin\b|social insurance|\btfn\b|tax file|national insurance|\bnino\b"
+    r"|身份证|passport|passeport|reisepass|pasaporte|\bid (?:number|no)|national id|tax id"
+    r"|\bcpr\b|\bhetu\b|henkilötunnus|fødselsnummer|fodselsnummer|rijksregister"
+)
+_ID_CANDIDATE = re.compile(r"(?<![\w])[0-9A-Z][0-9A-Z .\-/]{5,24}[0-9A-Z](?![\w])")
+_VALIDATORS: tuple[Callable[[str], bool], ...] = tuple(
+    module.is_valid
+    for module in (
+        *(ssn, nir, idnr, bsn, cpf, dni, nie, codicefiscale, aadhaar, ric),
+        *(personnummer, pesel, sin, tfn, cpr, hetu, nn, fodselsnummer),
+    )
+)
+_NINO = re.compile(r"[A-Z]{2}\d{6}[A-D]")  # only after "national insurance" or "NINO"
+_PASSPORT = re.compile(r"[A-Z0-9]{6,9}")
+_ID_ALONE = re.compile(
+    r"(?<![\w.])(?:\d{3}\.\d{3}\.\d{3}-\d{2}|[A-Z]{6}\d{2}[A-EHLMPRST]\d{2}[A-Z]\d{3}[A-Z]"
+    r"|\d{17}[\dX])(?![\w])"
+)
+
+
+def _valid_id(candidate: str, passport: bool) -> bool:
+    compact = re.sub(r"[ .\-/]", "", candidate)
+    if len(compact) < 6:
+        return False
+    if passport and _PASSPORT.fullmatch(compact) and sum(c.isdigit() for c in compact) >= 5:
+        return True
+    if _NINO.fullmatch(compact):
+        return True
+    return any(_valid(validator, compact) for validator in _VALIDATORS)
+
+
+def _valid(validator: Callable[[str], bool], compact: str) -> bool:
+    try:
+        return validator(compact)
+    except Exception:  # a validator's own failure is not a match
+        return False
+
+
+def _identifiers(text: str) -> Iterator[Span]:
+    for context in _ID_CONTEXT.finditer(text):
+        passport = "pass" in context.group().lower() or "pas" in context.group().lower()
+        stop = text.find("\n", context.end())
+        stop = min(stop if stop >= 0 else len(text), context.end() + 48)
+        for candidate in _ID_CANDIDATE.finditer(text, context.end(), stop):
+            span = _trimmed_id(text, candidate.start(), candidate.end(), passport)
+            if span is not None:
+                yield span
+                break
+    for match in _ID_ALONE.finditer(text):
+        if _valid_id(match.group(), False):
+            yield match.span()
+
+
+def _trimmed_id(text: str, start: int, end: int, passport: bool) -> Span | None:
+    """The longest valid identifier at ``start``, dropping trailing pieces one by one."""
+    for _ in range(4):
+        if _valid_id(text[start:end], passport):
+            return start, end
+        cut = max(text.rfind(" ", start, end), text.rfind("-", start, end))
+        if cut <= start:
+            return None
+        end = cut
+    return None
+
+
+_CARD_SEPARATED = re.compile(r"(?<![\w.])\d{4}([.])\d{4}\1\d{4}\1\d{1,7}(?![\w]|\.\d)")
+_CARD_PREFIX = re.compile(r"4|5[1-5]|2[2-7]|3[47]|3[0689]|6(?:011|4[4-9]|5|2)|35|5[06-9]|6")
+
+
+def card_issuer_ok(digits: str) -> bool:
+    """Whether ``digits`` start with a card issuer's prefix for their length (a 13-digit
+    millisecond timestamp begins with 1 and is no card)."""
+    return 13 <= len(digits) <= 19 and _CARD_PREFIX.match(digits) is not None
+
+
+def _cards(text: str) -> Iterator[Span]:
+    for match in _CARD_SEPARATED.finditer(text):
+        digits = match.group().replace(".", "")
+        if card_issuer_ok(digits) and _luhn.is_valid(digits):
+            yield match.span()
+
+
+_IBAN = re.compile(
+    r"(?i)(?<![\w])[a-z]{2}\d{2}(?:[ ]?[a-z0-9]{4}){2,7}(?:[ ]?[a-z0-9]{1,4})?(?!\w)"
+)
+
+
+def _ibans(text: str) -> Iterator[Span]:
+    for match in _IBAN.finditer(text):
+        if _iban.is_valid(match.group()):
+            yield match.span()
+
+
+_PHONE_INTERNATIONAL = re.compile(r"(?<![\w+])\+\d[\d \-.()]{6,22}\d(?!\w)")
+_PHONE_NATIONAL = re.compile(r"(?<![\w+\-.:/])\(?0\d[\d \-.()]{6,16}\d(?![\w\-]|\.\d)")
+_PHONE_FORMATS = re.compile(r"0[1-9](?:([ .])\d{2})(?:\1\d{2}){3}|0\d{1,4}-\d{1,4}-\d{4}")
+_PHONE_CONTEXT = re.compile(
+    r"(?i)phone|\btel\b|tél|mobile|\bcell|\bcall|handy|telefon|téléphone|portable|móvil"
+    r"|celular|電話|携帯|\bfax\b|whatsapp|\bsms\b|appel|\bring\b|contact|numéro"
+)
+_REGIONS = ("FR", "JP", "GB", "DE", "AU", "IN", "BR", "ES", "IT", "NL", "US", "CA", "CH", "BE")
+
+
+def _phone_valid(number: str, region: str | None) -> bool:
+    try:
+        return bool(phonenumbers.is_valid_number(phonenumbers.parse(number, region)))
+    except phonenumbers.NumberParseException:
+        return False
+
+
+def _phones(text: str) -> Iterator[Span]:
+    if "+" in text:
+        for match in _PHONE_INTERNATIONAL.finditer(text):
+            number = match.group().rstrip(".-( ")
+            for _ in range(3):
+                if _phone_valid(number, None):
+                    yield match.start(), match.start() + len(number)
+                    break
+                cut = max(number.rfind(" "), number.rfind("-"))
+                if cut < 5:
+                    break
+                number = number[:cut]
+    for match in _PHONE_NATIONAL.finditer(text):
+        number = match.group()
+        if sum(c.isdigit() for c in number) < 8:
+            continue
+        if _PHONE_FORMATS.fullmatch(number) is None:
+            line_start = text.rfind("\n", 0, match.start()) + 1
+            before = text[max(line_start, match.start() - 40) : match.start()]
+            if _PHONE_CONTEXT.search(before) is None:
+                continue
+        if any(_phone_valid(number, region) for region in _REGIONS):
+            yield match.span()
+
+
+# -- encoded text --------------------------------------------------------------------------------
+
+_ESCAPES = re.compile(r"(?:\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}){8,}")
+_ENTITIES = re.compile(r"(?:&#(?:[xX][0-9a-fA-F]{1,6}|\d{1,7});){8,}")
+_PERCENT = re.compile(r"[\w.~+\-=&]*(?:%[0-9A-Fa-f]{2}[\w.~+\-=&]*){2,}")
+_HEX_RUN = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){12,}(?![0-9A-Fa-f])")
+
+
+@functools.lru_cache(maxsize=1)
+def _default_scrubber() -> Any:
+    from recalltrace.tracer._config import ScrubbingOptions
+    from recalltrace.tracer._scrub import Scrubber
+
+    return Scrubber(ScrubbingOptions())
+
+
+def _holds_secret(decoded: str) -> bool:
+    if len(decoded) < 8:
+        return False
+    scrubber = _default_scrubber()
+    return bool(scrubber.scrub_text(decoded, "", None) != decoded)
+
+
+def _encoded(text: str) -> Iterator[Span]:
+    if "\\u" in text or "\\x" in text:
+        for match in _ESCAPES.finditer(text):
+            decoded = match.group().encode("ascii").decode("unicode_escape", "replace")
+            if _holds_secret(decoded):
+                yield match.span()
+    if "&#" in text:
+        for match in _ENTITIES.finditer(text):
+            if _holds_secret(html.unescape(match.group())):
+                yield match.span()
+    if "%" in text:
+        for match in _PERCENT.finditer(text):
+            if _holds_secret(urllib.parse.unquote_plus(match.group())):
+                yield match.span()
+    for match in _HEX_RUN.finditer(text):
+        try:
+            decoded = bytes.fromhex(match.group()).decode("ascii")
+        except ValueError:
+            continue
+        if decoded.isprintable() and _holds_secret(decoded):
+            yield match.span()
+
+
+# -- the rules the engine runs -------------------------------------------------------------------
+
+
+class _Hit:
+    """What the engine reads of a match: its span."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def span(self, group: int = 0) -> Span:
+        return self._span
+
+
+class _Finder:
+    """A detector in the shape of a compiled expression (``finditer``)."""
+
+    def __init__(self, find: Callable[[str], Iterator[Span]]) -> None:
+        self._find = find
+
+    def finditer(self, text: str) -> Iterator[_Hit]:
+        return iter([_Hit(span) for span in sorted(set(self._find(text)))])
+
+
+def _credentials(text: str) -> Iterator[Span]:
+    lowered = P.lower(text)
+    if "=" in text or ":" in text or "," in text or "<" in text:
+        yield from _assignments(text, lowered)
+    if "-" in text:
+        yield from _flags(text, lowered)
+    if "uthorization" in lowered:
+        yield from _authorization(text, lowered)
+    if "cookie" in lowered:
+        yield from _cookies(text)
+    if "(" in text and ('"' in text or "'" in text):
+        yield from _call_arguments(text)
+    yield from _after_words(text, lowered)
+    if "kty" in text or "Private-Lines" in text:
+        yield from _key_files(text)
+    if "_" in text or "-" in text:
+        yield from _prefixed(text)
+
+
+def _personal(text: str) -> Iterator[Span]:
+    yield from _identifiers(text)
+    if "." in text:
+        yield from _cards(text)
+    yield from _ibans(text)
+    yield from _phones(text)
+
+
+_Rule = tuple[str, "re.Pattern[str]", int]
+_CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", _Finder(_credentials)), 0)
+_PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", _Finder(_personal)), 0)
+_ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", _Finder(_encoded)), 0)
+_GATE_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature")
+_GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p")
+_DIGIT_RUN = re.compile(r"\d{2}")
+
+
+def rules_for(text: str) -> list[_Rule]:
+    """The generic detectors whose cheap gates pass on ``text``."""
+    rules: list[_Rule] = []
+    lowered = text.lower()
+    if any(word in lowered for word in _GATE_WORDS) or "_" in text or "('" in text or '("' in text:
+        rules.append(_CREDENTIALS)
+    if _DIGIT_RUN.search(text) is not None:
+        rules.append(_PERSONAL)
+    if "\\u" in text or "\\x" in text or "&#" in text or "%" in text or _HEX_RUN.search(text):
+        rules.append(_ENCODED)
+    return rules
