@@ -3,7 +3,9 @@
 Each row names a trace (``trace_id``), a variant (``metric``, or ``--metric`` for all), a
 score in [0, 1] (``value``), and optionally ``note`` and, in JSON Lines, ``claims`` (per-claim
 verdicts). The file is checked whole before anything is stored: one bad row is one line naming
-it, and nothing is imported.
+it, and nothing is imported. What people typed (note, labeller, the claims' text) is scrubbed
+with the scrubbing the environment configures (``RECALLTRACE_SCRUBBING=0`` stores it as typed),
+as the tracer scrubs records.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +80,25 @@ def _rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return [(number, dict(row)) for number, row in enumerate(reader, start=2)]
 
 
+def _scrubbing() -> Callable[[Any, str], Any]:
+    """Scrubs a label's text (strings inside lists and dicts too) with the scrubbing options
+    of the environment, as ``configure()`` reads them; the identity when scrubbing is off."""
+    from recalltrace.tracer._config import TracerConfig
+    from recalltrace.tracer._scrub import build_scrubber
+
+    scrubber = build_scrubber(TracerConfig.from_env().scrubbing)
+    if scrubber is None:
+        return lambda value, where: value
+    return lambda value, where: scrubber.scrub_value(value, where, None)
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     from recalltrace.storage.labels import LabelInput, LabelStore
 
     path = Path(args.file)
     default_metric = _metric(args.metric)
+    scrub = _scrubbing()
+    labeller = scrub(args.labeller, "labeller")
     labels = []
     for number, row in _rows(path):
         where = f"{path} line {number}"
@@ -103,9 +120,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
             trace_id=str(row.get("trace_id") or "").strip().lower().replace("-", ""),
             metric=str(metric),
             value=value,
-            labeller=args.labeller,
-            note=None if row.get("note") in (None, "") else str(row["note"]),
-            claims=claims,
+            labeller=labeller,
+            note=None if row.get("note") in (None, "") else scrub(str(row["note"]), "note"),
+            claims=None if claims is None else scrub(claims, "claims"),
         )
         problem = label.problem()
         if problem is not None:
@@ -118,5 +135,5 @@ def _cmd_import(args: argparse.Namespace) -> int:
             count = LabelStore(engine).write(labels)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    print(f"imported {count} label(s) by {args.labeller} from {path}")
+    print(f"imported {count} label(s) by {labeller} from {path}")
     return EXIT_OK
