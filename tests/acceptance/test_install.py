@@ -199,10 +199,11 @@ def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: P
 def test_the_readme_first_command_and_quick_start_in_a_fresh_clone(
     venv: Path, tmp_path: Path
 ) -> None:
-    """A newcomer's first minutes: clone, the README's first command as written (``pip install
-    . && recalltrace demo``), then the quick start saved as ``app.py`` and run inside the clone
-    (where the clone's ``recalltrace/`` folder comes first on ``sys.path`` and must find its
-    parts beside it) and from another folder."""
+    """A newcomer's first minutes: clone, the README's first command as written (a virtual
+    environment, ``pip install .`` in it, ``recalltrace demo``), then the quick start saved as
+    ``app.py`` and run with that environment's Python inside the clone (where the clone's
+    ``recalltrace/`` folder comes first on ``sys.path`` and must find its parts beside it) and
+    from another folder."""
     import re
 
     clone = tmp_path / "clone"
@@ -210,7 +211,9 @@ def test_the_readme_first_command_and_quick_start_in_a_fresh_clone(
     readme = (clone / "README.md").read_text(encoding="utf-8")
     first = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)[0].splitlines()[0]
     command = first.split("#", 1)[0].strip()
-    assert command == "pip install . && recalltrace demo", command
+    assert command == (
+        "python3 -m venv .venv && . .venv/bin/activate && pip install . && recalltrace demo"
+    ), command
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RECALLTRACE_", "PYTHON"))}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     done = subprocess.run(
@@ -225,7 +228,7 @@ def test_the_readme_first_command_and_quick_start_in_a_fresh_clone(
     for folder in (clone, elsewhere):
         (folder / "app.py").write_text(quick_start, encoding="utf-8")
         ran = subprocess.run(
-            [str(venv / "bin" / "python"), "app.py"],
+            [str(clone / ".venv" / "bin" / "python"), "app.py"],
             cwd=folder, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert ran.returncode == 0, (folder, ran.stderr[-3000:])

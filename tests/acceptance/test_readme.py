@@ -24,7 +24,10 @@ def clean_env() -> dict[str, str]:
 
 def test_first_lines_give_the_two_commands() -> None:
     first = blocks("bash")[0].strip().splitlines()
-    assert first[0].startswith("pip install . && recalltrace demo")
+    # A virtual environment first: Debian's and Homebrew's Pythons refuse a bare pip install.
+    assert first[0].startswith(
+        "python3 -m venv .venv && . .venv/bin/activate && pip install . && recalltrace demo"
+    )
     assert first[1].startswith("pip install -e '.[test]' && python -m pytest")
     assert README.index(first[0]) < 200
 
