@@ -25,11 +25,13 @@ PASSWORD = "correcthorsebatterystaple"
 GITHUB = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
 
 
-@pytest.fixture()
-def stored(database_url: str) -> Iterator[History]:
+@pytest.fixture(params=["thread", "process"])
+def stored(database_url: str, request: pytest.FixtureRequest) -> Iterator[History]:
+    """The tracer storing from its writer thread or through a storage process (where the
+    records are assembled and scrubbed in the child)."""
     recalltrace.configure(
         database_url=database_url,
-        storage_process=False,
+        storage_process=request.param == "process",
         tracer_provider=TracerProvider(),
         service_name="metadata",
         flush_interval=0.05,
