@@ -738,7 +738,15 @@ class _Finder:
         self._find = find
 
     def finditer(self, text: str) -> Iterator[_Hit]:
-        return iter([_Hit(span) for span in sorted(set(self._find(text)))])
+        """The spans found, overlapping ones merged (the engine keeps the first of two spans
+        that overlap, and would leave the rest of the second)."""
+        merged: list[list[int]] = []
+        for start, end in sorted(set(self._find(text))):
+            if merged and start < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return iter([_Hit((start, end)) for start, end in merged])
 
 
 def _credentials(text: str) -> Iterator[Span]:
