@@ -152,7 +152,8 @@ def password_shaped(value: str) -> bool:
     return classes >= 3
 
 
-_WORDY = re.compile(r"[A-Za-z]+(?:[-'][A-Za-z]+)*[.,;:!?)]*")
+_WORD = r"(?:[A-Z]?[a-z]+|[A-Z]{1,6})"
+_WORDY = re.compile(rf"{_WORD}(?:[-']{_WORD})*[.,;:!?)]*")
 
 
 def prose(value: str) -> bool:
@@ -781,7 +782,8 @@ _CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", _Finder(_credential
 _PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", _Finder(_personal)), 0)
 _ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", _Finder(_encoded)), 0)
 _GATE_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature")
-_GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p")
+_GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p", "kty")
+_GATE_WORDS += ("private-lines",)
 
 
 def rules_for(text: str) -> list[_Rule]:
