@@ -432,7 +432,7 @@ class Scrubber:
         if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
-        rules.extend(G.rules_for(text))  # the generic detectors (``_generic``), gated there
+        rules.extend(G.rules_for(text, Scrubber))  # generic detectors (``_generic``)
         return rules
 
     def _file_rules(

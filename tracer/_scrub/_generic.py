@@ -43,27 +43,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-import phonenumbers
-from stdnum import iban as _iban
-from stdnum import luhn as _luhn
-from stdnum.au import tfn
-from stdnum.be import nn
-from stdnum.br import cpf
-from stdnum.ca import sin
-from stdnum.cn import ric
-from stdnum.de import idnr
-from stdnum.dk import cpr
-from stdnum.es import dni, nie
-from stdnum.fi import hetu
-from stdnum.fr import nir
-from stdnum.in_ import aadhaar
-from stdnum.it import codicefiscale
-from stdnum.nl import bsn
-from stdnum.no import fodselsnummer
-from stdnum.pl import pesel
-from stdnum.se import personnummer
-from stdnum.us import ssn
-
 from recalltrace.tracer._scrub import _patterns as P
 
 Span = tuple[int, int]
@@ -107,6 +86,12 @@ class _Shape:
         if self._hex is None:
             self._hex = self._raw.translate(_HEX_RUNS)
         return self._hex
+
+
+@functools.lru_cache(maxsize=4)
+def _lower(text: str) -> str:
+    """``text`` lower-cased, its length kept (remembered for the detectors that run in turn)."""
+    return P.lower(text)
 
 
 @functools.lru_cache(maxsize=4)
@@ -287,14 +272,12 @@ _FLAG = re.compile(
     r"--?(token|password|passwd|pass|api-?key|secret|auth-token|access-token|token-secret"
     r"|client-secret|key|auth|w|p|a)(?:=|[^\S\n]+)([\"']?)([^\s\"']{6,256})"
 )
-_MYSQL = re.compile(r"(?<=\s)-p([^\s\"'-][^\s\"']{3,255})")
+_MYSQL = re.compile(r"-p([^\s\"'-][^\s\"']{3,255})")
 _SHORT_FLAG_TOOL = {"w": ("ldap",), "a": ("redis-cli",), "p": ("mysql", "mariadb", "psql")}
 
 
 def _flags(text: str, lowered: str) -> Iterator[Span]:
-    for match in _FLAG.finditer(text):
-        if match.start() and not text[match.start() - 1].isspace():
-            continue
+    for match in _flag_matches(text):
         name, quote, value = match.group(1), match.group(2), match.group(3)
         start, end = match.span(3)
         if quote:
@@ -304,9 +287,27 @@ def _flags(text: str, lowered: str) -> Iterator[Span]:
         if _flag_value_ok(text, lowered, match.start(), name, value):
             yield start, end
     if "mysql" in lowered or "mariadb" in lowered:
-        for match in _MYSQL.finditer(text):
-            if not P.reference_or_placeholder(match.group(1)):
+        index = text.find(" -p")
+        while index >= 0:
+            match = _MYSQL.match(text, index + 1)
+            if match is not None and not P.reference_or_placeholder(match.group(1)):
                 yield match.span(1)
+            index = text.find(" -p", index + 3)
+
+
+def _flag_matches(text: str) -> Iterator[re.Match[str]]:
+    """``_FLAG`` tried where a hyphen follows white space (or starts the text)."""
+    if text.startswith("-"):
+        first = _FLAG.match(text)
+        if first is not None:
+            yield first
+    for space in (" -", "\t-", "\n-"):
+        index = text.find(space)
+        while index >= 0:
+            match = _FLAG.match(text, index + 1)
+            if match is not None:
+                yield match
+            index = text.find(space, index + 2)
 
 
 def _flag_value_ok(text: str, lowered: str, index: int, name: str, value: str) -> bool:
@@ -442,7 +443,8 @@ def _prefixed(text: str) -> Iterator[Span]:
     while index >= 0:
         end = runs.find(b" ", index)
         end = len(runs) if end < 0 else end
-        yield from _prefixed_in(text, max(0, index - 36), end)
+        if index and text[index - 1] in "_-":  # a body follows its prefix's separator
+            yield from _prefixed_in(text, max(0, index - 36), end)
         index = runs.find(_RUN_28, end)
 
 
@@ -468,13 +470,36 @@ _ID_CONTEXT = re.compile(
     r"|rijksregister"
 )
 _ID_CANDIDATE = re.compile(r"(?<![\w])[0-9A-Z][0-9A-Z .\-/]{5,24}[0-9A-Z](?![\w])")
-_VALIDATORS: tuple[Callable[[str], bool], ...] = tuple(
-    module.is_valid
-    for module in (
-        *(ssn, nir, idnr, bsn, cpf, dni, nie, codicefiscale, aadhaar, ric),
-        *(personnummer, pesel, sin, tfn, cpr, hetu, nn, fodselsnummer),
+
+
+@functools.lru_cache(maxsize=1)
+def _validators() -> tuple[Callable[[str], bool], ...]:
+    """The checks of national identifiers (python-stdnum, imported on first use: importing
+    recalltrace stays cheap)."""
+    from stdnum.au import tfn
+    from stdnum.be import nn
+    from stdnum.br import cpf
+    from stdnum.ca import sin
+    from stdnum.cn import ric
+    from stdnum.de import idnr
+    from stdnum.dk import cpr
+    from stdnum.es import dni, nie
+    from stdnum.fi import hetu
+    from stdnum.fr import nir
+    from stdnum.in_ import aadhaar
+    from stdnum.it import codicefiscale
+    from stdnum.nl import bsn
+    from stdnum.no import fodselsnummer
+    from stdnum.pl import pesel
+    from stdnum.se import personnummer
+    from stdnum.us import ssn
+
+    modules = (ssn, nir, idnr, bsn, cpf, dni, nie, codicefiscale, aadhaar, ric, personnummer)
+    return tuple(
+        module.is_valid for module in (*modules, pesel, sin, tfn, cpr, hetu, nn, fodselsnummer)
     )
-)
+
+
 _NINO = re.compile(r"[A-Z]{2}\d{6}[A-D]")  # only after "national insurance" or "NINO"
 _PASSPORT = re.compile(r"[A-Z0-9]{6,9}")
 _ID_ALONE = re.compile(
@@ -491,7 +516,7 @@ def _valid_id(candidate: str, passport: bool) -> bool:
         return True
     if _NINO.fullmatch(compact):
         return True
-    return any(_valid(validator, compact) for validator in _VALIDATORS)
+    return any(_valid(validator, compact) for validator in _validators())
 
 
 def _valid(validator: Callable[[str], bool], compact: str) -> bool:
@@ -501,7 +526,9 @@ def _valid(validator: Callable[[str], bool], compact: str) -> bool:
         return False
 
 
-_ID_SHAPE = re.compile(b"00[0 .\\-/A]{4,22}[0A]")
+# Numbers an identifier may be: three digits and more digits or separators; or two letters
+# and three pairs of digits (a British National Insurance number).
+_ID_SHAPES = (re.compile(b"000[0 .\\-/]{3,22}[0A]"), re.compile(b"AA ?00 ?00 ?00"))
 _ID_ALONE_SHAPES = (b"000.000.000-00", b"0" * 17)
 _CODICE_SHAPE = re.compile(b"AAAAAA00A00A000A")
 
@@ -510,15 +537,26 @@ def _identifiers(text: str) -> Iterator[Span]:
     """Identifiers after a context word, in a text that holds a number shaped like one; and
     those whose format cannot be mistaken, anywhere."""
     shape = _shape(text)
-    if _ID_SHAPE.search(shape.classes) is not None:
-        lowered = P.lower(text)
-        for context in _ID_CONTEXT.finditer(lowered):
+    lowered = ""
+    searched = 0  # context words are looked for before each number, each stretch once
+    contexts: dict[int, re.Match[str]] = {}
+    done: set[int] = set()
+    numbers = (match.start() for pattern in _ID_SHAPES for match in pattern.finditer(shape.classes))
+    for number in sorted(numbers):
+        lowered = lowered or _lower(text)
+        window = max(0, number - 60, searched - 30)
+        for context in _ID_CONTEXT.finditer(lowered, window, number):
             start, end = context.span()
             if end - start <= 5 and (
                 lowered[start - 1 : start].isalnum() or lowered[end : end + 1].isalpha()
             ):
                 continue  # "sin" in "using", "nie" in "nieuw"
-            yield from _identifier_after(text, context)
+            contexts[start] = context
+        searched = number
+        for start, context in contexts.items():
+            if start not in done and 0 <= number - context.end() <= 48:
+                done.add(start)
+                yield from _identifier_after(text, context)
     if any(needle in shape.classes for needle in _ID_ALONE_SHAPES) or _CODICE_SHAPE.search(
         shape.classes
     ):
@@ -566,7 +604,7 @@ def _cards(text: str) -> Iterator[Span]:
         return
     for match in _CARD_SEPARATED.finditer(text):
         digits = match.group().replace(".", "")
-        if card_issuer_ok(digits) and _luhn.is_valid(digits):
+        if card_issuer_ok(digits) and P.luhn_ok(digits):
             yield match.span()
 
 
@@ -582,7 +620,7 @@ def _ibans(text: str) -> Iterator[Span]:
     classes = _shape(text).classes
     for candidate in (found for shape in _IBAN_SHAPES for found in shape.finditer(classes)):
         match = _IBAN.match(text, candidate.start())
-        if match is not None and _iban.is_valid(match.group()):
+        if match is not None and P.iban_ok(match.group()):
             yield match.span()
 
 
@@ -598,6 +636,8 @@ _REGIONS = ("FR", "JP", "GB", "DE", "AU", "IN", "BR", "ES", "IT", "NL", "US", "C
 
 
 def _phone_valid(number: str, region: str | None) -> bool:
+    import phonenumbers  # on first use: importing recalltrace stays cheap
+
     try:
         return bool(phonenumbers.is_valid_number(phonenumbers.parse(number, region)))
     except phonenumbers.NumberParseException:
@@ -645,23 +685,28 @@ _PERCENT_BACK = re.compile(r"[\w.~+\-=&]+$")
 _HEX_24 = b"h" * 24
 
 
-@functools.lru_cache(maxsize=1)
-def _default_scrubber() -> Any:
+@functools.lru_cache(maxsize=2)
+def _default_scrubber(scrubber_type: Callable[[Any], Any]) -> Any:
+    """A scrubber of ``scrubber_type`` (the engine's, handed to ``rules_for``) with the
+    default options: decoded text is searched by every rule, without the application's
+    callback."""
     from recalltrace.tracer._config import ScrubbingOptions
-    from recalltrace.tracer._scrub import Scrubber
 
-    return Scrubber(ScrubbingOptions())
+    return scrubber_type(ScrubbingOptions())
 
 
 _DECODING = threading.local()
+# The engine's scrubber class, as ``rules_for`` was handed it (importing it here would make the
+# two modules import each other).
+_SCRUBBER_TYPE: list[Callable[[Any], Any]] = []
 
 
 def _holds_secret(decoded: str) -> bool:
     """Whether the default scrubber finds something in ``decoded`` (encoded text is not
     decoded again inside it)."""
-    if len(decoded) < 8:
+    if len(decoded) < 8 or not _SCRUBBER_TYPE:
         return False
-    scrubber = _default_scrubber()
+    scrubber = _default_scrubber(_SCRUBBER_TYPE[0])
     _DECODING.busy = True
     try:
         return bool(scrubber.scrub_text(decoded, "", None) != decoded)
@@ -751,7 +796,7 @@ class _Finder:
 
 
 def _credentials(text: str) -> Iterator[Span]:
-    lowered = P.lower(text)
+    lowered = _lower(text)
     if "=" in text or ":" in text or "," in text or "<" in text:
         yield from _assignments(text, lowered)
     if "-" in text:
@@ -786,13 +831,23 @@ _GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p", 
 _GATE_WORDS += ("private-lines",)
 
 
-def rules_for(text: str) -> list[_Rule]:
-    """The generic detectors whose cheap gates pass on ``text``."""
+def rules_for(text: str, scrubber_type: Callable[[Any], Any] | None = None) -> list[_Rule]:
+    """The generic detectors whose cheap gates pass on ``text``; encoded text is decoded and
+    searched by a scrubber of ``scrubber_type`` with the default options (none: not searched)."""
+    if scrubber_type is not None and not _SCRUBBER_TYPE:
+        _SCRUBBER_TYPE.append(scrubber_type)
     rules: list[_Rule] = []
-    lowered = text.lower()
-    if any(word in lowered for word in _GATE_WORDS) or "_" in text or "('" in text or '("' in text:
+    shape = _shape(text)
+    # What the credential detectors take holds a digit or a symbol (a random value, a
+    # password): text of plain words is not searched further.
+    if (b"0" in shape.classes or any(symbol in text for symbol in "#$%&*!@^~")) and (
+        "_" in text
+        or "('" in text
+        or '("' in text
+        or any(word in _lower(text) for word in _GATE_WORDS)
+    ):
         rules.append(_CREDENTIALS)
-    if b"00" in _shape(text).classes:
+    if b"00" in shape.classes:
         rules.append(_PERSONAL)
     if (
         "\\u" in text
