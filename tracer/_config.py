@@ -70,9 +70,11 @@ class ScrubbingOptions:
     ``regex``, ``keywords``, optionally ``secretGroup``, ``entropy`` and ``allowlists``), applied
     with the built-in ones (or alone when ``default_patterns`` is off)."""
     scrub_span_attributes: bool = False
-    """Also scrub the text the tracer puts on OpenTelemetry spans (``input.value``,
-    ``output.value``, document contents). Off by default because it runs on the request path;
-    the stored record is always scrubbed, on the background writer thread."""
+    """Also scrub the spans exporters receive: every text field (name, attributes, events'
+    names and attributes, links' attributes, status description) of the decorators' spans and,
+    with ``capture_spans``, of the instrumentations' spans span capture sees (see
+    ``tracer/_span_scrub.py``). Off by default because it runs on the request path; the stored
+    record is always scrubbed, on the background writer thread."""
 
 
 class TraceSink(Protocol):
