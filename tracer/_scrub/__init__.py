@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
 from recalltrace.tracer._scrub import _generic as G
 from recalltrace.tracer._scrub import _patterns as P
+from recalltrace.tracer._scrub import _prefilter
 from recalltrace.tracer._scrub import _values as N
 from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
@@ -199,6 +200,15 @@ class Scrubber:
             self._url_password[1]: P.ANCHORS["url_password"],
         }
         self._anchored: dict[re.Pattern[str], tuple[tuple[str, ...], int]] = anchored
+        # The keyword prefilter (see ``_prefilter``): each rule runs only where it may match.
+        self._triggers = {compiled[id(p)][1]: spec for p, spec in _prefilter.TRIGGERS}
+        self._prefilter = None
+        if _prefilter.available():
+            words = [*_prefilter.needles(), *(self._files.keywords() if self._files else ())]
+            self._prefilter = _prefilter.Prefilter(words)
+
+    def _scan(self, view: str) -> _prefilter.Scan | None:
+        return None if self._prefilter is None else _prefilter.Scan(view, self._prefilter)
 
     # -- text -------------------------------------------------------------------------------
 
@@ -222,8 +232,9 @@ class Scrubber:
         ``rules`` restricts the built-in patterns to those whose gate passed on a text that
         contains this one (see :meth:`scrub_record`); ``None`` gates ``text`` itself."""
         view, offsets = (text, None) if text.isascii() else P.normalise(text)
+        scan = self._scan(view)
         if rules is None:
-            rules = self._default_rules_for(view)
+            rules = self._default_rules_for(view, None, scan)
         elif rules:
             encoded = view.encode("utf-8", "ignore")
             if b"0000" not in encoded.translate(_DIGITS_TO_ZERO):
@@ -237,7 +248,7 @@ class Scrubber:
             rules = [*rules, *self._custom]
         if not rules:
             return text
-        spans = self._find(view, rules, path, text, offsets, False)
+        spans = self._find(view, rules, path, text, offsets, False, False, None, scan)
         if not spans:
             return text
         pieces: list[str] = []
@@ -261,6 +272,7 @@ class Scrubber:
         probe: bool,
         nested: bool = False,
         lowered: str | None = None,
+        scan: _prefilter.Scan | None = None,
     ) -> list[_Span]:
         """The redactions of ``rules`` in ``view`` (``text`` folded, see ``normalise``), in
         ``text``'s offsets. A match that overlaps one an earlier rule took is dropped, unless
@@ -271,8 +283,8 @@ class Scrubber:
                 if self._files is None:
                     continue
                 if lowered is None:
-                    lowered = P.lower(view)
-                for match in self._files.matches(rule, view, lowered):
+                    lowered = P.lower(view) if scan is None else scan.lowered
+                for match in self._files.matches(rule, view, lowered, scan and scan.hits):
                     start, end = rule.secret_span(match)
                     if end <= start:
                         continue
@@ -286,10 +298,13 @@ class Scrubber:
                 continue
             name, regex, group = rule
             anchors = self._anchored.get(regex)
-            if anchors is not None:
+            spec = self._triggers.get(regex) if scan is not None else None
+            if spec is not None and scan is not None:
+                found: Iterable[re.Match[str]] = _prefilter.matches(regex, spec, scan)
+            elif anchors is not None:
                 if lowered is None:
-                    lowered = P.lower(view)
-                found: Iterable[re.Match[str]] = P.anchored_matches(regex, view, lowered, anchors)
+                    lowered = P.lower(view) if scan is None else scan.lowered
+                found = P.anchored_matches(regex, view, lowered, anchors)
             else:
                 found = regex.finditer(view)
             for match in found:
@@ -366,13 +381,18 @@ class Scrubber:
         rules = [rule for rule in rules if rule is not self._encoded]
         return bool(rules) and bool(self._find(decoded, rules, "", decoded, None, True, True))
 
-    def _default_rules_for(self, text: str, candidates: list[FileRule] | None = None) -> _Rules:
+    def _default_rules_for(
+        self,
+        text: str,
+        candidates: list[FileRule] | None = None,
+        scan: _prefilter.Scan | None = None,
+    ) -> _Rules:
         """The rules whose gates pass on ``text``; of the rule-file rules, those whose
         keywords it holds among ``candidates`` (all when ``None``)."""
         # Single-character tests (memchr) guard the multi-character ones, which cost more.
         rules: _Rules = []
         if not self._defaults:
-            return self._file_rules(text.lower(), rules, candidates, None)
+            return self._file_rules(text.lower(), rules, candidates, scan)
         hyphen = "-" in text
         if hyphen and "-----" in text and "PRIVATE KEY" in text:
             rules.append(self._key_block)
@@ -394,7 +414,7 @@ class Scrubber:
             rules.append(self._split)
         assigned = "=" in text or ":" in text
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
-        lowered = text.lower()
+        lowered = text.lower() if scan is None else scan.lowered
         for rule, gates, shape in self._gated:
             if shape is _LONG_RUN and long_run and any(gate in text for gate in gates):
                 rules.append(rule)
@@ -423,7 +443,7 @@ class Scrubber:
         if "%" in text and "%3a%2f%2f" in lowered:
             rules.append(self._url_encoded)
         if long_run or _RUN_12 in runs:
-            self._file_rules(lowered, rules, candidates, None)
+            self._file_rules(lowered, rules, candidates, scan)
         if "@" in text:
             rules.append(self._email)
         if long_run and _RUN_24 in encoded.translate(_BASE64_RUN):
@@ -440,13 +460,13 @@ class Scrubber:
         lowered: str,
         rules: _Rules,
         candidates: list[FileRule] | None,
-        words: set[bytes] | None,
+        scan: _prefilter.Scan | None,
     ) -> _Rules:
         """Add the rule-file rules whose keywords ``lowered`` holds (of ``candidates``)."""
         if candidates is not None:
             rules.extend(rule for rule in candidates if any(k in lowered for k in rule.keywords))
         elif self._files is not None:
-            rules.extend(self._files.select(lowered, words))
+            rules.extend(self._files.select(lowered, None, scan and scan.hits))
         return rules
 
     # -- structures -------------------------------------------------------------------------
@@ -697,13 +717,13 @@ class Scrubber:
         (folded first, as each field will be): each rule whose gate passes is run once over
         the whole group, and only those that found something run on its fields."""
         view = text if text.isascii() else P.normalise(text)[0]
-        rules = self._default_rules_for(view)
+        scan = self._scan(view)
+        rules = self._default_rules_for(view, None, scan)
         if not rules:
             return rules
-        lowered = P.lower(view)
-        return [
-            rule for rule in rules if self._find(view, [rule], "", view, None, True, False, lowered)
-        ]
+        low = P.lower(view) if scan is None else scan.lowered
+        find = self._find
+        return [r for r in rules if find(view, [r], "", view, None, True, False, low, scan)]
 
 
 # The record's request attributes, scrubbed like ids (a secret or an address may be one).

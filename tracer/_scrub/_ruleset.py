@@ -4,9 +4,10 @@ secret group, a minimum entropy and allowlists. The scrubber ships gitleaks' own
 (``rules/recalltrace.toml``); users may add files of their own.
 
 The expressions are written for Go's RE2; the few constructs Python reads differently are
-rewritten on load (a flag group in the middle of an expression, ``\\z``). A rule runs only on the
-windows of a text around runs of 16 or more token characters whose lower-cased window holds one
-of the rule's keywords: prose has no such run, and most runs hold no keyword.
+rewritten on load (a flag group in the middle of an expression, ``\\z``). A rule runs only in a
+text holding a run of 12 or more token characters and one of the rule's keywords, and there
+only at each keyword (or around it): the keyword prefilter (``_prefilter``) finds every rule's
+keywords in one pass.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomllib
+
+Hits = dict[str, list[int]]
 
 RULES_DIR = Path(__file__).with_name("rules")
 BUILTIN_RULE_FILES = (RULES_DIR / "gitleaks.toml", RULES_DIR / "recalltrace.toml")
@@ -229,9 +232,20 @@ class RuleFileSet:
             for keyword in keywords:
                 by_keyword.setdefault(keyword, []).append(position)
 
-    def select(self, lowered: str, words: Iterable[bytes] | None = None) -> list[FileRule]:
+    def keywords(self) -> list[str]:
+        return list(self._by_keyword)
+
+    def select(
+        self, lowered: str, words: Iterable[bytes] | None = None, hits: Hits | None = None
+    ) -> list[FileRule]:
         """The rules one of whose keywords the lower-cased text ``lowered`` holds, in file
-        order; ``words`` are its words (``words_of``) when known."""
+        order; ``words`` are its words (``words_of``) when known, ``hits`` where the keyword
+        prefilter found each keyword (then only those are looked at)."""
+        if hits is not None:
+            found: set[int] = set()
+            for keyword in hits.keys() & self._by_keyword.keys():
+                found.update(self._by_keyword[keyword])
+            return [self.rules[i] for i in sorted(found)]
         if words is None:
             words = lowered.encode("ascii", "ignore").translate(_WORD_BYTES).split()
         starts = set(map(_FIRST_THREE, words))
@@ -247,16 +261,21 @@ class RuleFileSet:
                 positions.update(by_keyword[keyword])
         return [self.rules[i] for i in sorted(positions)]
 
-    def matches(self, rule: FileRule, text: str, lowered: str) -> Iterable[re.Match[str]]:
-        """The rule's matches in ``text``, looked for where its keywords stand: at each one
-        (or one character before it, a quote or a bracket) when the expression
-        starts with a keyword, else in the 256 characters around it."""
+    def matches(
+        self, rule: FileRule, text: str, lowered: str, hits: Hits | None = None
+    ) -> Iterable[re.Match[str]]:
+        """The rule's matches in ``text``, looked for where its keywords stand (as the keyword
+        prefilter found them, ``hits``, when given): at each one (or one character before it,
+        a quote or a bracket) when the expression starts with a keyword, else in the 256
+        characters around it."""
         seen: set[int] = set()
+        windows: list[tuple[int, int]] = []
         for keyword in rule.keywords:
-            position = lowered.find(keyword)
-            count = 0
-            while position >= 0 and count < _MAX_OCCURRENCES:
-                count += 1
+            if hits is not None:
+                positions: Iterable[int] = hits.get(keyword, ())[:_MAX_OCCURRENCES]
+            else:
+                positions = _occurrences(lowered, keyword)
+            for position in positions:
                 if rule.leading:
                     for start in range(position, max(-1, position - 2), -1):
                         found = rule.regex.match(text, start)
@@ -265,14 +284,26 @@ class RuleFileSet:
                                 seen.add(found.start())
                                 yield found
                             break
+                elif windows and windows[-1][1] >= position - 128 >= windows[-1][0]:
+                    windows[-1] = (windows[-1][0], min(len(text), position + 128))
                 else:
-                    for found in rule.regex.finditer(
-                        text, max(0, position - 128), min(len(text), position + 128)
-                    ):
-                        if found.start() not in seen:
-                            seen.add(found.start())
-                            yield found
-                position = lowered.find(keyword, position + 1)
+                    windows.append((max(0, position - 128), min(len(text), position + 128)))
+            # Overlapping windows of one keyword are searched once, merged.
+            for start, end in windows:
+                for found in rule.regex.finditer(text, start, end):
+                    if found.start() not in seen:
+                        seen.add(found.start())
+                        yield found
+            windows.clear()
+
+
+def _occurrences(lowered: str, keyword: str) -> Iterator[int]:
+    position = lowered.find(keyword)
+    for _ in range(_MAX_OCCURRENCES):
+        if position < 0:
+            return
+        yield position
+        position = lowered.find(keyword, position + 1)
 
 
 _PREFIX_SYNTAX = re.compile(r"^(?:\(\?i\)|\\b|\(\?:|\(\?i:|\(\?-i:|\(|\^)+")
