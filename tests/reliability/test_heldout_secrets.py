@@ -5,12 +5,17 @@ untuned corpus found leaking or altered. The recall figures asserted are the one
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 import recalltrace
+from recalltrace.storage.records import ContextRecord, TraceRecord
 from recalltrace.tracer._scrub import Scrubber
 from tests.reliability.ordinary_corpus import SENTENCES
-from tests.reliability.secrets_heldout import all_kinds, recall
+from tests.reliability.secret_kinds import Kind as PlainKind
+from tests.reliability.secret_kinds import leaked_kinds
+from tests.reliability.secrets_heldout import POSITIONS, all_kinds, recall
 
 # Kinds caught (out of 41 held out and 125 in all) when these figures were measured.
 HELD_OUT_CAUGHT = 35
@@ -42,6 +47,39 @@ def test_recall_on_held_out_and_all_kinds(scrubber: Scrubber) -> None:
     assert isinstance(held_out, dict) and isinstance(everything, dict)
     assert held_out["caught"] >= HELD_OUT_CAUGHT, report["missed"]
     assert everything["caught"] >= ALL_CAUGHT, report["missed"]
+
+
+def test_a_record_leaks_what_a_text_leaks(scrubber: Scrubber) -> None:
+    """Through ``scrub_record`` (rules gated on each group of fields, then run on the fields
+    where they found something) each kind is caught as in a lone text: planted in a question,
+    a document among nine ordinary ones and the metadata."""
+    record_leaks, text_leaks = set(), set()
+    for kind in all_kinds():
+        plain = [PlainKind(kind.name, kind.text, kind.needles)]
+        for plant in POSITIONS.values():
+            text = plant(kind.text)
+            documents = [
+                ContextRecord(id=f"doc-{i}", content=" ".join(SENTENCES[i * 5 : i * 5 + 5]))
+                for i in range(9)
+            ]
+            documents.insert(4, ContextRecord(id="doc-x", content=text))
+            record = TraceRecord(
+                trace_id="t",
+                app_name="app",
+                service_name="svc",
+                started_at=datetime.now(timezone.utc),
+                duration_ms=1.0,
+                user_input=f"question: {text}",
+                retrieved_contexts=documents,
+                metadata={"note": text},
+            )
+            scrubber.scrub_record(record)
+            if leaked_kinds(repr(record), plain):
+                record_leaks.add(kind.name)
+            if leaked_kinds(scrub(scrubber, text), plain):
+                text_leaks.add(kind.name)
+    assert record_leaks <= text_leaks
+    assert len(text_leaks) <= len(all_kinds()) - ALL_CAUGHT
 
 
 def test_ordinary_sentences_are_left_alone(scrubber: Scrubber) -> None:

@@ -151,12 +151,19 @@ def _quoted_end(text: str, start: int, quote: str) -> int:
     return end
 
 
+_SEPARATOR = re.compile(r"[=:,>]")  # within reach of a name, or no assignment follows it
+
+
 def _assignments(text: str, lowered: str) -> Iterator[Span]:
     seen: set[int] = set()
     for word in _NAME_WORDS:
         index = lowered.find(word)
         while index >= 0:
-            if index not in seen and _boundary(text, index):
+            if (
+                index not in seen
+                and _SEPARATOR.search(text, index, index + 48) is not None
+                and _boundary(text, index)
+            ):
                 seen.add(index)
                 match = _ASSIGN.match(text, index)
                 if match is not None:
