@@ -135,6 +135,8 @@ def _value_ok(strong: bool, value: str, quoted: bool, operator: str) -> bool:
         return False  # a URL (a redirect, an endpoint), not a credential
     if value.isdigit():
         return strong and len(value) >= 6
+    if not strong and (" " in value or "(" in value):
+        return False  # _RECENT_KEY = "-CAST(extract(epoch ...": code, not a key
     if strong:
         if len(value) < 6 and not password_shaped(value):
             return False

@@ -372,6 +372,7 @@ _REFERENCE = re.compile(
     r"^(?:[A-Za-z_][\w.]*[\[(]|\$\{?[A-Za-z_]|\{\{|<[^>]*>?$|%\(?[A-Za-z_]|process\.env\b"
     r"|(?:os|env|settings|config|cfg|conf|self|this|secrets|vars|params)\.[A-Za-z_])"
 )
+_CODE_NAME = re.compile(r"[a-z]+(?:_[a-z]+)+|[a-z_]+(?:\.[a-z_]+)+")
 _PLACEHOLDERS = frozenset(
     [
         "none",
@@ -398,10 +399,13 @@ _ASSIGNMENT_KINDS = frozenset({"password", "api_key", "env_secret", "authorizati
 
 def reference_or_placeholder(value: str) -> bool:
     """Whether an assigned ``value`` is code or a placeholder rather than a secret."""
-    stripped = value.strip("\"'`")
+    stripped = value.strip("\"'`").split(")", 1)[0].rstrip("]},")  # hide_password=False),
     if not stripped or stripped.lower() in _PLACEHOLDERS:
         return True
-    if len(set(stripped)) == 1:
+    if len(set(stripped)) == 1 or stripped.replace("_", "").isdigit():
+        return True  # MAX_TOKEN_COUNT = 100_000_000
+    # A name in code: self.api_key = api_key, ATTR_TOKEN_TYPE = "gen_ai.token.type".
+    if _CODE_NAME.fullmatch(stripped) is not None:
         return True
     return _REFERENCE.match(stripped) is not None
 
