@@ -417,7 +417,7 @@ _ESCAPES = re.compile(r"(?:\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}){8,}")
 _ENTITIES = re.compile(r"(?:&#(?:[xX][0-9a-fA-F]{1,6}|\d{1,7});){8,}")
 _PERCENT = re.compile(r"[\w.~+\-=&]*(?:%[0-9A-Fa-f]{2}[\w.~+\-=&]*){2,}")
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
-_PERCENT_BACK = re.compile(r"[\w.~+\-=&]+$")
+_URL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.~+-=&")
 _HEX_24 = b"h" * 24
 
 
@@ -467,8 +467,10 @@ def _encoded(text: str) -> Iterator[Span]:
         for escape in _PERCENT_ESCAPE.finditer(text):
             if escape.start() < done:
                 continue
-            back = _PERCENT_BACK.search(text, max(0, escape.start() - 256), escape.start())
-            match = _PERCENT.match(text, back.start() if back else escape.start())
+            start = escape.start()
+            while start > escape.start() - 256 and start and text[start - 1] in _URL_CHARS:
+                start -= 1  # back to where the encoded run begins
+            match = _PERCENT.match(text, start)
             if match is None:
                 continue
             done = match.end()

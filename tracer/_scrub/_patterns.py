@@ -450,8 +450,8 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
     """Checks a pattern cannot express: a checksum, a character mix, a context word, code or
     a placeholder instead of a value."""
     if name in _ASSIGNMENT_KINDS and match.re.groups:
-        if reference_or_placeholder(secret):
-            return False
+        if reference_or_placeholder(secret) or secret.startswith("//"):
+            return False  # "a passphrase manager. See https://...": the colon of a URL
         if "://" in secret and "@" not in secret:
             return False  # OAUTH_REDIRECT_URI=https://...: an address, not a credential
         if name != "password" and secret.isdigit() and len(secret) <= 8:
