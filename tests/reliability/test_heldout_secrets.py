@@ -5,6 +5,7 @@ untuned corpus found leaking or altered. The recall figures asserted are the one
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timezone
 
 import pytest
@@ -85,6 +86,20 @@ def test_a_record_leaks_what_a_text_leaks(scrubber: Scrubber) -> None:
 def test_ordinary_sentences_are_left_alone(scrubber: Scrubber) -> None:
     altered = [text for text in SENTENCES if scrub(scrubber, text) != text]
     assert len(altered) <= len(SENTENCES) // 100, altered
+
+
+def test_documents_of_ordinary_sentences_are_left_alone(scrubber: Scrubber) -> None:
+    """Sentences joined into 5 KB documents (by spaces or line breaks) meet their neighbours:
+    a context word of one sentence and a value of the next must not make a secret."""
+    rng = random.Random(5)
+    documents = []
+    for _ in range(200):
+        pieces: list[str] = []
+        while sum(map(len, pieces)) < 5000:
+            pieces.extend((rng.choice(SENTENCES), rng.choice([" ", "\n"])))
+        documents.append("".join(pieces))
+    altered = [text for text in documents if scrub(scrubber, text) != text]
+    assert len(altered) <= len(documents) // 100, len(altered)
 
 
 # The secrets of the untuned corpus that leaked, each with the text that must be gone.

@@ -295,7 +295,10 @@ def _authorization(text: str, lowered: str) -> Iterator[Span]:
             yield match.span(2)
 
 
-_COOKIE = re.compile(r"cookie\\?[\"']?[^\S\n]*:[^\S\n]*([^\n\"]{3,4096})")
+# A cookie header's value: pieces joined by "; " (a sentence after "Cookie:" ends it).
+_COOKIE = re.compile(
+    r"cookie\\?[\"']?[^\S\n]*:[^\S\n]*([^\s\"]{3,1024}(?:;[^\S\n]*[^\s\";]{1,1024})*)"
+)
 _COOKIE_PAIR = re.compile(r"([^\s=;,]{1,64})=([^;\s,\"]{6,1024})")
 _COOKIE_ATTRIBUTES = frozenset(["path", "domain", "expires", "max-age", "samesite", "version"])
 

@@ -179,7 +179,7 @@ PASSWORD_WORDS = (
 PASSWORD_PHRASE = (
     "password",
     r"(?:" + "|".join(re.escape(word) for word in PASSWORD_WORDS) + r")"
-    r"(?:[ \t]+[^\s:=：]{1,24}){0,4}?[^\S\n]*"
+    r"(?:[ \t]+[^\s:=：]{0,23}[^\s:=：.!?。]){0,4}?[^\S\n]*"
     r"(?:\bis\b|\bwas\b|\bist\b|\blautet\b|\best\b|\bes\b|\bé\b|\bera\b|\bis now\b"
     r"|[:=：＝]|は|が|是|为|為|은|는|—|–)"
     r"[^\S\n]*[\"'«“„「『]?([^\s\"'»”“」』;,]{3,127}[^\s\"'»”“」』;,.!?:)。、])",

@@ -164,10 +164,8 @@ def _identifiers(text: str) -> Iterator[Span]:
         window = max(0, number - 60, searched - 30)
         for context in _ID_CONTEXT.finditer(lowered, window, number):
             start, end = context.span()
-            if end - start <= 5 and (
-                lowered[start - 1 : start].isalnum() or lowered[end : end + 1].isalpha()
-            ):
-                continue  # "sin" in "using", "nie" in "nieuw"
+            if end - start <= 5 and not _short_context(text, start, end):
+                continue  # "sin" in "using" or "np.sin(", "nie" in "nieuw"
             contexts[start] = context
         searched = number
         for start, context in contexts.items():
@@ -180,6 +178,21 @@ def _identifiers(text: str) -> Iterator[Span]:
         for match in _ID_ALONE.finditer(text):
             if _valid_id(match.group(), False):
                 yield match.span()
+
+
+_LABEL_AFTER = re.compile(r"[^\S\n]*(?:[:#=]|no\b|nr\b|number\b)", re.IGNORECASE)
+
+
+def _short_context(text: str, start: int, end: int) -> bool:
+    """Whether a short context word ("SSN", "sin") stands as a label: a word of its own,
+    written in capitals or followed by ":", "#", "=", "no" or "number"."""
+    if (
+        text[start - 1 : start].isalnum()
+        or text[start - 1 : start] == "."
+        or (text[end : end + 1].isalpha())
+    ):
+        return False
+    return text[start:end].isupper() or _LABEL_AFTER.match(text, end) is not None
 
 
 def _identifier_after(text: str, context: re.Match[str]) -> Iterator[Span]:
@@ -246,8 +259,8 @@ _PHONE_NATIONAL = re.compile(r"0\d[\d \-.()]{6,16}\d(?![\w\-]|\.\d)")
 _NOT_BEFORE_PHONE = frozenset("+-.:/_")
 _PHONE_FORMATS = re.compile(r"0[1-9](?:([ .])\d{2})(?:\1\d{2}){3}|0\d{1,4}-\d{1,4}-\d{4}")
 _PHONE_CONTEXT = re.compile(
-    r"(?i)phone|\btel\b|tél|mobile|\bcell|\bcall|handy|telefon|téléphone|portable|móvil"
-    r"|celular|電話|携帯|\bfax\b|whatsapp|\bsms\b|appel|\bring\b|contact|numéro"
+    r"(?i)phone|\btel\b|tél|mobile|\bcell|\bcall\b|\bhandy|telefon|téléphone|portable|móvil"
+    r"|celular|電話|携帯|\bfax\b|whatsapp|\bsms\b|\bappel|\bring\b|contact|numéro"
 )
 _REGIONS = ("FR", "JP", "GB", "DE", "AU", "IN", "BR", "ES", "IT", "NL", "US", "CA", "CH", "BE")
 
@@ -281,8 +294,8 @@ def _phones(text: str) -> Iterator[Span]:
         before = text[match.start() - 1 : match.start()]
         if before and (before.isalnum() or before in _NOT_BEFORE_PHONE):
             continue
-        if sum(c.isdigit() for c in number) < 8:
-            continue
+        if sum(c.isdigit() for c in number) < 9:
+            continue  # 06.12.2026 is a date
         if _PHONE_FORMATS.fullmatch(number) is None:
             line_start = text.rfind("\n", 0, match.start()) + 1
             before = text[max(line_start, match.start() - 40) : match.start()]
