@@ -495,6 +495,8 @@ def _encoded(text: str) -> Iterator[Span]:
 
 def _hex_decoded(text: str, start: int, end: int) -> Iterator[Span]:
     """A run of hexadecimal digits that decodes to printable text holding a secret."""
+    if text[start] not in "234567" or text[start + 2] not in "234567":
+        return  # its first two bytes are not printable ASCII: a hash or an id
     try:
         decoded = bytes.fromhex(text[start:end]).decode("ascii")
     except ValueError:
