@@ -241,7 +241,7 @@ class Runtime:
             "service": self.service_name,
             "database": _shown_database(self.config),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv[:4],
+            "argv": _shown_command(sys.argv),
         }
 
     def finish_trace(self, state: TraceState) -> None:
@@ -250,6 +250,17 @@ class Runtime:
         self.stats.trace_finished(state.app_name, state.sampled)
         if state.sampled:
             self.writer.emit(state)
+
+
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command line as a ledger file keeps it: the program and the words before its first
+    option, at most four (an option's value may be a secret: ``collect --token ...``)."""
+    shown: list[str] = []
+    for word in argv[:4]:
+        if word.startswith("-") or "=" in word:
+            break
+        shown.append(word)
+    return shown
 
 
 def _path(value: Any) -> Any:

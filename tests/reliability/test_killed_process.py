@@ -266,3 +266,28 @@ def _in_write(file: Path) -> int:
     import struct
 
     return int(struct.unpack("=8q", file.read_bytes()[:64])[5])
+
+
+def test_a_ledger_file_keeps_no_option_of_the_command_line(tmp_path: Path) -> None:
+    """What a ledger file says of its process (read by the next process and by doctor) holds
+    the program and its command words, not an option's value: ``collect --token SECRET``."""
+    run_dir = tmp_path / "run"
+    secret = "tok-9f86d081884c7d659a2feaa0c55ad015"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "3", "--token", secret, f"--key={secret}"],
+        cwd=ROOT,
+        env=_env(run_dir),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        files = list(run_dir.glob("*.ledger"))
+        assert files
+        for file in files:
+            data = file.read_bytes()
+            assert b'"argv"' in data
+            assert secret.encode() not in data and b"--token" not in data
+    finally:
+        holder.kill()
+        holder.wait()
