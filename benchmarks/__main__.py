@@ -41,6 +41,7 @@ PLAN: list[tuple[str, list[str]]] = [
     ("ingest", ["benchmarks.ingest"]),
     ("storage_ingest", ["benchmarks.storage_ingest"]),
     ("scrub", ["benchmarks.scrub"]),
+    ("scrub_load", ["benchmarks.scrub_load"]),
     ("worker", ["benchmarks.worker"]),
     ("history", ["benchmarks.history"]),
     ("load_test", ["benchmarks.load_test"]),
