@@ -1,0 +1,74 @@
+"""The scrubber's keyword prefilter (``tracer/_scrub/_prefilter.py``): in long documents it
+finds what running every rule over the whole text finds, including matches that reach past a
+window or whose anchor is far from the number that gates them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import recalltrace
+from recalltrace.tracer._scrub import Scrubber, _prefilter
+from tests.reliability.ordinary_corpus import SENTENCES
+from tests.reliability.secret_kinds import all_kinds, leaked_kinds
+
+pytestmark = pytest.mark.skipif(not _prefilter.available(), reason="pyahocorasick is absent")
+
+
+@pytest.fixture(scope="module")
+def scrubbers() -> tuple[Scrubber, Scrubber]:
+    """A scrubber with the prefilter and one without (every rule over the whole text)."""
+    with_prefilter = Scrubber(recalltrace.ScrubbingOptions())
+    saved = _prefilter.ahocorasick
+    _prefilter.ahocorasick = None
+    try:
+        whole_text = Scrubber(recalltrace.ScrubbingOptions())
+    finally:
+        _prefilter.ahocorasick = saved
+    assert with_prefilter._prefilter is not None and whole_text._prefilter is None
+    return with_prefilter, whole_text
+
+
+def _document(rng: random.Random, length: int) -> str:
+    pieces: list[str] = []
+    while sum(map(len, pieces)) < length:
+        pieces.append(rng.choice(SENTENCES) + rng.choice((" ", " ", "\n")))
+    return "".join(pieces)[:length]
+
+
+def test_kinds_planted_in_long_documents_leak_no_more(scrubbers: tuple[Scrubber, Scrubber]) -> None:
+    with_prefilter, whole_text = scrubbers
+    rng = random.Random(20261129)
+    kinds = all_kinds()
+    for index in range(150):
+        document = _document(rng, rng.choice((300, 3000, 8000)))
+        planted = [rng.choice(kinds) for _ in range(rng.randint(1, 3))]
+        for kind in planted:
+            at = rng.randint(0, len(document))
+            separator = rng.choice((" ", "\n", ": ", ". "))
+            document = document[:at] + separator + kind.text + separator + document[at:]
+        leaked = leaked_kinds(with_prefilter.scrub_text(document, "f", []), planted)
+        assert not set(leaked) - set(
+            leaked_kinds(whole_text.scrub_text(document, "f", []), planted)
+        ), (index, leaked)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        # Longer than any window: taken whole from the text.
+        "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiIxMjM0NTY3ODkwIn0" * 80 + ".c2lnbmF0dXJlMTIzNDU2Nzg5",
+        "postgresql://admin:" + "Zq9" * 100 + "@db.internal:5432/app",
+        "jane.doe@" + "sub." * 60 + "example.com",
+        # No run of four digits in the number itself (one stands elsewhere in the document).
+        "+44 20 79 46 09 58",
+    ],
+)
+def test_long_matches_and_far_gates(scrubbers: tuple[Scrubber, Scrubber], secret: str) -> None:
+    with_prefilter, whole_text = scrubbers
+    document = _document(random.Random(3), 6000)
+    text = f"{document} Build 2024 failed; contact {secret} for the logs. {document}"
+    expected = whole_text.scrub_text(text, "f", [])
+    assert secret not in expected
+    assert with_prefilter.scrub_text(text, "f", []) == expected
