@@ -133,7 +133,7 @@ def scrub_span(span: Any, scrub: TextScrub) -> None:
                 link._attributes = copy
         status = getattr(span, "_status", None)
         description = getattr(status, "description", None)
-        if isinstance(description, str) and description:
+        if status is not None and isinstance(description, str) and description:
             new_description = scrub(description)
             if new_description != description:
                 from opentelemetry.trace import Status

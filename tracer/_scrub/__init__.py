@@ -284,7 +284,8 @@ class Scrubber:
                     continue
                 if lowered is None:
                     lowered = P.lower(view) if scan is None else scan.lowered
-                for match in self._files.matches(rule, view, lowered, scan and scan.hits):
+                hits = None if scan is None else scan.hits
+                for match in self._files.matches(rule, view, lowered, hits):
                     start, end = rule.secret_span(match)
                     if end <= start:
                         continue
@@ -466,7 +467,7 @@ class Scrubber:
         if candidates is not None:
             rules.extend(rule for rule in candidates if any(k in lowered for k in rule.keywords))
         elif self._files is not None:
-            rules.extend(self._files.select(lowered, None, scan and scan.hits))
+            rules.extend(self._files.select(lowered, None, None if scan is None else scan.hits))
         return rules
 
     # -- structures -------------------------------------------------------------------------

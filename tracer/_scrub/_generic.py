@@ -95,7 +95,16 @@ def prose(value: str) -> bool:
 # The words that name a credential. Strong ones (passwords, secrets) take any value that is not
 # prose, code or a placeholder; the others take random values only.
 _STRONG = ("pass", "pwd", "secret", "credential", "cookie")
-_NAME_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature")
+_NAME_WORDS: tuple[str, ...] = (
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "auth",
+    "credential",
+    "signature",
+)
 _NAME_WORDS += ("cookie", "session", "sid", "dsn")
 _ASSIGN = re.compile(
     r"(?i:pass(?:word|wd|phrase|code)?|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|key"
@@ -242,9 +251,9 @@ def _flags(text: str, lowered: str) -> Iterator[Span]:
     if "mysql" in lowered or "mariadb" in lowered:
         index = text.find(" -p")
         while index >= 0:
-            match = _MYSQL.match(text, index + 1)
-            if match is not None and not P.reference_or_placeholder(match.group(1)):
-                yield match.span(1)
+            found = _MYSQL.match(text, index + 1)
+            if found is not None and not P.reference_or_placeholder(found.group(1)):
+                yield found.span(1)
             index = text.find(" -p", index + 3)
 
 
@@ -473,15 +482,15 @@ def _encoded(text: str) -> Iterator[Span]:
             start = escape.start()
             while start > escape.start() - 256 and start and text[start - 1] in _URL_CHARS:
                 start -= 1  # back to where the encoded run begins
-            match = _PERCENT.match(text, start)
-            if match is None:
+            run = _PERCENT.match(text, start)
+            if run is None:
                 continue
-            done = match.end()
+            done = run.end()
             # A secret the other rules see as it stands (a SAS signature) is theirs.
-            if _holds_secret(urllib.parse.unquote_plus(match.group())) and not _holds_secret(
-                match.group()
+            if _holds_secret(urllib.parse.unquote_plus(run.group())) and not _holds_secret(
+                run.group()
             ):
-                yield match.span()
+                yield run.span()
     hexes = _shape(text).hex
     start = hexes.find(_HEX_24)
     while start >= 0:
@@ -561,7 +570,16 @@ _Rule = tuple[str, "re.Pattern[str]", int]
 _CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", _Finder(_credentials)), 0)
 _PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", _Finder(personal)), 0)
 _ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", _Finder(_encoded)), 0)
-_GATE_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "signature")
+_GATE_WORDS: tuple[str, ...] = (
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "auth",
+    "credential",
+    "signature",
+)
 _GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p", "kty")
 _GATE_WORDS += ("private-lines",)
 
