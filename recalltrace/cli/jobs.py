@@ -306,6 +306,29 @@ def _cmd_jobs_counts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _require_stored_app(engine: Engine, app: str | None) -> None:
+    """Refuse an ``--app`` no stored trace has (a mistyped name selected nothing and the command
+    said it did nothing, exit 0), naming the apps there are and the closest one."""
+    if app is None:
+        return
+    import difflib
+
+    from sqlalchemy import select
+
+    from recalltrace.cli._render import inert
+    from recalltrace.storage.models import Trace
+
+    with engine.connect() as conn:
+        if conn.scalar(select(Trace.trace_id).where(Trace.app_name == app).limit(1)) is not None:
+            return
+        apps = sorted(conn.scalars(select(Trace.app_name).distinct().limit(200)))
+    close = difflib.get_close_matches(app, apps, n=1)
+    known = ", ".join(inert(a) for a in apps[:10]) or "none yet"
+    more = f" (and {len(apps) - 10} more)" if len(apps) > 10 else ""
+    guess = f"; did you mean {inert(close[0])}?" if close else ""
+    raise CommandError(f"no stored trace has app {inert(app)!r}; apps: {known}{more}{guess}")
+
+
 def _cmd_jobs_cancel(args: argparse.Namespace) -> int:
     from recalltrace._wiring import repository
 
@@ -316,6 +339,7 @@ def _cmd_jobs_cancel(args: argparse.Namespace) -> int:
             "or --all for every waiting, queued and failed job"
         )
     with _database(args) as engine:
+        _require_stored_app(engine, args.app)
         cancelled = repository(engine).cancel_jobs(
             metric=metric, job_ids=args.job_ids, trace_ids_of_app=args.app
         )
@@ -338,6 +362,7 @@ def _cmd_jobs_retry(args: argparse.Namespace) -> int:
     # Expired leases are given back only when no filter narrows the retry.
     everything = args.job_ids is None and args.app is None and metric is None
     with _database(args) as engine:
+        _require_stored_app(engine, args.app)
         repo = repository(engine)
         before = _job_states(engine, args.job_ids) if args.job_ids else {}
         job_ids = list(args.job_ids) if args.job_ids else None
@@ -425,6 +450,7 @@ def _cmd_backfill(args: argparse.Namespace) -> int:
     repo = open_repository(args.database_url)
     progress = Progress(transient=True) if sys.stdout.isatty() else None
     try:
+        _require_stored_app(repo.engine, args.app)
         keys = metrics or [spec.metric for spec in repo.metrics]
         total = 0
         with progress or contextlib.nullcontext():

@@ -127,3 +127,17 @@ def test_a_job_that_failed_on_its_first_try_shows_one_attempt(database_url: str)
     )
     assert sorted((j["problem"], j["attempts"]) for j in listed) == [("failed", 1)] * 2
     repo.dispose()
+
+
+def test_a_mistyped_app_is_refused_by_the_commands_that_change_jobs(database_url: str) -> None:
+    """``jobs retry``, ``jobs cancel`` and ``backfill`` with an --app no stored trace has said
+    they did nothing and exited 0; they name the apps there are and the closest one."""
+    seed(database_url, 2)
+    for command in (["jobs", "retry"], ["jobs", "cancel"], ["backfill", "--since", "30d"]):
+        done = run(*command, "--app", "suport-bot", "--database-url", database_url)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        line = done.stderr.strip().splitlines()[-1]
+        assert "no stored trace has app 'suport-bot'" in line, line
+        assert "did you mean support-bot?" in line, line
+        right = run(*command, "--app", "support-bot", "--database-url", database_url)
+        assert right.returncode == 0, (command, right.stderr)
