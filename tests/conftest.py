@@ -104,6 +104,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say how many real-system tests the default stage left out, and how to run them."""
+    if hasattr(config, "workerinput") or not _default_stage(config) or config.option.keyword:
+        return
+    left_out = len(terminalreporter.stats.get("deselected", []))
+    if left_out:
+        terminalreporter.write_line(
+            f"{left_out} real-system test(s) were left out of this stage (an installed wheel, "
+            "servers, Prometheus, kill rounds): run them with `python -m pytest -m realsystem`"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _working_directory_kept() -> Iterator[None]:
     """A test that changes the working directory and leaves it changed fails, by name: later

@@ -139,3 +139,17 @@ def test_quick_start_on_a_fresh_postgres_database(tmp_path: Path) -> None:
         assert current_revision(url) == head_revision()
         assert not (tmp_path / "recalltrace.db").exists()
         print(f"quick start on a fresh Postgres database: {elapsed:.1f} s")
+
+
+def test_the_test_command_says_what_it_left_out() -> None:
+    """The README's test command (the default stage) says how many real-system tests it left
+    out and how to run them, in one line after its summary."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    said = [line for line in lines if "real-system test(s) were left out" in line]
+    assert len(said) == 1, done.stdout[-2000:]
+    assert int(said[0].split()[0]) > 50 and "python -m pytest -m realsystem" in said[0]
