@@ -10,6 +10,7 @@ import pytest
 
 import recalltrace
 from recalltrace.tracer._scrub import Scrubber, _prefilter
+from recalltrace.tracer._scrub._ruleset import FileRule
 from tests.reliability.ordinary_corpus import SENTENCES
 from tests.reliability.secret_kinds import all_kinds, leaked_kinds
 
@@ -72,3 +73,57 @@ def test_long_matches_and_far_gates(scrubbers: tuple[Scrubber, Scrubber], secret
     expected = whole_text.scrub_text(text, "f", [])
     assert secret not in expected
     assert with_prefilter.scrub_text(text, "f", []) == expected
+
+
+def test_generic_detectors_find_the_same_with_the_prefilters_hits(
+    scrubbers: tuple[Scrubber, Scrubber],
+) -> None:
+    """The generic detectors (``_generic``, ``_personal``) read the prefilter's hits instead of
+    searching the text for their words; their spans and gates are the same either way."""
+    from recalltrace.tracer._scrub import _generic as G
+    from recalltrace.tracer._scrub import _patterns as P
+    from tests.reliability import secrets_heldout
+
+    with_prefilter, _ = scrubbers
+    prefilter = with_prefilter._prefilter
+    assert prefilter is not None
+    texts = [kind.text for kind in all_kinds()] + [
+        kind.text for kind in secrets_heldout.all_kinds()
+    ]
+    rng = random.Random(20261130)
+    finders = (G._CREDENTIALS[1], G._PERSONAL[1], G._ENCODED[1])
+    for index in range(240):
+        document = _document(rng, rng.choice((300, 3000, 8000)))
+        for text in rng.sample(texts, rng.randint(1, 4)):
+            at = rng.randint(0, len(document))
+            separator = rng.choice((" ", "\n", ": ", ". ", " is "))
+            document = document[:at] + separator + text + separator + document[at:]
+        view = document if document.isascii() else P.normalise(document)[0]
+        hits = _prefilter.Scan(view, prefilter).hits
+        assert G.rules_for(view, Scrubber, hits) == G.rules_for(view, Scrubber), index
+        # The scrubber's own rules (rule-file rules are chosen by the hits since cc30bb3).
+        own = [
+            rule
+            for rule in with_prefilter._default_rules_for(
+                view, None, _prefilter.Scan(view, prefilter)
+            )
+            if not isinstance(rule, FileRule)
+        ]
+        assert own == [
+            rule
+            for rule in with_prefilter._default_rules_for(view)
+            if not isinstance(rule, FileRule)
+        ], index
+        for finder in finders:
+            found = [hit.span() for hit in finder.finditer(view, hits)]  # type: ignore[call-arg]
+            assert found == [hit.span() for hit in finder.finditer(view)], (index, finder)
+
+
+def test_the_gates_words_are_needles() -> None:
+    """Every gate ``_holds`` looks up in the hits is a needle of the automaton."""
+    from recalltrace.tracer import _scrub as S
+    from recalltrace.tracer._scrub import _generic as G
+
+    words = {*_prefilter.needles(), *G.NEEDLES, *S._GATE_NEEDLES}
+    for _, gates, _ in S._GATED:
+        assert {gate.lower() for gate in gates} <= words

@@ -103,6 +103,18 @@ _CAPITALS = bytes(ord("A") if 65 <= i <= 90 else 32 for i in range(256))
 _RUN_16 = b"t" * 16
 _RUN_12 = b"t" * 12  # rule-file tokens may be as short as this
 _RUN_24 = b"b" * 24
+# Needles of the prefilter that only the gates read.
+_GATE_NEEDLES = ("aws",)
+
+
+def _holds(text: str, gates: tuple[str, ...], hits: dict[str, list[int]] | None) -> bool:
+    """Whether ``text`` holds one of ``gates``, each looked for in it only when its lower-case
+    form is among the prefilter's ``hits`` (when there are hits)."""
+    if hits is None:
+        return any(gate in text for gate in gates)
+    return any(gate in text for gate in gates if gate.lower() in hits)
+
+
 # What a "the password is ..." phrase or a password assignment holds, lower-cased: "pass"
 # and "pwd" cover English, French, Norwegian and the German "Passwort"; the words of other
 # scripts are looked for in text that is not ASCII.
@@ -204,7 +216,8 @@ class Scrubber:
         self._triggers = {compiled[id(p)][1]: spec for p, spec in _prefilter.TRIGGERS}
         self._prefilter = None
         if _prefilter.available():
-            words = [*_prefilter.needles(), *(self._files.keywords() if self._files else ())]
+            words = [*_prefilter.needles(), *G.NEEDLES, *_GATE_NEEDLES]
+            words.extend(self._files.keywords() if self._files else ())
             self._prefilter = _prefilter.Prefilter(words)
 
     def _scan(self, view: str) -> _prefilter.Scan | None:
@@ -302,6 +315,8 @@ class Scrubber:
             spec = self._triggers.get(regex) if scan is not None else None
             if spec is not None and scan is not None:
                 found: Iterable[re.Match[str]] = _prefilter.matches(regex, spec, scan)
+            elif scan is not None and type(regex) is G.Finder:
+                found = regex.finditer(view, scan.hits)
             elif anchors is not None:
                 if lowered is None:
                     lowered = P.lower(view) if scan is None else scan.lowered
@@ -416,8 +431,9 @@ class Scrubber:
         assigned = "=" in text or ":" in text
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
         lowered = text.lower() if scan is None else scan.lowered
+        hits = None if scan is None else scan.hits
         for rule, gates, shape in self._gated:
-            if shape is _LONG_RUN and long_run and any(gate in text for gate in gates):
+            if shape is _LONG_RUN and long_run and _holds(text, gates, hits):
                 rules.append(rule)
         if assigned and ("key" in lowered or "secret" in lowered or "token" in lowered):
             rules.append(self._assignment)
@@ -426,7 +442,7 @@ class Scrubber:
             rules.append(self._password)
         for rule, gates, shape in self._gated:
             if shape is _CAPITALS_ASSIGNED:
-                if capitals and any(gate in text for gate in gates):
+                if capitals and _holds(text, gates, hits):
                     rules.append(rule)
             elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
@@ -453,7 +469,7 @@ class Scrubber:
         if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
-        rules.extend(G.rules_for(text, Scrubber))  # generic detectors (``_generic``)
+        rules.extend(G.rules_for(text, Scrubber, hits))  # generic detectors (``_generic``)
         return rules
 
     def _file_rules(

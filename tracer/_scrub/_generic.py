@@ -36,11 +36,11 @@ import re
 import threading
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from recalltrace.tracer._scrub import _patterns as P
-from recalltrace.tracer._scrub._personal import Span, personal
+from recalltrace.tracer._scrub._personal import ID_CONTEXT_NEEDLES, Hits, Span, personal
 from recalltrace.tracer._scrub._personal import lower as _lower
 from recalltrace.tracer._scrub._personal import shape as _shape
 
@@ -165,15 +165,27 @@ def _quoted_end(text: str, start: int, quote: str) -> int:
 _SEPARATOR = re.compile(r"[=:,>]")  # within reach of a name, or no assignment follows it
 
 
-def _assignments(text: str, lowered: str) -> Iterator[Span]:
+def places(lowered: str, word: str, hits: Hits | None) -> Iterable[int]:
+    """Where ``word`` starts in ``lowered``, ascending: from the keyword prefilter's ``hits``
+    (``word`` is one of its needles, ``NEEDLES``) or found by ``str.find``."""
+    if hits is not None:
+        return hits.get(word, ())
+    found = []
+    index = lowered.find(word)
+    while index >= 0:
+        found.append(index)
+        index = lowered.find(word, index + 1)
+    return found
+
+
+def _assignments(text: str, lowered: str, hits: Hits | None) -> Iterator[Span]:
     seen: set[int] = set()
     for word in _NAME_WORDS:
-        index = lowered.find(word)
-        while index >= 0:
+        for index in places(lowered, word, hits):
             if (
                 index not in seen
-                and _SEPARATOR.search(text, index, index + 48) is not None
                 and _boundary(text, index)
+                and _SEPARATOR.search(text, index, index + 48) is not None
             ):
                 seen.add(index)
                 match = _ASSIGN.match(text, index)
@@ -181,7 +193,6 @@ def _assignments(text: str, lowered: str) -> Iterator[Span]:
                     span = _assignment_span(text, match)
                     if span is not None:
                         yield span
-            index = lowered.find(word, index + 1)
     if "</" in text:
         for match in _XML_TAG.finditer(text):
             if _SECRET_NAME.search(match.group(1)) and _value_ok(
@@ -338,9 +349,31 @@ _CALL_CONTEXT = re.compile(r"(?i)client|auth|key|token|secret|credential|login|c
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
+# A quote, then 16 characters a literal may hold: where a ``_LITERAL`` match may start.
+_LITERAL_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_LITERAL_CHARS |= frozenset(b"_-+/=.$:")
+_LITERAL_SHAPE = bytes(
+    ord("q") if i in b"\"'" else ord("t") if i in _LITERAL_CHARS else 32 for i in range(256)
+)
+_LITERAL_START = b"q" + b"t" * 16
+
+
+def _literals(text: str) -> Iterator[re.Match[str]]:
+    """``_LITERAL.finditer(text)``, tried only where its shape's start stands."""
+    shaped = text.encode("ascii", "replace").translate(_LITERAL_SHAPE)
+    index = shaped.find(_LITERAL_START)
+    while index >= 0:
+        match = _LITERAL.match(text, index)
+        if match is None:
+            index = shaped.find(_LITERAL_START, index + 1)
+        else:
+            yield match
+            index = shaped.find(_LITERAL_START, match.end())
+
+
 def _call_arguments(text: str) -> Iterator[Span]:
     """Literal arguments of a call (the literal found first, then the call it is in)."""
-    for literal in _LITERAL.finditer(text):
+    for literal in _literals(text):
         value = literal.group(2)
         if not looks_random(value, 16):
             continue
@@ -375,11 +408,10 @@ def _reference_or_path(value: str) -> bool:
     return ("/" in value and "." in tail) or tail.rsplit(".", 1)[-1].lower() in P.FILE_SUFFIXES
 
 
-def _after_words(text: str, lowered: str) -> Iterator[Span]:
+def _after_words(text: str, lowered: str, hits: Hits | None) -> Iterator[Span]:
     seen: set[int] = set()
     for word in _AFTER_WORDS:
-        index = lowered.find(word)
-        while index >= 0:
+        for index in places(lowered, word, hits):
             start = index - 4 if word == "key" and lowered.startswith("api", index - 4) else index
             if start not in seen and (start == 0 or not text[start - 1].isalnum()):
                 seen.add(start)
@@ -388,7 +420,6 @@ def _after_words(text: str, lowered: str) -> Iterator[Span]:
                     value = match.group(1).rstrip(".")
                     if looks_random(value, 16) and not _reference_or_path(value):
                         yield match.start(1), match.start(1) + len(value)
-            index = lowered.find(word, index + 1)
 
 
 _PREFIXED = re.compile(
@@ -462,7 +493,7 @@ def _holds_secret(decoded: str) -> bool:
         _DECODING.busy = False
 
 
-def _encoded(text: str) -> Iterator[Span]:
+def _encoded(text: str, hits: Hits | None = None) -> Iterator[Span]:
     if getattr(_DECODING, "busy", False):
         return
     if "\\u" in text or "\\x" in text:
@@ -529,17 +560,18 @@ class _Hit:
         return self._span
 
 
-class _Finder:
+class Finder:
     """A detector in the shape of a compiled expression (``finditer``)."""
 
-    def __init__(self, find: Callable[[str], Iterator[Span]]) -> None:
+    def __init__(self, find: Callable[[str, Hits | None], Iterator[Span]]) -> None:
         self._find = find
 
-    def finditer(self, text: str) -> Iterator[_Hit]:
+    def finditer(self, text: str, hits: Hits | None = None) -> Iterator[_Hit]:
         """The spans found, overlapping ones merged (the engine keeps the first of two spans
-        that overlap, and would leave the rest of the second)."""
+        that overlap, and would leave the rest of the second). ``hits``: the keyword
+        prefilter's scan of ``text`` lower-cased, holding every needle of ``NEEDLES``."""
         merged: list[list[int]] = []
-        for start, end in sorted(set(self._find(text))):
+        for start, end in sorted(set(self._find(text, hits))):
             if merged and start < merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
@@ -547,19 +579,19 @@ class _Finder:
         return iter([_Hit((start, end)) for start, end in merged])
 
 
-def _credentials(text: str) -> Iterator[Span]:
+def _credentials(text: str, hits: Hits | None = None) -> Iterator[Span]:
     lowered = _lower(text)
     if "=" in text or ":" in text or "," in text or "<" in text:
-        yield from _assignments(text, lowered)
+        yield from _assignments(text, lowered, hits)
     if "-" in text:
         yield from _flags(text, lowered)
-    if "uthorization" in lowered:
+    if "authorization" in hits if hits is not None else "uthorization" in lowered:
         yield from _authorization(text, lowered)
-    if "cookie" in lowered:
+    if "cookie" in hits if hits is not None else "cookie" in lowered:
         yield from _cookies(text, lowered)
     if "(" in text and ('"' in text or "'" in text):
         yield from _call_arguments(text)
-    yield from _after_words(text, lowered)
+    yield from _after_words(text, lowered, hits)
     if "kty" in text or "Private-Lines" in text:
         yield from _key_files(text)
     if "_" in text or "-" in text:
@@ -567,9 +599,9 @@ def _credentials(text: str) -> Iterator[Span]:
 
 
 _Rule = tuple[str, "re.Pattern[str]", int]
-_CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", _Finder(_credentials)), 0)
-_PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", _Finder(personal)), 0)
-_ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", _Finder(_encoded)), 0)
+_CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", Finder(_credentials)), 0)
+_PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", Finder(personal)), 0)
+_ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", Finder(_encoded)), 0)
 _GATE_WORDS: tuple[str, ...] = (
     "pass",
     "pwd",
@@ -582,11 +614,23 @@ _GATE_WORDS: tuple[str, ...] = (
 )
 _GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p", "kty")
 _GATE_WORDS += ("private-lines",)
+# The prefilter's needles the generic detectors read (``hits``): every word they look for.
+NEEDLES = (
+    *_GATE_WORDS,
+    *_NAME_WORDS,
+    *_AFTER_WORDS,
+    "authorization",
+    "cookie",
+    *ID_CONTEXT_NEEDLES,
+)
 
 
-def rules_for(text: str, scrubber_type: Callable[[Any], Any] | None = None) -> list[_Rule]:
+def rules_for(
+    text: str, scrubber_type: Callable[[Any], Any] | None = None, hits: Hits | None = None
+) -> list[_Rule]:
     """The generic detectors whose cheap gates pass on ``text``; encoded text is decoded and
-    searched by a scrubber of ``scrubber_type`` with the default options (none: not searched)."""
+    searched by a scrubber of ``scrubber_type`` with the default options (none: not searched).
+    ``hits``: the keyword prefilter's scan of ``text`` (see ``Finder.finditer``)."""
     if scrubber_type is not None and not _SCRUBBER_TYPE:
         _SCRUBBER_TYPE.append(scrubber_type)
     rules: list[_Rule] = []
@@ -597,7 +641,11 @@ def rules_for(text: str, scrubber_type: Callable[[Any], Any] | None = None) -> l
         "_" in text
         or "('" in text
         or '("' in text
-        or any(word in _lower(text) for word in _GATE_WORDS)
+        or (
+            any(word in hits for word in _GATE_WORDS)
+            if hits is not None
+            else any(word in _lower(text) for word in _GATE_WORDS)
+        )
     ):
         rules.append(_CREDENTIALS)
     if b"00" in shape.classes:

@@ -12,6 +12,7 @@ word. python-stdnum and phonenumbers are imported on first use.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from recalltrace.tracer._scrub import _patterns as P
 
 Span = tuple[int, int]
+Hits = dict[str, list[int]]  # the keyword prefilter's: each needle's places, ascending
 
 # -- shapes of a text ---------------------------------------------------------------------------
 # Translations of a text's bytes (non-ASCII characters as "?", so offsets are kept), each a
@@ -84,6 +86,47 @@ _ID_CONTEXT = re.compile(
     r"|id number|id no|national id|tax id|cpr|hetu|henkilötunnus|fødselsnummer|fodselsnummer"
     r"|rijksregister"
 )
+# A beginning of every match of ``_ID_CONTEXT`` (needles of the keyword prefilter): where no
+# needle starts before a number, no context word can be found there.
+ID_CONTEXT_NEEDLES = (
+    "ssn",
+    "social",
+    "sécurit",
+    "securit",
+    "nir",
+    "insee",
+    "steuer",
+    "idnr",
+    "bsn",
+    "burgerservice",
+    "cpf",
+    "dni",
+    "nie",
+    "nif",
+    "aadha",
+    "pesel",
+    "personnummer",
+    "codice fiscale",
+    "sin",
+    "tfn",
+    "tax file",
+    "national insurance",
+    "nino",
+    "身份证",
+    "passport",
+    "passeport",
+    "reisepass",
+    "pasaporte",
+    "id n",
+    "national id",
+    "tax id",
+    "cpr",
+    "hetu",
+    "henkilötunnus",
+    "fødselsnummer",
+    "fodselsnummer",
+    "rijksregister",
+)
 _ID_CANDIDATE = re.compile(r"(?<![\w])[0-9A-Z][0-9A-Z .\-/]{5,24}[0-9A-Z](?![\w])")
 
 
@@ -148,10 +191,14 @@ _ID_ALONE_SHAPES = (b"000.000.000-00", b"0" * 17)
 _CODICE_SHAPE = re.compile(b"AAAAAA00A00A000A")
 
 
-def _identifiers(text: str) -> Iterator[Span]:
+def _identifiers(text: str, hits: Hits | None = None) -> Iterator[Span]:
     """Identifiers after a context word, in a text that holds a number shaped like one; and
-    those whose format cannot be mistaken, anywhere."""
+    those whose format cannot be mistaken, anywhere. With the prefilter's ``hits``, the
+    context words are looked for only before a number that has a needle of one before it."""
     shapes = shape(text)
+    starts: list[int] | None = None
+    if hits is not None:
+        starts = sorted(p for needle in ID_CONTEXT_NEEDLES for p in hits.get(needle, ()))
     lowered = ""
     searched = 0  # context words are looked for before each number, each stretch once
     contexts: dict[int, re.Match[str]] = {}
@@ -162,7 +209,13 @@ def _identifiers(text: str) -> Iterator[Span]:
     for number in sorted(numbers):
         lowered = lowered or lower(text)
         window = max(0, number - 60, searched - 30)
-        for context in _ID_CONTEXT.finditer(lowered, window, number):
+        if starts is not None and bisect.bisect_left(starts, window) == bisect.bisect_left(
+            starts, number
+        ):
+            contexts_before: Iterator[re.Match[str]] = iter(())  # no needle starts there
+        else:
+            contexts_before = _ID_CONTEXT.finditer(lowered, window, number)
+        for context in contexts_before:
             start, end = context.span()
             if end - start <= 5 and not _short_context(text, start, end):
                 continue  # "sin" in "using" or "np.sin(", "nie" in "nieuw"
@@ -305,9 +358,9 @@ def _phones(text: str) -> Iterator[Span]:
             yield match.span()
 
 
-def personal(text: str) -> Iterator[Span]:
-    """The personal identifiers in ``text``."""
-    yield from _identifiers(text)
+def personal(text: str, hits: Hits | None = None) -> Iterator[Span]:
+    """The personal identifiers in ``text`` (``hits``: see ``_identifiers``)."""
+    yield from _identifiers(text, hits)
     if "." in text:
         yield from _cards(text)
     yield from _ibans(text)
