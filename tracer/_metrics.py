@@ -255,6 +255,18 @@ class TracerStats:
                 return
             pending, self._unreported = self._unreported, {}
             self._last_drop_log = self.clock()
+        references = pending.pop("reference_not_found", 0)
+        if references:
+            # A late reference (set_reference) whose trace was never found: no record was lost.
+            logger.warning(
+                "recalltrace could not attach %d late reference(s): no stored trace has the id "
+                "given to set_reference within reference_wait (counted as reference_not_found "
+                "in the %s metric)",
+                references,
+                DROPPED,
+            )
+        if not pending:
+            return
         total = sum(pending.values())
         reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(pending.items()))
         logger.warning(

@@ -620,3 +620,25 @@ def test_a_record_whose_id_holds_another_request_is_a_counted_error(
     assert counts.unaccounted == 0
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert "NOT stored" in line and format(0xABC, "032x") in line
+
+
+def test_an_unattached_reference_is_said_as_a_reference_not_a_dropped_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``set_reference`` for a trace that never arrives loses no record: the line says a late
+    reference could not be attached, not that a trace record was dropped."""
+    from recalltrace.tracer import _runtime
+
+    sink = MissingSink()
+    make_traced(sink=sink, reference_wait=0.1)
+    try:
+        with caplog.at_level("WARNING", logger="recalltrace.tracer"):
+            before = dropped("reference_not_found")
+            recalltrace.set_reference("ef" * 16, reference="nobody")
+            _wait_for(lambda: dropped("reference_not_found") > before)
+            _runtime.get().stats.report_drops()  # said now, unless a writer cycle said it
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("could not attach 1 late reference(s)" in line for line in lines), lines
+        assert not any("trace record(s)" in line for line in lines), lines
+    finally:
+        recalltrace.shutdown(HANG_GUARD_S)
