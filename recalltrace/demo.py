@@ -294,7 +294,7 @@ def _print_results(
 
     from recalltrace._wiring import history as open_history
     from recalltrace.scorers.catalog import CATALOG
-    from recalltrace.storage.db import create_engine_from_url, redact_url
+    from recalltrace.storage.db import create_engine_from_url
 
     engine = create_engine_from_url(url)
     history = open_history(engine)
@@ -321,11 +321,10 @@ def _print_results(
             console.print(f"  [bold]{row.value:.2f}[/] {row.metric}, trace {row.trace_id[:12]}")
             console.print(f"       Q: [italic]{question}[/]")
             console.print(f"       {row.reason}", style="dim")
-        hint = f"recalltrace trace show {worst[0].trace_id}"
-        if not url.startswith("sqlite:///./"):
-            hint += f" --database-url '{redact_url(url)}'"
-        console.print(f"Look closer: {hint}")
-    console.print("History: recalltrace scores summary --since 1d")
+        hint = _on_database(f"recalltrace trace show {worst[0].trace_id}", url)
+        console.print(f"Look closer: {hint}", soft_wrap=True)
+    history_command = _on_database("recalltrace scores summary --since 1d", url)
+    console.print(f"History: {history_command}", soft_wrap=True)
     if not_configured:
         console.print(
             "The LLM variants are not configured. Enable them with a judge model, e.g.\n"
@@ -336,14 +335,26 @@ def _print_results(
     engine.dispose()
 
 
+def _on_database(command: str, url: str) -> str:
+    """``command`` as it runs on the demo's database from where the demo ran: with
+    ``--database-url`` unless that is the default file and nothing else would be read (an
+    exported ``RECALLTRACE_DATABASE_URL`` names another database, which the demo did not use)."""
+    import shlex
+
+    from recalltrace.storage.db import DATABASE_URL_ENV, redact_url
+
+    if url.startswith("sqlite:///./") and not os.environ.get(DATABASE_URL_ENV):
+        return command
+    return f"{command} --database-url {shlex.quote(redact_url(url))}"
+
+
 def _print_diagnosis(console: Any, history: Any, url: str, since: Any) -> None:
     """The last line: the ``scores diagnose`` command, and the planted causes it names."""
-    from recalltrace.storage.db import redact_url
 
     found = history.diagnose(metric=DIAGNOSED_METRIC, since=since, app=APP_NAME)
-    command = f"recalltrace scores diagnose --metric {DIAGNOSED_METRIC} --since 1d"
-    if not url.startswith("sqlite:///./"):
-        command += f" --database-url '{redact_url(url)}'"
+    command = _on_database(
+        f"recalltrace scores diagnose --metric {DIAGNOSED_METRIC} --since 1d", url
+    )
     parts = [
         f"{s.attribute}={s.value} (recall {s.mean:.2f} against {s.rest_mean:.2f} elsewhere, "
         f"{s.count} requests)"

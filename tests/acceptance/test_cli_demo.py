@@ -153,3 +153,37 @@ def test_an_interrupted_demo_exits_non_zero(tmp_path: Path) -> None:
         out, err = demo.communicate(timeout=120)
     assert demo.returncode == 130, err[-2000:]
     assert "Interrupted by SIGINT" in out, (out, err[-3000:])
+
+
+@pytest.mark.parametrize("exported", [False, True])
+def test_every_command_the_demo_prints_runs_as_printed(tmp_path: Path, exported: bool) -> None:
+    """Look closer, History and Why, copied from an 80-column terminal (each on one line) and
+    run where the demo ran, in the same environment: also with RECALLTRACE_DATABASE_URL
+    exported (naming another database, which the demo does not use and its commands must not
+    read)."""
+    import shlex
+
+    extra = {"COLUMNS": "80"}
+    if exported:
+        extra["RECALLTRACE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'production.db'}"
+    out = run_demo(cwd=tmp_path, extra_env=extra)
+    commands = {}
+    for line in out.splitlines():
+        for label in ("Look closer: ", "History: ", "Why: "):
+            if line.startswith(label):
+                commands[label] = line[len(label) :].split(" names ")[0]
+    assert set(commands) == {"Look closer: ", "History: ", "Why: "}, out[-2000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
+    env.update(extra)
+    for label, command in commands.items():
+        words = shlex.split(command)
+        assert words[0] == "recalltrace", command
+        if exported:
+            assert "--database-url" in words, command
+        done = run_cli(*words[1:], cwd=tmp_path, env=env)
+        assert done.returncode == 0, (label, command, done.stderr)
+        assert "help-desk" in done.stdout or "Q:" in done.stdout or "trace" in done.stdout, (
+            label,
+            done.stdout[-1500:],
+        )
+    assert not (tmp_path / "production.db").exists()
