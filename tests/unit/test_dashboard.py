@@ -69,3 +69,17 @@ def test_the_provisioned_stack_offers_a_default_prometheus_and_loads_the_file() 
     mounts = compose["services"]["grafana"]["volumes"]
     folder = providers[0]["options"]["path"]
     assert any(m.endswith(f"{folder}/recalltrace.json:ro") for m in mounts), mounts
+
+
+def test_the_stack_publishes_its_ports_on_loopback_and_not_on_a_local_postgres_port() -> None:
+    """Every port of the compose stack is published on 127.0.0.1 only, and its Postgres not on
+    5432, where a developer's own Postgres usually is (the stack would not start beside it)."""
+    import re
+
+    compose = yaml.safe_load((DEPLOY / "compose.yml").read_text())
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    postgres = compose["services"]["postgres"]["ports"][0]
+    published = re.sub(r"\$\{[A-Z_]+:-(\d+)\}", r"\1", postgres).split(":")[1]
+    assert published != "5432", postgres
