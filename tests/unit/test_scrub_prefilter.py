@@ -99,8 +99,9 @@ def test_generic_detectors_find_the_same_with_the_prefilters_hits(
             separator = rng.choice((" ", "\n", ": ", ". ", " is "))
             document = document[:at] + separator + text + separator + document[at:]
         view = document if document.isascii() else P.normalise(document)[0]
-        hits = _prefilter.Scan(view, prefilter).hits
-        assert G.rules_for(view, Scrubber, hits) == G.rules_for(view, Scrubber), index
+        scan = _prefilter.Scan(view, prefilter)
+        hits = scan.hits
+        assert G.rules_for(view, Scrubber, scan) == G.rules_for(view, Scrubber), index
         # The scrubber's own rules (rule-file rules are chosen by the hits since cc30bb3).
         own = [
             rule
@@ -127,3 +128,41 @@ def test_the_gates_words_are_needles() -> None:
     words = {*_prefilter.needles(), *G.NEEDLES, *S._GATE_NEEDLES}
     for _, gates, _ in S._GATED:
         assert {gate.lower() for gate in gates} <= words
+
+
+def test_curl_rules_find_the_same_when_their_flag_is_looked_for_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gitleaks' curl rules are tried at a "curl" only when their flag is within reach."""
+    from recalltrace.tracer._scrub import _ruleset, rule_files
+    from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES
+
+    files = rule_files(tuple(str(path) for path in BUILTIN_RULE_FILES))
+    rules = [rule for rule in files.rules if _ruleset._flags_needed(rule.regex)]
+    assert len(rules) == 2
+    rng = random.Random(7)
+    lines = [
+        "curl -s https://api.example.com/v1/items",
+        "  -H 'Authorization: Bearer Zx81kQp0Lm2Nv7Rt4Ws9' \\",
+        '  --header "Authorization: Basic dXNlcjpwYXNzd29yZDEyMw==" \\',
+        "  -u admin:S3cr3tPassw0rd \\",
+        "  --user 'deploy:Kp9!mQ2#vL5x' \\",
+        "",
+        "\r",
+        "  --data @payload.json \\",
+        "The curl call above fails when the proxy is down.",
+        *rng.sample(SENTENCES, 20),
+    ]
+    documents = ["\n".join(rng.choices(lines, k=rng.randint(5, 40))) for _ in range(300)]
+
+    def found() -> list[list[tuple[int, int]]]:
+        return [
+            [match.span() for match in files.matches(rule, text, text.lower())]
+            for text in documents
+            for rule in rules
+        ]
+
+    checked = found()
+    monkeypatch.setattr(_ruleset, "_flags_needed", lambda regex: ())
+    assert checked == found()
+    assert sum(map(len, checked)) > 100

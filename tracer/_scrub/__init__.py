@@ -107,11 +107,12 @@ _RUN_24 = b"b" * 24
 _GATE_NEEDLES = ("aws",)
 
 
-def _holds(text: str, gates: tuple[str, ...], hits: dict[str, list[int]] | None) -> bool:
+def _holds(text: str, gates: tuple[str, ...], scan: _prefilter.Scan | None) -> bool:
     """Whether ``text`` holds one of ``gates``, each looked for in it only when its lower-case
-    form is among the prefilter's ``hits`` (when there are hits)."""
-    if hits is None:
+    form is among the prefilter's hits (when there is a ``scan`` of ``text``)."""
+    if scan is None:
         return any(gate in text for gate in gates)
+    hits = scan.hits
     return any(gate in text for gate in gates if gate.lower() in hits)
 
 
@@ -431,9 +432,8 @@ class Scrubber:
         assigned = "=" in text or ":" in text
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
         lowered = text.lower() if scan is None else scan.lowered
-        hits = None if scan is None else scan.hits
         for rule, gates, shape in self._gated:
-            if shape is _LONG_RUN and long_run and _holds(text, gates, hits):
+            if shape is _LONG_RUN and long_run and _holds(text, gates, scan):
                 rules.append(rule)
         if assigned and ("key" in lowered or "secret" in lowered or "token" in lowered):
             rules.append(self._assignment)
@@ -442,7 +442,7 @@ class Scrubber:
             rules.append(self._password)
         for rule, gates, shape in self._gated:
             if shape is _CAPITALS_ASSIGNED:
-                if capitals and _holds(text, gates, hits):
+                if capitals and _holds(text, gates, scan):
                     rules.append(rule)
             elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
@@ -469,7 +469,7 @@ class Scrubber:
         if b"0000" in encoded.translate(_DIGITS_TO_ZERO):
             rules.append(self._card)
             rules.extend(self._digit_gated)
-        rules.extend(G.rules_for(text, Scrubber, hits))  # generic detectors (``_generic``)
+        rules.extend(G.rules_for(text, Scrubber, scan))  # generic detectors (``_generic``)
         return rules
 
     def _file_rules(

@@ -626,11 +626,11 @@ NEEDLES = (
 
 
 def rules_for(
-    text: str, scrubber_type: Callable[[Any], Any] | None = None, hits: Hits | None = None
+    text: str, scrubber_type: Callable[[Any], Any] | None = None, scan: Any = None
 ) -> list[_Rule]:
     """The generic detectors whose cheap gates pass on ``text``; encoded text is decoded and
     searched by a scrubber of ``scrubber_type`` with the default options (none: not searched).
-    ``hits``: the keyword prefilter's scan of ``text`` (see ``Finder.finditer``)."""
+    ``scan``: the keyword prefilter's ``Scan`` of ``text``, whose hits are read when needed."""
     if scrubber_type is not None and not _SCRUBBER_TYPE:
         _SCRUBBER_TYPE.append(scrubber_type)
     rules: list[_Rule] = []
@@ -642,8 +642,8 @@ def rules_for(
         or "('" in text
         or '("' in text
         or (
-            any(word in hits for word in _GATE_WORDS)
-            if hits is not None
+            any(word in scan.hits for word in _GATE_WORDS)
+            if scan is not None
             else any(word in _lower(text) for word in _GATE_WORDS)
         )
     ):

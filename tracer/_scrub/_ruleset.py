@@ -270,12 +270,15 @@ class RuleFileSet:
         characters around it."""
         seen: set[int] = set()
         windows: list[tuple[int, int]] = []
+        flags = _flags_needed(rule.regex)
         for keyword in rule.keywords:
             if hits is not None:
                 positions: Iterable[int] = hits.get(keyword, ())[:_MAX_OCCURRENCES]
             else:
                 positions = _occurrences(lowered, keyword)
             for position in positions:
+                if flags and not _flag_within_reach(text, max(0, position - 1), flags):
+                    continue
                 if rule.leading:
                     for start in range(position, max(-1, position - 2), -1):
                         found = rule.regex.match(text, start)
@@ -295,6 +298,30 @@ class RuleFileSet:
                         seen.add(found.start())
                         yield found
             windows.clear()
+
+
+# Expressions that try up to five more lines after "curl" for a flag (gitleaks' curl rules):
+# each try costs tens of microseconds, so the flag is looked for first. Every line-break
+# character a match may cross (at most 11) lies within ``_LINES``' match.
+_CURL_FLAGS = (
+    (r"\bcurl\b(?:.*?|.*?(?:[\r\n]{1,2}.*?){1,5})[ \t\n\r](?:-H|--header)", ("-H", "--header")),
+    (r"\bcurl\b(?:.*|.*(?:[\r\n]{1,2}.*){1,5})[ \t\n\r](?:-u|--user)", ("-u", "--user")),
+)
+_LINES = re.compile(r"(?:[^\r\n]*[\r\n]){0,11}[^\r\n]*")
+
+
+def _flags_needed(regex: re.Pattern[str]) -> tuple[str, ...]:
+    if regex.flags & (re.IGNORECASE | re.DOTALL):
+        return ()
+    for prefix, flags in _CURL_FLAGS:
+        if regex.pattern.startswith(prefix):
+            return flags
+    return ()
+
+
+def _flag_within_reach(text: str, position: int, flags: tuple[str, ...]) -> bool:
+    end = _LINES.match(text, position).end()  # type: ignore[union-attr]
+    return any(text.find(flag, position, end) >= 0 for flag in flags)
 
 
 def _occurrences(lowered: str, keyword: str) -> Iterator[int]:
