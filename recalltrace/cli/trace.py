@@ -155,12 +155,12 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
     contexts.add_column("retriever score", justify="right")
     contexts.add_column("content", ratio=1)
     for c in detail.contexts:
-        contexts.add_row(
-            str(c.position),
-            _safe(c.context_id or "-"),
-            _num(c.score),
-            _safe(_shorten(c.content, max_chars)),
-        )
+        content = _safe(_shorten(c.content, max_chars))
+        if c.metadata:
+            # The document's own metadata (source, page, section...), as the JSON output has it.
+            shown = json.dumps(dict(c.metadata), ensure_ascii=False, default=str)
+            content += "\n[dim]metadata " + _safe(_shorten(shown, max_chars)) + "[/]"
+        contexts.add_row(str(c.position), _safe(c.context_id or "-"), _num(c.score), content)
     if detail.contexts:
         console.print(contexts)
     else:
