@@ -35,6 +35,7 @@ from recalltrace.cli._render import (
     _shorten,
     _window_text,
     inert,
+    print_keyed,
 )
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) 
             commands.append(
                 drill.worst(s.where) if s.where is not None else drill.trace(s.example_trace_ids)
             )
-        console.print(table)
+        print_keyed(console, table, ("#", "slice"))
         _print_commands(console, commands)
     else:
         console.print(
@@ -374,7 +375,7 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) 
                     f"{_pct(m.retrieved_share)} {_interval(m.interval)}",
                 )
                 commands.append(drill.trace(m.example_trace_ids))
-            console.print(table)
+            print_keyed(console, table, ("#", "reference"))
             _print_commands(console, commands)
     # -- unsupported claims
     if found.claims is not None:

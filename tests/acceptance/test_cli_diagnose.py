@@ -245,3 +245,24 @@ def test_a_drill_down_keeps_the_metric_version_it_was_given(url: str) -> None:
         assert f"--metric-version {version}" in drill or drill.startswith("recalltrace trace ")
         code, _, err = run(*shlex.split(drill)[1:])
         assert code == 0, (drill, err)
+
+
+def test_at_80_columns_no_slice_or_reference_is_cut(url: str) -> None:
+    """The slice and reference columns are keys: at 80 columns a row becomes a block rather than
+    ``tag=leg…`` (docs/cli.md, key columns are never cut)."""
+    saved = os.environ.get("COLUMNS")
+    out, err = io.StringIO(), io.StringIO()
+    os.environ["COLUMNS"] = "80"
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(["scores", "diagnose", "--database-url", url, "--metric", ID_METRIC])
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+    assert code == 0, err.getvalue()
+    text = out.getvalue()
+    assert "tag=legacy" in text and "kb-never" in text, text
+    table_lines = [line for line in text.splitlines() if line[:1] in "┃│┏┡└" or "…" in line]
+    assert not [line for line in table_lines if "…" in line], text
