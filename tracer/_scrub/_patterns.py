@@ -507,6 +507,19 @@ INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]")
 _HOMOGLYPHS = dict(zip("аеорсухіјѕАВЕКМНОРСТХІЈЅο", "aeopcyxijsABEKMHOPCTXIJSo", strict=True))
 _MIXED_SCRIPT = re.compile(f"[A-Za-z][{''.join(_HOMOGLYPHS)}]|[{''.join(_HOMOGLYPHS)}][A-Za-z]")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+_CHUNK = 1024
+
+
+def _non_ascii_chunks(text: str) -> list[tuple[int, int]]:
+    """The (start, end) of the pieces of ``_CHUNK`` characters of ``text`` that are not all
+    ASCII (``str.isascii`` on a piece is far faster than any expression over it): every
+    character the folding changes stands in one of them."""
+    size = len(text)
+    return [
+        (start, min(size, start + _CHUNK))
+        for start in range(0, size, _CHUNK)
+        if not text[start : start + _CHUNK].isascii()
+    ]
 
 
 def normalise(text: str) -> tuple[str, list[int] | None]:
@@ -516,17 +529,23 @@ def normalise(text: str) -> tuple[str, list[int] | None]:
     one form; with
     the offset in ``text`` of each character of the result, or ``None`` when the lengths
     agree (offsets are then the same)."""
+    chunks = _non_ascii_chunks(text)
     if (
         unicodedata.is_normalized("NFKC", text)
-        and _OTHER_DIGIT.search(text) is None
-        and INVISIBLE.search(text) is None
-        and _MIXED_SCRIPT.search(text) is None
+        and not any(_OTHER_DIGIT.search(text, start, end) for start, end in chunks)
+        and not any(INVISIBLE.search(text, start, end) for start, end in chunks)
+        # A look-alike's Latin neighbour may stand just outside its piece.
+        and not any(
+            _MIXED_SCRIPT.search(text, max(0, start - 1), end + 1) for start, end in chunks
+        )
     ):
         return text, None
     pieces: list[str] = []
     lengths: list[tuple[int, int, int]] = []  # (offset in text, characters in text, in result)
     last = 0
-    for run in _NON_ASCII.finditer(text):
+    # Each character is folded on its own (a run cut at a piece's end folds the same).
+    runs = (run for start, end in chunks for run in _NON_ASCII.finditer(text, start, end))
+    for run in runs:
         pieces.append(text[last : run.start()])
         for index in range(run.start(), run.end()):
             char = text[index]
