@@ -535,9 +535,7 @@ def normalise(text: str) -> tuple[str, list[int] | None]:
         and not any(_OTHER_DIGIT.search(text, start, end) for start, end in chunks)
         and not any(INVISIBLE.search(text, start, end) for start, end in chunks)
         # A look-alike's Latin neighbour may stand just outside its piece.
-        and not any(
-            _MIXED_SCRIPT.search(text, max(0, start - 1), end + 1) for start, end in chunks
-        )
+        and not any(_MIXED_SCRIPT.search(text, max(0, start - 1), end + 1) for start, end in chunks)
     ):
         return text, None
     pieces: list[str] = []
