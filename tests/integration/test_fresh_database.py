@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def stored(url: str) -> int:
     return count
 
 
+def _said(caplog: pytest.LogCaptureFixture, words: str) -> bool:
+    return any(words in r.getMessage() for r in caplog.records)
+
+
 def test_records_wait_for_the_schema_and_say_what_to_run(
     empty_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -65,6 +70,11 @@ def test_records_wait_for_the_schema_and_say_what_to_run(
         with caplog.at_level(logging.WARNING, logger="recalltrace"):
             for index in range(10):
                 answer(f"q{index}")
+            # The first write fails once the storage process has started (seconds on a busy
+            # host); the records stay queued however long it takes.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _said(caplog, "db upgrade"):
+                recalltrace.flush(0.5)
             assert recalltrace.flush(1.5) is False
         lines = [r.getMessage() for r in caplog.records if "db upgrade" in r.getMessage()]
         assert len(lines) == 1, [r.getMessage() for r in caplog.records]
@@ -246,6 +256,9 @@ def test_a_role_that_may_not_create_tables_keeps_the_records(
         with caplog.at_level(logging.WARNING, logger="recalltrace"):
             for index in range(3):
                 answer(f"q{index}")
+            deadline = time.monotonic() + 60  # the storage process starts first (busy host)
+            while time.monotonic() < deadline and not _said(caplog, "could not create"):
+                recalltrace.flush(0.5)
             assert recalltrace.flush(2) is False
         refused = [r.getMessage() for r in caplog.records if "could not create" in r.getMessage()]
         assert len(refused) == 1 and "recalltrace db upgrade" in refused[0], refused

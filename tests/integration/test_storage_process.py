@@ -76,7 +76,12 @@ def storage_children(parent: int) -> list[int]:
 
 
 def _storage_pid() -> int:
-    (pid,) = storage_children(os.getpid())
+    """The storage process of the configured tracer's sink (a live child of this process; a
+    process an earlier test left may be a child too, so the sink says which is its own)."""
+    from recalltrace.tracer import _runtime
+
+    pid = int(getattr(_runtime.get().writer._sink, "helper_pid", 0))
+    assert pid in storage_children(os.getpid()), (pid, storage_children(os.getpid()))
     return pid
 
 
