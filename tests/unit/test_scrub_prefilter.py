@@ -166,3 +166,42 @@ def test_curl_rules_find_the_same_when_their_flag_is_looked_for_first(
     monkeypatch.setattr(_ruleset, "_flags_needed", lambda regex: ())
     assert checked == found()
     assert sum(map(len, checked)) > 100
+
+
+def test_value_patterns_match_as_over_the_whole_text(scrubbers: tuple[Scrubber, Scrubber]) -> None:
+    """Configuration names (from the start of the name holding the word) and numbers (in the
+    clusters holding as many digits as a match does) are matched as over the whole text."""
+    import re
+
+    from recalltrace.tracer._scrub import _patterns as P
+
+    with_prefilter, _ = scrubbers
+    prefilter = with_prefilter._prefilter
+    assert prefilter is not None
+    texts = [kind.text for kind in all_kinds()]
+    texts += ["MY_APP_API_KEY=Zq81kQp0Lm2Nv7Rt4Ws9", "DB9_PASSWORD: 'hunter2hunter2'"]
+    texts += ["+1 415 555 0132 or +44 20 7946 0958", "tel. (415) 555-0132", "id 078-05-1120"] * 3
+    texts += [
+        "card 4111 1111 1111 1111 or 4111-1111-1111-1111",
+        "SSN 123-45-6789",
+        "xAUTH_TOKEN=abc",
+    ]
+    rng = random.Random(5)
+    specs = dict(_prefilter.TRIGGERS)
+    patterns = [P.ENV_SECRET, P.CARD, P.SSN, P.PHONE]
+    counts = dict.fromkeys((pattern[0] for pattern in patterns), 0)
+    for index in range(200):
+        document = _document(rng, rng.choice((300, 3000)))
+        for text in rng.sample(texts, rng.randint(1, 5)):
+            at = rng.randint(0, len(document))
+            document = (
+                document[:at] + rng.choice((" ", "\n", "_", "x")) + text + " " + document[at:]
+            )
+        view = document if document.isascii() else P.normalise(document)[0]
+        for pattern in patterns:
+            regex = re.compile(pattern[1], pattern[3])
+            scan = _prefilter.Scan(view, prefilter)
+            found = [m.span() for m in _prefilter.matches(regex, specs[pattern], scan)]
+            assert found == [m.span() for m in regex.finditer(view)], (index, pattern[0])
+            counts[pattern[0]] += len(found)
+    assert min(counts.values()) > 5, counts

@@ -29,7 +29,7 @@ Hits = dict[str, list[int]]
 # characters ahead of it) or "window" (matches lie within ``before`` characters before an
 # anchor and ``after`` past it); the anchors: (lower-case needle, before) pairs, and a run of
 # characters of a class (digits, base64, hex) at least so long.
-_START, _WINDOW = "start", "window"
+_START, _WINDOW, _NAME_START = "start", "window", "name start"
 _BEYOND = 1 << 62
 _VENDOR = (
     ("k-", 1),
@@ -69,7 +69,9 @@ _GITLAB = ("glpat-", "gldt-", "glptt-", "glrt-", "gloas-", "glcbt-", "glft-", "g
 # Card, social security and phone numbers lie inside a cluster of digits and separators holding
 # eight digits at least; an IBAN starts with two letters and two digits after anything but a
 # letter, a digit, "_" or "-".
-_NUMBER = (_WINDOW, (), 0, ("number", 9))
+# The runs' length is the digits a match holds at least: 13 for a card, 9 for a social
+# security number, 8 for a phone number.
+_NUMBER = (_WINDOW, (), 0, ("number", 8))
 TRIGGERS: tuple[tuple[tuple[str, str, int, int], tuple[Any, ...]], ...] = (
     (P.BEARER, (_START, (("bearer", 0),), 0, None)),
     (P.JWT, (_START, (("eyj", 0),), 0, None)),
@@ -94,10 +96,12 @@ TRIGGERS: tuple[tuple[tuple[str, str, int, int], tuple[Any, ...]], ...] = (
     (
         P.ENV_SECRET,
         (
-            _WINDOW,
-            # Upper case only (the expression's own case): see ``matches``.
-            tuple((w, 128) for w in ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")),
-            320,
+            # A match starts where the configuration name holding its word does (a run of
+            # capitals, digits and "_"). Upper case only (the expression's own case): see
+            # ``matches``.
+            _NAME_START,
+            tuple((w, 0) for w in ("TOKEN", "SECRET", "PASSW", "KEY", "CREDENTIAL", "AUTH")),
+            0,
             None,
         ),
     ),
@@ -111,12 +115,13 @@ TRIGGERS: tuple[tuple[tuple[str, str, int, int], tuple[Any, ...]], ...] = (
     (P.URL_PASSWORD_ENCODED, (_START, (("%3a%2f%2f", 0),), 0, None)),
     (P.EMAIL, (_WINDOW, (("@", 66),), 512, None)),
     (P.ENCODED, (_START, (), 0, ("base64", 24))),
-    (P.CARD, _NUMBER),
+    (P.CARD, (_WINDOW, (), 0, ("number", 13))),
     (P.IBAN, (_START, (), 0, ("iban", 0))),
-    (P.SSN, _NUMBER),
+    (P.SSN, (_WINDOW, (), 0, ("number", 9))),
     (P.PHONE, _NUMBER),
 )
 
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # Each byte of a class becomes the class's letter, every other byte a space.
 _CLASSES = {
     "digits": bytes(ord("0") if 48 <= i <= 57 else 32 for i in range(256)),
@@ -180,13 +185,14 @@ class Scan:
     """One text's prefilter results, each found when first asked for: its lower-cased form,
     the needles' positions, and the runs of each character class."""
 
-    __slots__ = ("_encoded", "_hits", "_lowered", "_prefilter", "_runs", "view")
+    __slots__ = ("_clusters", "_encoded", "_hits", "_lowered", "_prefilter", "_runs", "view")
 
     def __init__(self, view: str, prefilter: Prefilter, lowered: str | None = None) -> None:
         self.view, self._prefilter, self._lowered = view, prefilter, lowered
         self._hits: Hits | None = None
         self._encoded: bytes | None = None
         self._runs: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._clusters: list[tuple[int, int, int]] | None = None
 
     @property
     def lowered(self) -> str:
@@ -209,7 +215,9 @@ class Scan:
             # One byte per character (any other than ASCII becomes "?"): offsets agree.
             self._encoded = self.view.encode("ascii", "replace")
         if kind == "number":
-            out = self._number_clusters()
+            out = [
+                (start, end) for start, end, digits in self._number_clusters() if digits >= length
+            ]
         elif kind == "iban":
             starts = self._encoded.translate(_IBAN_START)
             out = [(0, 0)] if starts.startswith(b"aa00") else []
@@ -222,21 +230,26 @@ class Scan:
         self._runs[(kind, length)] = out
         return out
 
-    def _number_clusters(self) -> list[tuple[int, int]]:
+    def _number_clusters(self) -> list[tuple[int, int, int]]:
         """The clusters of digits and separators (" -.()+") at least 9 long holding at least 8
-        digits: a card, social security or phone number the scrubber redacts has as many."""
+        digits (a card, social security or phone number the scrubber redacts has as many), with
+        the digits each holds."""
+        if self._clusters is not None:
+            return self._clusters
         assert self._encoded is not None
         clusters = self._encoded.translate(_CLUSTER)
         digits = self._encoded.translate(_CLASSES["digits"])
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, int]] = []
         find = clusters.find
         start = find(b"nnnnnnnnn")
         while start >= 0:
             end = find(b"x", start)
             end = len(clusters) if end < 0 else end
-            if digits.count(b"0", start, end) >= 8:
-                out.append((start, end))
+            count = digits.count(b"0", start, end)
+            if count >= 8:
+                out.append((start, end, count))
             start = find(b"nnnnnnnnn", end)
+        self._clusters = out
         return out
 
     def _class_runs(self, kind: str, length: int) -> list[tuple[int, int]]:
@@ -266,6 +279,17 @@ def matches(regex: re.Pattern[str], spec: tuple[Any, ...], scan: Scan) -> Iterat
             for needle, _ in anchors
         }
     runs = scan.runs(*run) if run is not None else []
+    if mode is _NAME_START:
+        # Back from each word to the start of the name it stands in.
+        starts: set[int] = set()
+        for needle, _ in anchors:
+            for position in hits.get(needle, ()):
+                start = position
+                while start and view[start - 1] in _NAME_CHARS:
+                    start -= 1
+                starts.add(start)
+        runs = [(start, start) for start in starts]
+        mode, anchors = _START, ()
     if mode is _START:
         candidates: set[int] = {start for start, _ in runs}
         for needle, before in anchors:
