@@ -95,3 +95,17 @@ def test_long_texts_fold_as_before() -> None:
             assert P.normalise(text) == _reference(text), (at, odd_char)
             text = "x" * at + " " + odd_char + "y"
             assert P.normalise(text) == _reference(text), (at, odd_char)
+
+
+def test_long_texts_lower_as_before() -> None:
+    """``lower`` of a text whose lower case is longer (İ) lower-cases piece by piece, each
+    character as it did; a capital sigma keeps its context-free lower case."""
+    rng = random.Random(12)
+    pieces = [*SENTENCES, "İstanbul", "ΟΔΥΣΣΕΥΣ", "Σ", "ß", "ΑΣ ΒΣ", "ǅ"]
+    for index in range(100):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 400)))
+        expected = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+        if len(text.lower()) == len(text):
+            expected = text.lower()
+        assert P.lower(text) == expected, index
+        assert len(P.lower(text)) == len(text)

@@ -586,7 +586,17 @@ def lower(text: str) -> str:
     lowered = text.lower()
     if len(lowered) == len(text):
         return lowered
-    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+    # Each character on its own (one whose lower case is longer is kept), piece by piece: a
+    # piece lower-cased whole is the same where it keeps its length and holds no capital sigma
+    # (the one letter str.lower maps by its context).
+    pieces = []
+    for start in range(0, len(text), _CHUNK):
+        piece = text[start : start + _CHUNK]
+        folded = piece.lower()
+        if len(folded) != len(piece) or "\u03a3" in piece:
+            folded = "".join(c if len(c.lower()) != 1 else c.lower() for c in piece)
+        pieces.append(folded)
+    return "".join(pieces)
 
 
 _UNDERSCORE_PREFIXES = ("ghp", "gho", "ghu", "ghs", "ghr", "_pat", "hf", "sk", "rk")

@@ -221,8 +221,10 @@ def _identifiers(text: str, hits: Hits | None = None) -> Iterator[Span]:
                 continue  # "sin" in "using" or "np.sin(", "nie" in "nieuw"
             contexts[start] = context
         searched = number
-        for start, context in contexts.items():
-            if start not in done and 0 <= number - context.end() <= 48:
+        for start, context in list(contexts.items()):
+            if number - context.end() > 48:
+                del contexts[start]  # too far behind this number, and so every later one
+            elif start not in done and number >= context.end():
                 done.add(start)
                 yield from _identifier_after(text, context)
     if any(needle in shapes.classes for needle in _ID_ALONE_SHAPES) or _CODICE_SHAPE.search(
