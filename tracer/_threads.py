@@ -71,13 +71,13 @@ def original(module: str, name: str) -> Any:
         try:
             return monkey.get_original(module, name)
         except Exception:
-            pass
+            pass  # gevent never patched it: the standard library's, below, is the original
     patcher = sys.modules.get("eventlet.patcher")
     if patcher is not None:
         try:
             return getattr(patcher.original(module), name)
         except Exception:
-            pass
+            pass  # eventlet has no original of it: the standard library's, below, is the one
     return getattr(importlib.import_module(module), name)
 
 

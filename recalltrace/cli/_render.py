@@ -65,7 +65,7 @@ _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def inert_json(text: str) -> str:
-    """JSON text with the characters a terminal would act on written as ``\\uXXXX`` escapes:
+    """JSON text with the characters a terminal would act on written as escapes (``\\u001b``):
     the same JSON value, nothing a terminal acts on (they can only occur inside strings)."""
     return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
@@ -82,6 +82,18 @@ def inert(text: str) -> str:
     if _UNSAFE.search(text) is None:
         return text
     return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def known_names(name: str, names: Sequence[str]) -> str:
+    """The names there are (the first ten, and how many more) and the closest to ``name``,
+    for a one-line error about a name nothing has: ``"a, b (and 3 more); did you mean a?"``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1)
+    known = ", ".join(inert(n) for n in names[:10]) or "none yet"
+    more = f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+    guess = f"; did you mean {inert(close[0])}?" if close else ""
+    return f"{known}{more}{guess}"
 
 
 def _safe(text: str) -> str:

@@ -16,6 +16,7 @@ from recalltrace.cli._args import (
 from recalltrace.cli._render import (
     _window_text,
     inert,
+    known_names,
 )
 
 if TYPE_CHECKING:
@@ -27,20 +28,14 @@ if TYPE_CHECKING:
 def nothing_hint(args: argparse.Namespace, engine: Engine) -> str:
     """Why a filtered query may have found nothing: an --app or --version that has no scores
     at all, with the names that do (and the closest one). Empty when the filters exist."""
-    import difflib
-
     history = _history(engine)
     hints = []
     app = getattr(args, "app", None)
     if app is not None:
         apps = history.app_names()
         if app not in apps:
-            close = difflib.get_close_matches(app, apps, n=1)
-            known = ", ".join(inert(a) for a in apps[:10]) or "none yet"
-            more = f" (and {len(apps) - 10} more)" if len(apps) > 10 else ""
-            guess = f"; did you mean {inert(close[0])}?" if close else ""
             hints.append(
-                f"no app {inert(app)!r} has scores; apps with scores: {known}{more}{guess}"
+                f"no app {inert(app)!r} has scores; apps with scores: {known_names(app, apps)}"
             )
     version = getattr(args, "metric_version", None)
     metric = getattr(args, "metric", None)

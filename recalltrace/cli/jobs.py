@@ -311,22 +311,16 @@ def _require_stored_app(engine: Engine, app: str | None) -> None:
     said it did nothing, exit 0), naming the apps there are and the closest one."""
     if app is None:
         return
-    import difflib
-
     from sqlalchemy import select
 
-    from recalltrace.cli._render import inert
+    from recalltrace.cli._render import inert, known_names
     from recalltrace.storage.models import Trace
 
     with engine.connect() as conn:
         if conn.scalar(select(Trace.trace_id).where(Trace.app_name == app).limit(1)) is not None:
             return
         apps = sorted(conn.scalars(select(Trace.app_name).distinct().limit(200)))
-    close = difflib.get_close_matches(app, apps, n=1)
-    known = ", ".join(inert(a) for a in apps[:10]) or "none yet"
-    more = f" (and {len(apps) - 10} more)" if len(apps) > 10 else ""
-    guess = f"; did you mean {inert(close[0])}?" if close else ""
-    raise CommandError(f"no stored trace has app {inert(app)!r}; apps: {known}{more}{guess}")
+    raise CommandError(f"no stored trace has app {inert(app)!r}; apps: {known_names(app, apps)}")
 
 
 def _cmd_jobs_cancel(args: argparse.Namespace) -> int:

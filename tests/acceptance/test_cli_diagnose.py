@@ -43,12 +43,12 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     yield database
 
 
-def run(*args: str) -> tuple[int, str, str]:
-    """The command line in this process, its output captured, as wide as a 200-column
-    terminal (whatever an earlier test left in the environment)."""
+def run(*args: str, columns: int = 200) -> tuple[int, str, str]:
+    """The command line in this process, its output captured, as wide as a terminal of
+    ``columns`` (whatever an earlier test left in the environment)."""
     out, err = io.StringIO(), io.StringIO()
     saved = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "200"
+    os.environ["COLUMNS"] = str(columns)
     with redirect_stdout(out), redirect_stderr(err):
         try:
             code = main(list(args))
@@ -250,19 +250,10 @@ def test_a_drill_down_keeps_the_metric_version_it_was_given(url: str) -> None:
 def test_at_80_columns_no_slice_or_reference_is_cut(url: str) -> None:
     """The slice and reference columns are keys: at 80 columns a row becomes a block rather than
     ``tag=leg…`` (docs/cli.md, key columns are never cut)."""
-    saved = os.environ.get("COLUMNS")
-    out, err = io.StringIO(), io.StringIO()
-    os.environ["COLUMNS"] = "80"
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(["scores", "diagnose", "--database-url", url, "--metric", ID_METRIC])
-    finally:
-        if saved is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = saved
-    assert code == 0, err.getvalue()
-    text = out.getvalue()
+    code, text, err = run(
+        "scores", "diagnose", "--database-url", url, "--metric", ID_METRIC, columns=80
+    )
+    assert code == 0, err
     assert "tag=legacy" in text and "kb-never" in text, text
     table_lines = [line for line in text.splitlines() if line[:1] in "┃│┏┡└" or "…" in line]
     assert not [line for line in table_lines if "…" in line], text

@@ -56,11 +56,13 @@ else:  # the first write is the drain of os._exit
 """
 
 
-def _run(url: str, how: str, tmp_path: Path) -> dict[str, object]:
+def _python(program: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``program`` run by a new interpreter with ``args``, in an environment without the
+    tests' recalltrace settings (its ledger files in ``tmp_path``); it must exit 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     env["RECALLTRACE_RUN_DIR"] = str(tmp_path / "run")
     done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, url, how],
+        [sys.executable, "-c", program, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -68,6 +70,11 @@ def _run(url: str, how: str, tmp_path: Path) -> dict[str, object]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _run(url: str, how: str, tmp_path: Path) -> dict[str, object]:
+    done = _python(PROGRAM, tmp_path, url, how)
     _LAST_STDERR[:] = [done.stderr]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -157,17 +164,7 @@ def test_a_process_loads_the_database_stack_before_forking_only_for_writer_threa
     its first fork (each child then only connects); left to choose with a database server, a
     pre-fork server's workers may store through storage processes, and would carry the stack in
     their heaps for nothing: it is not loaded."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
-    env["RECALLTRACE_RUN_DIR"] = str(tmp_path / "run")
-    done = subprocess.run(
-        [sys.executable, "-c", FORKING, postgres_url, choice],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _python(FORKING, tmp_path, postgres_url, choice)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"before": False, "child": loaded}
     assert _count(postgres_url) == 1
 
@@ -215,17 +212,7 @@ def test_a_storage_process_that_cannot_start_leaves_storing_to_the_writer_thread
     program.chmod(0o755)
     empty = tmp_path / "installation"
     empty.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
-    env["RECALLTRACE_RUN_DIR"] = str(tmp_path / "run")
-    done = subprocess.run(
-        [sys.executable, "-c", EMBEDDED, str(program), postgres_url, how, str(empty)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _python(EMBEDDED, tmp_path, str(program), postgres_url, how, str(empty))
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"store": "writer thread"}
     said = [line for line in done.stderr.splitlines() if "from the writer thread" in line]
     assert len(said) == 1, done.stderr[-3000:]

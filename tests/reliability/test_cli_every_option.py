@@ -51,6 +51,7 @@ def _single_valued(parser: argparse.ArgumentParser) -> list[str]:
     ]
 
 
+PARSERS = dict(_commands(build_parser()))
 CASES = [
     (command, option)
     for command, parser in _commands(build_parser())
@@ -74,7 +75,7 @@ def test_a_hostile_positional_gets_one_line(
 ) -> None:
     """A command's own arguments (a file to import, a trace id), each hostile value in turn,
     with the options the command requires given."""
-    parser = dict(_commands(build_parser()))[command]
+    parser = PARSERS[command]
     required = []
     for action in parser._actions:
         if action.required and action.option_strings:
@@ -125,7 +126,4 @@ def test_a_hostile_value_gets_one_line(
 
 
 def _takes_database(command: tuple[str, ...]) -> bool:
-    for found, parser in _commands(build_parser()):
-        if found == command:
-            return "--database-url" in _single_valued(parser)
-    return False
+    return "--database-url" in _single_valued(PARSERS[command])

@@ -95,17 +95,8 @@ def prose(value: str) -> bool:
 # The words that name a credential. Strong ones (passwords, secrets) take any value that is not
 # prose, code or a placeholder; the others take random values only.
 _STRONG = ("pass", "pwd", "secret", "credential", "cookie")
-_NAME_WORDS: tuple[str, ...] = (
-    "pass",
-    "pwd",
-    "secret",
-    "token",
-    "key",
-    "auth",
-    "credential",
-    "signature",
-)
-_NAME_WORDS += ("cookie", "session", "sid", "dsn")
+_NAME_WORDS: tuple[str, ...] = ("pass", "pwd", "secret", "token", "key", "auth", "credential")
+_NAME_WORDS += ("signature", "cookie", "session", "sid", "dsn")
 _ASSIGN = re.compile(
     r"(?i:pass(?:word|wd|phrase|code)?|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|key"
     r"|auth|credentials?|signature|cookie|session[_\-]?id|sid|dsn)"
@@ -602,18 +593,8 @@ _Rule = tuple[str, "re.Pattern[str]", int]
 _CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", Finder(_credentials)), 0)
 _PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", Finder(personal)), 0)
 _ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", Finder(_encoded)), 0)
-_GATE_WORDS: tuple[str, ...] = (
-    "pass",
-    "pwd",
-    "secret",
-    "token",
-    "key",
-    "auth",
-    "credential",
-    "signature",
-)
-_GATE_WORDS += ("cookie", "session", "sid", "dsn", "login", "-w ", "-a ", "-p", "kty")
-_GATE_WORDS += ("private-lines",)
+# The credential names, and the flags, words and key fields whose values the detectors read.
+_GATE_WORDS = (*_NAME_WORDS, "login", "-w ", "-a ", "-p", "kty", "private-lines")
 # The prefilter's needles the generic detectors read (``hits``): every word they look for.
 NEEDLES = (
     *_GATE_WORDS,
