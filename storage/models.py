@@ -432,3 +432,24 @@ class CostCache(Base):
     cost_usd: Mapped[float | None] = mapped_column(Float)
     unpriced: Mapped[int] = mapped_column(Integer)
     computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class JudgeCall(Base):
+    """A judge call's answer, stored before the worker uses it, so a job retried after its
+    worker died does not pay for the same call again (``storage.judge_calls``).
+
+    ``key`` is the caller's digest of the request, ``scope`` names who paid for it (opaque to
+    storage), ``answer`` the caller's JSON. Rows go when their scope is forgotten (its job's
+    result is stored) or when they are older than the retention.
+    """
+
+    __tablename__ = "judge_calls"
+    __table_args__ = (
+        Index("ix_judge_calls_scope", "scope"),
+        Index("ix_judge_calls_created_at", "created_at"),
+    )
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(200))
+    answer: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -5,12 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import Engine, inspect
 
 from recalltrace.storage.db import create_engine_from_url
-from recalltrace.storage.migrate import VERSION_TABLE, current_revision, head_revision, upgrade
+from recalltrace.storage.migrate import (
+    VERSION_TABLE,
+    alembic_config,
+    current_revision,
+    head_revision,
+    hold_migration_lock,
+    upgrade,
+    upgrade_engine,
+)
 from recalltrace.storage.models import Base
 from tests.support.postgres import empty_database as empty_database_on_server
 
@@ -56,3 +65,36 @@ def test_upgrade_is_repeatable(sqlite_url: str) -> None:
     upgrade(sqlite_url)
     upgrade(sqlite_url)
     assert current_revision(sqlite_url) == head_revision()
+
+
+def _judge_calls_down_and_up(url: str) -> None:
+    """0011 adds ``judge_calls`` on top of 0010 and its downgrade removes exactly that."""
+    engine: Engine = create_engine_from_url(url)
+    try:
+        upgrade_engine(engine, "0010")
+        assert "judge_calls" not in inspect(engine).get_table_names()
+        upgrade_engine(engine, "0011")
+        inspector = inspect(engine)
+        assert "judge_calls" in inspector.get_table_names()
+        indexes = {i["name"] for i in inspector.get_indexes("judge_calls")}
+        assert {"ix_judge_calls_scope", "ix_judge_calls_created_at"} <= indexes
+        cfg = alembic_config(engine)
+        with engine.begin() as conn:
+            hold_migration_lock(conn, 30)
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0010")
+        assert "judge_calls" not in inspect(engine).get_table_names()
+        upgrade_engine(engine)
+    finally:
+        engine.dispose()
+    assert current_revision(url) == head_revision()
+    assert _diff(url) == []
+
+
+@pytest.mark.postgres
+def test_judge_calls_migration_up_down_up_on_postgres(empty_postgres_url: str) -> None:
+    _judge_calls_down_and_up(empty_postgres_url)
+
+
+def test_judge_calls_migration_up_down_up_on_sqlite(tmp_path: object) -> None:
+    _judge_calls_down_and_up(f"sqlite:///{tmp_path}/judge_calls.db")
