@@ -1,7 +1,8 @@
 """The ``recalltrace`` command line, one module per command group: :mod:`.db`, :mod:`.demo`,
 :mod:`.scores` (one ``scores_*`` module per action), :mod:`.check`, :mod:`.trace`, :mod:`.jobs`
-(with ``backfill``), :mod:`.worker`, :mod:`.collect`, :mod:`.doctor` and :mod:`.labels`; shared
-argument parsing in :mod:`._args`, rendering in :mod:`._render`, charts in :mod:`._charts`.
+(with ``backfill``), :mod:`.worker`, :mod:`.collect`, :mod:`.doctor`, :mod:`.labels` and
+:mod:`.ui`; shared argument parsing in :mod:`._args`, rendering in :mod:`._render`, charts in
+:mod:`._charts`.
 
 Every subcommand imports what it needs when it runs, so ``recalltrace --help`` stays fast and
 the tracer's import path stays light. Errors a user can fix (a wrong database URL, an
@@ -24,6 +25,7 @@ from recalltrace.cli import (
     labels,
     scores,
     trace,
+    ui,
     worker,
 )
 from recalltrace.cli._args import (
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     collect.register(sub)
     doctor.register(sub)
     labels.register(sub)
+    ui.register(sub)
 
     _remember_parsers(parser)
     return parser
