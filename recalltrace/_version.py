@@ -1,5 +1,7 @@
 """The version ``recalltrace --version`` prints: the installed distribution's, the one its
-wheel's metadata carries (set once, in ``pyproject.toml``)."""
+wheel's metadata carries. setuptools-scm sets it from git when the wheel is built (a tag
+``vX.Y.Z`` builds ``X.Y.Z``, another commit ``X.Y.(Z+1).devN+g<commit>``; docs/release.md); an
+editable install keeps the version of the commit it was installed at."""
 
 from __future__ import annotations
 

@@ -52,26 +52,35 @@ def venv(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     yield env_dir
 
 
-def _project_version() -> str:
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    found = re.search(r'^version = "([^"]+)"$', text, flags=re.MULTILINE)
-    assert found, "pyproject.toml sets no version"
+def _wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name (setuptools-scm's, from git: docs/release.md)."""
+    found = re.fullmatch(r"recalltrace-([^-]+)-py3-none-any\.whl", wheel.name)
+    assert found, wheel.name
     return found.group(1)
 
 
 def test_the_cli_the_wheel_and_the_changelog_agree_on_the_version(built: Path, venv: Path) -> None:
-    version = _project_version()
-    assert built.name == f"recalltrace-{version}-py3-none-any.whl"
+    from packaging.version import Version
+
+    version = _wheel_version(built)
     python = venv / "bin" / "python"
     probe = "from importlib.metadata import version; print(version('recalltrace'))"
     assert _run([str(python), "-c", probe], cwd=venv).strip() == version
     printed = _run([str(venv / "bin" / "recalltrace"), "--version"], cwd=venv).strip()
     assert printed == f"recalltrace {version}"
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    releases = re.findall(r"^## \[(\d[^\]]*)\]", changelog, flags=re.MULTILINE)
-    assert releases and releases[0] == version, releases
+    sections = re.findall(r"^## \[([^\]]+)\]", changelog, flags=re.MULTILINE)
+    releases = [s for s in sections if s != "Unreleased"]
+    parsed = Version(version)
+    if parsed.is_devrelease or parsed.local:
+        # A build between releases: newer than the last release the changelog names.
+        assert sections[0] == "Unreleased", sections
+        assert not releases or parsed > Version(releases[0]), (version, releases)
+    else:
+        # A tagged release: its section is the changelog's first release.
+        assert releases and releases[0] == version, releases
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"pip install 'dist/recalltrace-{version}-py3-none-any.whl[judge]'" in readme
+    assert 'pip install "$(ls dist/recalltrace-*.whl)[judge]"' in readme
 
 
 def test_the_wheel_installs_one_top_level_name(venv: Path) -> None:
@@ -167,7 +176,9 @@ def test_an_app_with_its_own_storage_tracer_scorers_and_migrations(
     assert rows["id_based_context_recall"]["mean"] == 1.0
 
 
-def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: Path) -> None:
+def test_a_judge_without_the_extra_is_one_line_naming_it(
+    built: Path, venv: Path, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'judge.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLTRACE_")}
     subprocess.run(
@@ -192,7 +203,7 @@ def test_a_judge_without_the_extra_is_one_line_naming_it(venv: Path, tmp_path: P
         # What works: no "recalltrace" distribution can be installed from an index.
         assert "pip install 'recalltrace[judge]'" not in lines[0]
         assert "pip install '.[judge]'" in lines[0], lines[0]
-        wheel = f"dist/recalltrace-{_project_version()}-py3-none-any.whl[judge]"
+        wheel = f"dist/recalltrace-{_wheel_version(built)}-py3-none-any.whl[judge]"
         assert wheel in lines[0], lines[0]
 
 
