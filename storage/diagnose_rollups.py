@@ -38,6 +38,7 @@ from sqlalchemy.engine import Connection
 
 from recalltrace.storage import _postgres
 from recalltrace.storage._dialect import Dialect, as_utc
+from recalltrace.storage.db import read_only
 from recalltrace.storage.history.selection import Selection, window_bounds
 from recalltrace.storage.history_rows import GroupSums
 from recalltrace.storage.models import DiagnoseCache, Score
@@ -165,7 +166,10 @@ def fill(
 ) -> int:
     """Store the ended hours of ``[lower, upper)`` not stored yet for each variant of
     ``versions`` (metric: version), every app together, newest first, :data:`FILL_HOURS` hours
-    per transaction under the fill lock. Returns how many (variant, hour) pairs it stored."""
+    per transaction under the fill lock. Returns how many (variant, hour) pairs it stored
+    (none on a read-only database: :func:`storage.db.read_only`)."""
+    if read_only(engine):
+        return 0
     complete, _partial = split_window(lower, upper, now)
     missing: dict[datetime, set[str]] = {}
     with engine.connect() as conn:

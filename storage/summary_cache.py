@@ -23,9 +23,11 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Engine, select, tuple_
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from recalltrace.storage._dialect import Dialect, ScoreChanges, as_utc, hour_of
 from recalltrace.storage._postgres import SUMMARY_LOCK_KEY
+from recalltrace.storage.db import is_read_only_error, note_read_only, read_only
 from recalltrace.storage.history_rows import Bucket, SummaryRow
 from recalltrace.storage.models import SummaryCache
 
@@ -111,7 +113,9 @@ def read_through(
     """Rows of ``complete`` keys (ended, wholly in the window) from the cache, the missing ones
     computed and stored under the fill lock; rows of ``partial`` keys computed live. The reads
     use ``conn`` when given. With ``fill_only``, only store what is missing and return what was
-    computed (a background pass)."""
+    computed (a background pass). On a read-only database (:func:`storage.db.read_only`) the
+    missing rows are computed and not stored: the same rows, nothing written (a ``fill_only``
+    pass then does nothing)."""
     wanted = list(complete)
     cached: list[Row] = []
     live: list[Row] = []
@@ -135,11 +139,28 @@ def read_through(
             reader.rollback()
     missing = [key for key in wanted if key not in seen]
     fresh: list[Row] = []
-    if missing:
-        with engine.begin() as fill:
-            dialect.lock_for_fill(fill)
-            fresh = cache.compute(fill, missing)
-            cache.store(fill, missing, fresh)
+    if missing and not read_only(engine):
+        try:
+            with engine.begin() as fill:
+                dialect.lock_for_fill(fill)
+                fresh = cache.compute(fill, missing)
+                cache.store(fill, missing, fresh)
+            return cached + fresh + live
+        except DBAPIError as exc:
+            # A database that became read-only (a primary turned standby) after it was asked:
+            # the fill's transaction is rolled back, and the rows are computed as below.
+            if not is_read_only_error(exc):
+                raise
+            note_read_only(engine)
+    if missing and not fill_only:
+        # A read-only database (a standby, ``default_transaction_read_only``): the same rows,
+        # computed and not stored; nothing is written.
+        if conn is not None:
+            fresh = cache.compute(conn, missing)
+        else:
+            with engine.connect() as reader:
+                fresh = cache.compute(reader, missing)
+                reader.rollback()
     return cached + fresh + live
 
 

@@ -12,6 +12,7 @@ un-migrated database, a bad argument) end in one clear line and exit code 2, not
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -127,10 +128,63 @@ def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {shown} ({hint})"
 
 
-def _friendly(exc: BaseException) -> str | None:
+def command_name(args: argparse.Namespace) -> str:
+    """The command as typed, without its options: ``jobs retry``, ``worker``."""
+    words = [args.command]
+    for dest in ("db_command", "jobs_command", "labels_command", "scores_command", "trace_command"):
+        if getattr(args, dest, None):
+            words.append(getattr(args, dest))
+    return " ".join(str(word) for word in words if word)
+
+
+# The commands that write to the database (prune only with --yes; db upgrade says so itself,
+# since at the newest revision it has nothing to write).
+_WRITING = {"worker", "backfill", "jobs retry", "jobs cancel", "labels import", "collect"}
+
+
+def _writes(args: argparse.Namespace) -> bool:
+    name = command_name(args)
+    return name in _WRITING or (name == "db prune" and bool(getattr(args, "yes", False)))
+
+
+def read_only_refusal(command: str) -> str:
+    """The one line a command that must write says on a read-only database."""
+    return (
+        f"the database is read-only: {command} needs to write; point it at the primary "
+        "(a writable database)"
+    )
+
+
+def _refuse_read_only(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a command that writes when its database is read-only (a hot
+    standby, ``default_transaction_read_only``). A database that cannot be reached now is left
+    to the command, which waits for it or says so in its own words."""
+    from sqlalchemy.exc import DBAPIError
+
+    from recalltrace.storage.db import create_engine_from_url, read_only, resolve_database_url
+
+    url = resolve_database_url(getattr(args, "database_url", None))
+    if url.startswith("sqlite") and "://" in url:
+        from sqlalchemy.engine import make_url
+
+        path = make_url(url).database
+        if not path or not os.path.exists(path):
+            return  # a file to create, or a typo the command names
+    engine = create_engine_from_url(url)
+    try:
+        refused = read_only(engine)
+    except DBAPIError:
+        return
+    finally:
+        engine.dispose()
+    if refused:
+        raise CommandError(read_only_refusal(command_name(args)))
+
+
+def _friendly(exc: BaseException, command: str = "this command") -> str | None:
     """A one-line message for errors a user can fix, or None for real bugs."""
     from recalltrace.scorers._judge import JudgeBackendMissing
-    from recalltrace.storage.db import DatabaseURLError
+    from recalltrace.storage.db import DatabaseURLError, is_read_only_error
 
     if isinstance(exc, (CommandError, DatabaseURLError, JudgeBackendMissing)):
         return str(exc)
@@ -140,6 +194,8 @@ def _friendly(exc: BaseException) -> str | None:
         return None
     from sqlalchemy.exc import DatabaseError
 
+    if isinstance(exc, DatabaseError) and is_read_only_error(exc):
+        return read_only_refusal(command)
     if isinstance(exc, DatabaseError) and "file is not a database" in str(exc.orig):
         return "the database file is not a SQLite database (or it is damaged): check --database-url"
     if isinstance(exc, OperationalError):
@@ -206,11 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if _writes(args):
+            _refuse_read_only(args)
         return handler(args)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        message = _friendly(exc)
+        message = _friendly(exc, command_name(args))
         if message is None:
             raise
         from recalltrace.storage.db import redact_url
