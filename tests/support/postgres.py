@@ -25,6 +25,7 @@ TABLES = (
     "group_cache",
     "diagnose_cache",
     "cost_cache",
+    "judge_calls",
     "scores",
     "scoring_jobs",
     "retrieved_contexts",
