@@ -27,6 +27,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=3,
         help="articles retrieved per question (default 3)",
     )
+    demo.add_argument(
+        "--ui",
+        action="store_true",
+        help="then serve the web pages on the demo's database (`recalltrace ui`; Ctrl-C stops it)",
+    )
+    demo.add_argument(
+        "--ui-port",
+        type=int_range(0, 65535, what="a port"),
+        default=8710,
+        metavar="N",
+        help="the port of --ui (default: 8710, on 127.0.0.1)",
+    )
     add_judge_arguments(demo)
     demo.set_defaults(handler=_cmd_demo)
 
@@ -34,6 +46,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from recalltrace.demo import run_demo
 
+    if args.ui:
+        from recalltrace.cli.ui import require_ui_extra
+
+        require_ui_extra()  # before the demo runs, not after
     judge = judge_config_from_args(args, concurrency=8)
     if judge is not None:
         # Before anything is traced: a judge that cannot be reached would only be found after
@@ -42,6 +58,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     outcome = run_demo(database_url=args.database_url, top_k=args.top_k, judge=judge)
     if outcome.stopped_by is not None:
         return 130 if outcome.stopped_by == "SIGINT" else 143
+    if args.ui:
+        from recalltrace.cli.ui import serve
+        from recalltrace.storage.db import DEFAULT_DATABASE_URL, resolve_database_url
+
+        # The demo's requests are minutes old: the last day, by the hour.
+        url = resolve_database_url(args.database_url or DEFAULT_DATABASE_URL)
+        serve(url, port=args.ui_port, first_page="/?since=1d&bucket=hour")
     if outcome.judge_paused:
         return EXIT_JUDGE_PAUSED
     return EXIT_OK

@@ -188,12 +188,14 @@ def serve(
         )
         server = uvicorn.Server(config)
         try:
+            # Ctrl-C: uvicorn finishes the requests under way, then raises the interrupt
+            # again (the command exits 130, as after any Ctrl-C).
             server.run(sockets=[sock])
         finally:
             sock.close()
+            print("recalltrace ui: stopped", file=sys.stderr, flush=True)
     finally:
         engine.dispose()
-    print("recalltrace ui: stopped", file=sys.stderr, flush=True)
     return EXIT_OK
 
 

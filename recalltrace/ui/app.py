@@ -279,7 +279,8 @@ class Pages:
                 f"values: {known}"
             )
         commands = []
-        for metric, _found in view.comparisons or [(filters.metric or "METRIC", None)]:
+        shown = [metric for metric, _found in view.comparisons] or [filters.metric or "METRIC"]
+        for metric in shown:
             words = ["recalltrace", "scores", "compare", "--metric", metric, "--by", by]
             words += [w for w in filters.cli_options() if w not in ("--metric", filters.metric)]
             if baseline is not None:

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from recalltrace.compare import Comparison
     from recalltrace.storage.contracts import QueueStats
     from recalltrace.storage.diagnose import Diagnosis
-    from recalltrace.storage.history import History, JobCounts, SummaryRow, TraceDetail
+    from recalltrace.storage.history import History, SummaryRow, TraceDetail
+    from recalltrace.storage.history_rows import JobCounts
 
 DEFAULT_SINCE = "7d"
 PAGE_SIZE = 50
@@ -169,11 +170,14 @@ class Overview:
     """Where each release's first scores fall: (bucket start, release)."""
     queue: dict[str, QueueStats]
     counts: list[JobCounts]
+    window: tuple[datetime, datetime] | None = None
+    """The time axis: the window asked for, narrowed to the days holding traces."""
 
     def chart_data(self) -> dict[str, Any]:
         """The charts' data, for the page's script (times as UNIX seconds)."""
         return {
             "bucket": self.bucket,
+            "window": None if self.window is None else [m.timestamp() for m in self.window],
             "releases": [[m.timestamp(), name] for m, name in self.release_marks],
             "series": [
                 {
@@ -240,7 +244,9 @@ def overview(engine: Engine, filters: Filters, bucket: str) -> Overview:
             )
         )
     ordered = sorted(marks.items(), key=lambda item: (item[1], item[0]))
+    end = until or datetime.now(timezone.utc)
     return Overview(
+        window=(since, end) if since is not None and since < end else None,
         bucket=bucket,
         series=series,
         release_marks=[(moment, name) for name, moment in ordered],

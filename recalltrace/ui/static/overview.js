@@ -33,7 +33,10 @@
     var opts = {
       width: width,
       height: width < 500 ? 200 : 260,
-      scales: { x: { time: true }, y: { range: [0, 1] } },
+      scales: {
+        x: data.window ? { time: true, range: data.window } : { time: true },
+        y: { range: [0, 1] }
+      },
       series: [
         {},
         { label: "mean", stroke: "#0b5fff", width: 2, points: { show: true, size: 6 } },
