@@ -137,10 +137,99 @@ def test_what_leaked_is_caught(scrubber: Scrubber, text: str, secret: str) -> No
     assert secret not in scrubbed and R in scrubbed, scrubbed
 
 
-@pytest.mark.xfail(strict=True, reason="a token split by spaces into three pieces is not joined")
 def test_a_token_split_by_spaces_into_three_pieces(scrubber: Scrubber) -> None:
     scrubbed = scrub(scrubber, "token ghp_Ab12Cd34Ef56 Gh78Ij90Kl12 Mn34Op56Qr78St")
     assert "ghp_Ab12Cd34Ef56" not in scrubbed and "Gh78Ij90Kl12" not in scrubbed
+
+
+# Secrets written inside a string literal (a JSON value, a quoted log field): the scrubber
+# searches the text once its escapes are decoded, and redacts in the original offsets.
+ESCAPED = [
+    ('[database]\nhost = "db.internal"\npassword = "Rt7#kLm2pQ9x"', "Rt7#kLm2pQ9x"),
+    ("[smtp]\nuser = mailer\npass = Wq3!vBn8Lz0c", "Wq3!vBn8Lz0c"),
+    ("num\u00e9ro de s\u00e9curit\u00e9 sociale : 269054958815780", "269054958815780"),
+    ("p\u0430ssw\u043erd=Kx7#mP2q9v", "Kx7#mP2q9v"),
+]
+
+
+@pytest.mark.parametrize(("inner", "secret"), ESCAPED, ids=[s[:8] for _, s in ESCAPED])
+def test_secrets_inside_string_literals(scrubber: Scrubber, inner: str, secret: str) -> None:
+    import json
+
+    text = json.dumps({"ticket": "INC-1", "body": inner})
+    assert "\\" in text
+    padded = "x " * 400 + text + " y" * 400  # far from the text's ends: the windows are cut
+    for candidate in (text, padded):
+        scrubbed = scrub(scrubber, candidate)
+        assert secret not in scrubbed and R in scrubbed, scrubbed
+        assert scrubbed.startswith(candidate[:10])
+
+
+def test_string_escapes_map_back_to_the_original_offsets() -> None:
+    from recalltrace.tracer._scrub._generic import unescaped
+
+    text = 'a\\nb\\"c\\u00e9d'
+    decoded = unescaped(text)
+    assert decoded is not None
+    plain, offsets = decoded
+    assert plain == 'a\nb"c\u00e9d'
+    assert [text[offsets[i] : offsets[i + 1]] for i in range(len(plain))] == [
+        "a",
+        "\\n",
+        "b",
+        '\\"',
+        "c",
+        "\\u00e9",
+        "d",
+    ]
+    assert unescaped("no escapes here") is None
+
+
+FOUND_BY_CLASS = [
+    # A scheme's parameter names are not its secret; the response and signature are.
+    (
+        'Authorization: Digest username="ops", realm="api", nonce="dcd98b", '
+        'response="6629fae49393a05397450978507c4ef1"',
+        "6629fae49393a05397450978507c4ef1",
+    ),
+    (
+        'Authorization: Hawk id="dh37fgj492je", ts="1353832234", '
+        'mac="6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE="',
+        "6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE=",
+    ),
+    # A label between the context word and the number.
+    ("Steuer-ID 86095742719", "86095742719"),
+    ("steuer ID nummer 86095742719", "86095742719"),
+    # A registry login's -p, a Windows share's password.
+    ("docker login -u ci -p 'Abcd#123efgh' registry.internal", "Abcd#123efgh"),
+    ("podman login quay.io -u bot -p Zx9!qW3eRt55", "Zx9!qW3eRt55"),
+    ("net use Z: \\\\files\\share /user:CORP\\svc Pa55#word77", "Pa55#word77"),
+    # A key in four pieces.
+    ("token glpat-Ab12Cd34 Ef56Gh78 Ij90Kl12", "Ef56Gh78"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"), FOUND_BY_CLASS, ids=[s[:12] for _, s in FOUND_BY_CLASS]
+)
+def test_found_by_class(scrubber: Scrubber, text: str, secret: str) -> None:
+    scrubbed = scrub(scrubber, text)
+    assert secret not in scrubbed and R in scrubbed, scrubbed
+
+
+LEFT_BY_CLASS = [
+    # A word of a URL's path is no label; a setting after it is not its value.
+    "Tokens come from https://auth.example.com/oauth2/token KEY_ROTATION_DAYS=90 is the default.",
+    'Authorization: Digest username="ops", realm="api"',
+    "Log in with `docker login` and pass -p to the script.",
+    "Map the drive with net use Z: \\\\files\\share /user:CORP\\svc when asked.",
+    'The JSON body was {"note": "line one\\nline two\\n\\"quoted\\" words"}.',
+]
+
+
+@pytest.mark.parametrize("text", LEFT_BY_CLASS)
+def test_left_by_class(scrubber: Scrubber, text: str) -> None:
+    assert scrub(scrubber, text) == text
 
 
 ALTERED = [
@@ -167,3 +256,12 @@ def test_invisible_and_look_alike_characters_are_folded(scrubber: Scrubber) -> N
     # Russian text is left as it is.
     text = "Пароль от сервера хранится в сейфе."
     assert scrub(scrubber, text) == text
+
+
+def test_the_second_held_out_corpus_is_caught(scrubber: Scrubber) -> None:
+    """The corpus written after the last tuning (first measured at 21 of 23, its two misses
+    then fixed by class: a registry login's -p, a Windows share's password)."""
+    from tests.reliability import secrets_fresh
+
+    report = secrets_fresh.recall(lambda text: scrubber.scrub_text(text, "f", []))
+    assert report["missed"] == {}, report

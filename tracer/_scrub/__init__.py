@@ -276,6 +276,17 @@ class Scrubber:
         pieces.append(text[last:])
         return "".join(pieces)
 
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where the rules find something in ``text``, in its offsets, without the callback
+        (the generic detectors search decoded and joined text with it)."""
+        view, offsets = (text, None) if text.isascii() else P.normalise(text)
+        scan = self._scan(view)
+        rules = self._default_rules_for(view, None, scan)
+        if self._custom:
+            rules = [*rules, *self._custom]
+        found = self._find(view, rules, "", text, offsets, True, False, None, scan)
+        return sorted((start, end) for start, end, _, _ in found)
+
     def _find(
         self,
         view: str,

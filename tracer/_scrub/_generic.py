@@ -236,8 +236,15 @@ _FLAG = re.compile(
     r"--?(token|password|passwd|pass|api-?key|secret|auth-token|access-token|token-secret"
     r"|client-secret|key|auth|w|p|a)(?:=|[^\S\n]+)([\"']?)([^\s\"']{6,256})"
 )
+_WINDOWS_USER = re.compile(r"(?i:/user):[^\s\"']{1,128}[^\S\n]+([^\s\"'/][^\s\"']{5,255})")
 _MYSQL = re.compile(r"-p([^\s\"'-][^\s\"']{3,255})")
-_SHORT_FLAG_TOOL = {"w": ("ldap",), "a": ("redis-cli",), "p": ("mysql", "mariadb", "psql")}
+# The tools whose one-letter flag takes a password: "-p" of the SQL clients and of a registry
+# login (``docker login``, ``podman login``, ``helm registry login``).
+_SHORT_FLAG_TOOL = {
+    "w": ("ldap",),
+    "a": ("redis-cli",),
+    "p": ("mysql", "mariadb", "psql", " login"),
+}
 
 
 def _flags(text: str, lowered: str) -> Iterator[Span]:
@@ -250,6 +257,12 @@ def _flags(text: str, lowered: str) -> Iterator[Span]:
             value = text[start:end]
         if _flag_value_ok(text, lowered, match.start(), name, value):
             yield start, end
+    if "/user:" in lowered:
+        # Windows: ``net use Z: \\host\share /user:DOMAIN\name PASSWORD``.
+        for match in _WINDOWS_USER.finditer(text):
+            value = match.group(1)
+            if not P.reference_or_placeholder(value) and password_shaped(value):
+                yield match.span(1)
     if "mysql" in lowered or "mariadb" in lowered:
         index = text.find(" -p")
         while index >= 0:
@@ -290,12 +303,28 @@ _AUTHORIZATION = re.compile(
     r"authorization\\?[\"']?[^\S\n]*[:=][^\S\n]*\\?[\"']?([A-Za-z][\w\-]{1,30})[^\S\n]+"
     r"([^\s\"',;]{6,512})"
 )
-_PARAMETER = re.compile(r"(?i:response|signature|sig)=\\?\"?([A-Za-z0-9+/=_\-]{16,512})")
+# The parameters of a scheme that carry its secret: Digest's response, SigV4's and OAuth 1's
+# signatures, Hawk's mac.
+_PARAMETER = re.compile(r"(?i:response|signature|sig|mac)=\\?\"?([A-Za-z0-9+/=_\-]{16,512})")
+
+
+# A scheme whose parameters follow it quoted (``Digest username="ops", …``, ``Hawk id="…"``).
+_AUTH_PARAMETERS = re.compile(
+    r"authorization\\?[\"']?[^\S\n]*[:=][^\S\n]*\\?[\"']?[a-z][\w\-]{1,30}[^\S\n]+"
+    r"[a-z]+(?:[_\-][a-z]+)*=\\?[\"']"
+)
 
 
 def _authorization(text: str, lowered: str) -> Iterator[Span]:
+    for match in _anchored(_AUTH_PARAMETERS, text, lowered, "authorization"):
+        line_end = text.find("\n", match.start())
+        stop = line_end if line_end >= 0 else len(text)
+        for parameter in _PARAMETER.finditer(text, match.start(), stop):
+            yield parameter.span(1)
     for match in _anchored(_AUTHORIZATION, text, lowered, "authorization"):
         value = match.group(2)
+        if P.PARAMETER_NAME.match(text, match.start(2)):
+            continue  # a parameter's name: its value is searched above
         if "=" in value.rstrip("="):
             # A scheme with parameters (Digest, AWS4-HMAC-SHA256): its signature is the secret.
             line_end = text.find("\n", match.start())
@@ -399,17 +428,27 @@ def _reference_or_path(value: str) -> bool:
     return ("/" in value and "." in tail) or tail.rsplit(".", 1)[-1].lower() in P.FILE_SUFFIXES
 
 
+_WORD_OR_PATH = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/")
+# A setting of its own after the word (``KEY_ROTATION_DAYS=90``), not the word's value.
+_SETTING = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+=")
+
+
 def _after_words(text: str, lowered: str, hits: Hits | None) -> Iterator[Span]:
     seen: set[int] = set()
     for word in _AFTER_WORDS:
         for index in places(lowered, word, hits):
             start = index - 4 if word == "key" and lowered.startswith("api", index - 4) else index
-            if start not in seen and (start == 0 or not text[start - 1].isalnum()):
+            # Not a word of a path or an address (".../oauth2/token"), which is no label.
+            if start not in seen and (start == 0 or text[start - 1] not in _WORD_OR_PATH):
                 seen.add(start)
                 match = _AFTER_WORD.match(text, start)
                 if match is not None:
                     value = match.group(1).rstrip(".")
-                    if looks_random(value, 16) and not _reference_or_path(value):
+                    if (
+                        looks_random(value, 16)
+                        and not _reference_or_path(value)
+                        and not _SETTING.match(value)
+                    ):
                         yield match.start(1), match.start(1) + len(value)
 
 
@@ -487,6 +526,10 @@ def _holds_secret(decoded: str) -> bool:
 def _encoded(text: str, hits: Hits | None = None) -> Iterator[Span]:
     if getattr(_DECODING, "busy", False):
         return
+    if "\\" in text:
+        yield from _escaped(text)
+    if hits is None or any(needle in hits for needle in SPLIT_NEEDLES):
+        yield from _split_tokens(text, hits)
     if "\\u" in text or "\\x" in text:
         for match in _ESCAPES.finditer(text):
             decoded = match.group().encode("ascii").decode("unicode_escape", "replace")
@@ -536,6 +579,137 @@ def _hex_decoded(text: str, start: int, end: int) -> Iterator[Span]:
         yield start, end
 
 
+def _secret_spans(text: str) -> list[Span]:
+    """Where the default scrubber finds something in ``text`` (decoded or joined text, not
+    decoded again inside it)."""
+    if not _SCRUBBER_TYPE:
+        return []
+    scrubber = _default_scrubber(_SCRUBBER_TYPE[0])
+    _DECODING.busy = True
+    try:
+        return cast("list[Span]", scrubber.spans(text))
+    finally:
+        _DECODING.busy = False
+
+
+# String-literal escapes (JSON's, and C's \x): text written inside a JSON string or a quoted
+# log field reads "password = \"…\"\n" where the scrubber's rules expect quotes and lines.
+_STRING_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|([nrtbf\"'\\/]))")
+_SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f"}
+
+
+def unescaped(text: str) -> tuple[str, list[int]] | None:
+    """``text`` with its string escapes decoded, and where each decoded character starts in
+    ``text`` (one more entry: ``len(text)``); ``None`` when it holds none."""
+    pieces: list[str] = []
+    offsets: list[int] = []
+    last = 0
+    for match in _STRING_ESCAPE.finditer(text):
+        start = match.start()
+        pieces.append(text[last:start])
+        offsets.extend(range(last, start))
+        code, byte, simple = match.groups()
+        if simple is not None:
+            char = _SIMPLE_ESCAPES.get(simple, simple)
+        else:
+            point = int(code or byte, 16)
+            char = "\ufffd" if 0xD800 <= point <= 0xDFFF else chr(point)
+        pieces.append(char)
+        offsets.append(start)
+        last = match.end()
+    if not offsets:
+        return None
+    pieces.append(text[last:])
+    offsets.extend(range(last, len(text) + 1))
+    return "".join(pieces), offsets
+
+
+def _escaped(text: str) -> Iterator[Span]:
+    """What the scrubber finds in ``text`` once its string escapes are decoded, in ``text``'s
+    offsets: the text around the escapes (256 characters each side, out to white space) is
+    decoded and searched, the rest was searched as it stands."""
+    windows: list[list[int]] = []
+    for match in _STRING_ESCAPE.finditer(text):
+        start, end = max(0, match.start() - 256), min(len(text), match.end() + 256)
+        if windows and start <= windows[-1][1]:
+            windows[-1][1] = end
+        else:
+            windows.append([start, end])
+    for start, end in windows:
+        while start > 0 and not text[start - 1].isspace():
+            start -= 1
+        while end < len(text) and not text[end].isspace():
+            end += 1
+        decoded = unescaped(text[start:end])
+        if decoded is None:
+            continue
+        plain, offsets = decoded
+        for found_start, found_end in _secret_spans(plain):
+            yield start + offsets[found_start], start + offsets[found_end]
+
+
+_SPLIT_PIECES = re.compile(
+    P.SPLIT_PREFIXES + r"[A-Za-z0-9_\-.]{2,}(?:[^\S\n]{1,2}[A-Za-z0-9_\-+/=.]{4,}){2,5}"
+)
+
+
+# Where a known prefix may stand (in lower case: needles of the keyword prefilter).
+SPLIT_NEEDLES = (
+    "k-",
+    "k_",
+    "gh",
+    "github_pat_",
+    "xox",
+    "glpat-",
+    "hf_",
+    "akia",
+    "asia",
+    "aiza",
+    "npm_",
+)
+SPLIT_NEEDLES += ("dapi", "_v1_", "pypi-", "gocspx-", "ya29.", "whsec_", "glc_", "glsa_", "sg.")
+SPLIT_NEEDLES += ("age-secret-key-1", "eyj")
+_SPLIT_BACK = 3  # a needle stands at most this far into its prefix ("dop_v1_")
+
+
+def _split_matches(text: str, hits: Hits | None) -> Iterator[re.Match[str]]:
+    if hits is None:
+        yield from _SPLIT_PIECES.finditer(text)
+        return
+    starts = sorted({p for needle in SPLIT_NEEDLES for p in hits.get(needle, ())})
+    done = -1
+    for place in starts:
+        for start in range(max(done, place - _SPLIT_BACK), place + 1):
+            match = _SPLIT_PIECES.match(text, start)
+            if match is not None:
+                done = match.end()
+                yield match
+                break
+
+
+def _split_tokens(text: str, hits: Hits | None = None) -> Iterator[Span]:
+    """A key with a known prefix broken into three pieces or more by spaces (two pieces are the
+    engine's ``split_key``): the pieces are joined, one more at a time, until a rule's match
+    in the joined text runs from the first piece past the last break."""
+    for match in _split_matches(text, hits):
+        pieces = match.group().split()
+        rest = "".join(pieces[1:])
+        if not (any(c.isdigit() for c in rest) and any(c.isalpha() for c in rest)):
+            continue
+        for count in range(3, len(pieces) + 1):
+            joined = "".join(pieces[:count])
+            last_break = len(joined) - len(pieces[count - 1])
+            if any(
+                start < len(pieces[0]) and end > last_break for start, end in _secret_spans(joined)
+            ):
+                # The source span: from the first piece to the end of the last one joined.
+                end = match.start()
+                for piece in pieces[:count]:
+                    end = text.index(piece, end) + len(piece)
+                yield match.start(), end
+                break
+
+
 # -- the rules the engine runs -------------------------------------------------------------------
 
 
@@ -574,7 +748,7 @@ def _credentials(text: str, hits: Hits | None = None) -> Iterator[Span]:
     lowered = _lower(text)
     if "=" in text or ":" in text or "," in text or "<" in text:
         yield from _assignments(text, lowered, hits)
-    if "-" in text:
+    if "-" in text or "/user:" in lowered:
         yield from _flags(text, lowered)
     if "authorization" in hits if hits is not None else "uthorization" in lowered:
         yield from _authorization(text, lowered)
@@ -594,7 +768,7 @@ _CREDENTIALS: _Rule = ("credential", cast("re.Pattern[str]", Finder(_credentials
 _PERSONAL: _Rule = ("personal_id", cast("re.Pattern[str]", Finder(personal)), 0)
 _ENCODED: _Rule = ("encoded_credential", cast("re.Pattern[str]", Finder(_encoded)), 0)
 # The credential names, and the flags, words and key fields whose values the detectors read.
-_GATE_WORDS = (*_NAME_WORDS, "login", "-w ", "-a ", "-p", "kty", "private-lines")
+_GATE_WORDS = (*_NAME_WORDS, "login", "-w ", "-a ", "-p", "/user:", "kty", "private-lines")
 # The prefilter's needles the generic detectors read (``hits``): every word they look for.
 NEEDLES = (
     *_GATE_WORDS,
@@ -603,6 +777,7 @@ NEEDLES = (
     "authorization",
     "cookie",
     *ID_CONTEXT_NEEDLES,
+    *SPLIT_NEEDLES,
 )
 
 
@@ -632,8 +807,12 @@ def rules_for(
     if b"00" in shape.classes:
         rules.append(_PERSONAL)
     if (
-        "\\u" in text
-        or "\\x" in text
+        "\\" in text
+        or (
+            any(needle in scan.hits for needle in SPLIT_NEEDLES)
+            if scan is not None
+            else any(needle in _lower(text) for needle in SPLIT_NEEDLES)
+        )
         or "&#" in text
         or "%" in text
         or b"h" * 24 in _shape(text).hex

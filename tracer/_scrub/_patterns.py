@@ -336,11 +336,15 @@ ANCHORS = {
 
 # A key with a known prefix broken by a line break or a space before its rule could match it:
 # the two pieces are joined and the joined text searched (see Scrubber).
-SPLIT_KEY = (
-    "split_key",
+# Known key prefixes, where a key broken into pieces is looked for.
+SPLIT_PREFIXES = (
     r"(?<![\w\-])(?:[spr]k-|gh[pousr]_|github_pat_|xox[abposr]-|glpat-|hf_|AKIA|ASIA|AIza|npm_"
     r"|[sr]k_(?:live|test)_|dapi|do[opr]_v1_|pypi-|GOCSPX-|ya29\.|whsec_|gl(?:c|sa)_|SG\."
-    r"|AGE-SECRET-KEY-1|eyJ)[A-Za-z0-9_\-.]{2,}(?:[ \t]|\r?\n[ \t]*)[A-Za-z0-9_\-+/=.]{4,}",
+    r"|AGE-SECRET-KEY-1|eyJ)"
+)
+SPLIT_KEY = (
+    "split_key",
+    SPLIT_PREFIXES + r"[A-Za-z0-9_\-.]{2,}(?:[ \t]|\r?\n[ \t]*)[A-Za-z0-9_\-+/=.]{4,}",
     0,
     0,
 )
@@ -394,6 +398,9 @@ _PLACEHOLDERS = frozenset(
     ]
 )
 _REMOTE_LOGIN = re.compile(r"\b(?:ssh|scp|sftp|rsync|mosh)(?:\s+-\S+(?:\s+\d+)?)*\s+$")
+# A parameter's name in an Authorization header with parameters (``Digest username="ops",
+# ...``): a word in lower case (a first capital allowed), then "=" and an opening quote.
+PARAMETER_NAME = re.compile(r"[A-Za-z][a-z]+(?:[_\-][a-z]+)*=(?=[\"'])")
 _ASSIGNMENT_KINDS = frozenset({"password", "api_key", "env_secret", "authorization"})
 
 
@@ -456,6 +463,8 @@ def plausible(name: str, secret: str, text: str, match: re.Match[str]) -> bool:
             return False  # OAUTH_REDIRECT_URI=https://...: an address, not a credential
         if name != "password" and secret.isdigit() and len(secret) <= 8:
             return False  # MAX_TOKENS=4096: a count, not a token
+        if name == "authorization" and PARAMETER_NAME.match(text, match.start(1)):
+            return False  # Digest username="...": a scheme's parameter name, not its value
         operator = text[match.start() : match.start(1)]
         # "password: open Settings", "the secret: rotate credentials": prose, not a value.
         return not (

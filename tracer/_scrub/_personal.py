@@ -256,10 +256,21 @@ def _identifier_after(text: str, context: re.Match[str]) -> Iterator[Span]:
     stop = text.find("\n", context.end())
     stop = min(stop if stop >= 0 else len(text), context.end() + 48)
     for candidate in _ID_CANDIDATE.finditer(text, context.end(), stop):
-        span = _trimmed_id(text, candidate.start(), candidate.end(), passport)
-        if span is not None:
-            yield span
-            return
+        start, end = candidate.span()
+        # A label may stand between the context word and the number ("Steuer-ID 8609...",
+        # "SSN no 123-..."): its leading pieces are dropped one by one too.
+        for _ in range(3):
+            span = _trimmed_id(text, start, end, passport)
+            if span is not None:
+                yield span
+                return
+            cut = min(
+                (i for i in (text.find(" ", start, end), text.find("-", start, end)) if i > 0),
+                default=-1,
+            )
+            if cut < 0 or not text[start:cut].isalpha():
+                break
+            start = cut + 1
 
 
 def _trimmed_id(text: str, start: int, end: int, passport: bool) -> Span | None:
