@@ -100,6 +100,7 @@ class Builds:
     installed_wheel: Path  # built at `added` in the clone's folder, as `pip install .` builds
     release: Path  # `python -m build` at `deleted`: the sdist and the wheel from it
     straight_wheel: Path  # `python -m build --wheel` at `deleted`, from the clone's folder
+    output: str  # what the two `python -m build` runs printed
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +128,9 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     release = base / "release"
     straight = base / "straight"
     python_build = [sys.executable, "-m", "build", *build_flags]
-    _run([*python_build, "--outdir", str(release), "."], cwd=clone)
-    _run([*python_build, "--wheel", "--outdir", str(straight), "."], cwd=clone)
-    return Builds(clone, added, deleted, _wheel(installed), release, _wheel(straight))
+    output = _run([*python_build, "--outdir", str(release), "."], cwd=clone)
+    output += _run([*python_build, "--wheel", "--outdir", str(straight), "."], cwd=clone)
+    return Builds(clone, added, deleted, _wheel(installed), release, _wheel(straight), output)
 
 
 def test_two_commits_build_two_versions_that_name_their_commits(builds: Builds) -> None:
@@ -169,6 +170,13 @@ def test_the_wheel_holds_the_license_and_the_rules(builds: Builds) -> None:
     assert {"gitleaks.toml", "recalltrace.toml", "LICENSE-gitleaks"} <= set(rules)
     for name in rules:
         assert f"recalltrace/tracer/_scrub/rules/{name}" in names, name
+
+
+def test_the_build_does_not_warn_about_the_rules_folder(builds: Builds) -> None:
+    """The rules are package data of ``recalltrace.tracer._scrub``; setuptools warned that their
+    folder looked like a package left out of the configuration."""
+    assert "Successfully built" in builds.output
+    assert "absent from the `packages` configuration" not in builds.output
 
 
 def test_the_built_wheel_says_its_version(builds: Builds, tmp_path: Path) -> None:
