@@ -22,7 +22,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.records import ContextRecord, TraceRecord
@@ -507,3 +507,45 @@ def test_demo_ends_on_the_ui(tmp_path: Path) -> None:
     finally:
         _code, stderr = stop(process)
     assert "Traceback" not in stderr
+
+
+def _row_counts(engine: Engine) -> dict[str, int]:
+    """Rows of every table of the database (the read caches included)."""
+    from sqlalchemy import inspect, text
+
+    names = inspect(engine).get_table_names()
+    with engine.connect() as conn:
+        return {
+            name: int(conn.execute(text(f'SELECT count(*) FROM "{name}"')).scalar_one())
+            for name in names
+        }
+
+
+@pytest.mark.postgres
+def test_on_postgres_the_pages_read_and_never_fill_the_caches(
+    pg_engine: Engine, postgres_url: str
+) -> None:
+    # Ended hours two days ago: `scores summary` would store their summaries in the cache.
+    make_repository(pg_engine).write_traces(_release_traces())
+    worker = _recalltrace("worker", "--once", "--no-progress", "--database-url", postgres_url)
+    assert "Traceback" not in worker.stderr, worker.stderr[-2000:]
+    before = _row_counts(pg_engine)
+    assert before["scores"] >= 2 * PER_RELEASE
+    process, base = start_ui(postgres_url)
+    try:
+        for path in (
+            "/?since=7d&bucket=hour",
+            "/?since=7d",
+            "/traces?release=2.5.0",
+            f"/compare?metric=id_based_context_recall&baseline={RELEASE_OLD}",
+            "/diagnose?metric=id_based_context_recall&since=7d",
+            "/jobs",
+        ):
+            response = httpx.get(base + path, timeout=60)
+            assert response.status_code == 200, (path, response.text[-1500:])
+        overview = httpx.get(base + "/?since=7d", timeout=60).text
+        assert "verdict-worse" in overview
+    finally:
+        _code, stderr = stop(process)
+    assert "Traceback" not in stderr
+    assert _row_counts(pg_engine) == before
