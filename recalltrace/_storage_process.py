@@ -276,6 +276,7 @@ class StorageProcessSink:
         scrubbing: ScrubbingOptions | None = None,
         assembly: AssemblyOptions | None = None,
         nice: int = 0,
+        metrics: Sequence[str] | None = None,
     ) -> None:
         if scrubbing is not None and scrubbing.callback is not None:
             raise ValueError("a scrubbing callback runs in the application: scrub there")
@@ -284,6 +285,7 @@ class StorageProcessSink:
         self._scrubbing = scrubbing
         self._assembly = assembly
         self._nice = nice
+        self._metrics = None if metrics is None else list(metrics)
         self._reply_timeout = reply_timeout
         self._start_timeout = start_timeout
         self._proc: _Child | None = None
@@ -367,6 +369,7 @@ class StorageProcessSink:
             "scrubbing": self._scrubbing,
             "assembly": self._assembly,
             "nice": self._nice,
+            "metrics": self._metrics,
         }
         # Starting (an interpreter, SQLAlchemy and the driver imported) has its own bound, so
         # that a slow start on a busy host is not taken for a write that hangs.
@@ -593,7 +596,9 @@ def serve(from_parent: int, to_parent: int) -> None:
             try:
                 if sink is None:
                     sink = open_default_sink(
-                        config["database_url"], create_schema=config["create_schema"]
+                        config["database_url"],
+                        create_schema=config["create_schema"],
+                        metrics=config.get("metrics"),
                     )
                 value: Any = None
                 if op == b"write":

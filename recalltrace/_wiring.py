@@ -119,6 +119,7 @@ def default_sink(
     scrubbing: Any = None,
     assembly: Any = None,
     nice: int = 0,
+    metrics: Sequence[str] | None = None,
 ) -> Any:
     """The tracer's default sink: the repository on ``database_url`` (or, with
     ``separate_process``, a child process that stores through it: ``recalltrace._storage_process``;
@@ -141,8 +142,11 @@ def default_sink(
             scrubbing=scrubbing,
             assembly=assembly,
             nice=nice,
+            metrics=metrics,
         )
-    repository = open_repository(database_url, create_schema=True if create_schema else None)
+    repository = open_repository(
+        database_url, metrics=metrics, create_schema=True if create_schema else None
+    )
     if create_schema is None and repository.is_postgres:
         import logging
 
@@ -189,9 +193,23 @@ def warm_default_sink(database_url: str | None) -> None:
         importlib.import_module("psycopg")
 
 
-def check_default_sink() -> None:
-    """What ``configure()`` checks before any trace is written: the variants named by
-    ``$RECALLTRACE_METRICS`` exist (a typo would otherwise fail every write)."""
-    from recalltrace.scorers.catalog import metrics_from_env
+def check_default_sink(metrics: Sequence[str] | None = None) -> None:
+    """What ``configure()`` checks before any trace is written: the variants of its
+    ``metrics`` (else those named by ``$RECALLTRACE_METRICS``) exist (a typo would otherwise fail
+    every write)."""
+    from recalltrace.scorers.catalog import CATALOG, metrics_from_env
 
-    metrics_from_env()
+    if metrics is None:
+        metrics_from_env()
+        return
+    if isinstance(metrics, str):
+        raise ValueError(
+            f"metrics must be a list of variant keys, not the string {metrics!r}; "
+            f"known metrics: {', '.join(CATALOG)}"
+        )
+    for key in metrics:
+        if key not in CATALOG:
+            raise ValueError(
+                f"unknown metric {key!r} in configure(metrics=...) or RECALLTRACE_METRICS; "
+                f"known metrics: {', '.join(CATALOG)}"
+            )

@@ -211,7 +211,15 @@ def run_demo(
     web = HelpDesk(indexed, top_k=top_k)
     mobile = HelpDesk([a for a in indexed if a.id not in STALE_MISSING], top_k=top_k,
                       index=STALE_INDEX, channel="mobile-app")  # fmt: skip
-    recalltrace.configure(database_url=url, service_name="recalltrace-demo", sample_rate=1.0)
+    from recalltrace.scorers.catalog import NON_LLM_METRICS
+
+    # Without a judge, no job of an LLM variant is created: nothing here could ever run it.
+    recalltrace.configure(
+        database_url=url,
+        service_name="recalltrace-demo",
+        sample_rate=1.0,
+        metrics=None if judge is not None else NON_LLM_METRICS,
+    )
     late: list[tuple[str, dict[str, Any]]] = []
     asked = [
         (item, mobile if (round_ + position) % 2 else web)

@@ -61,6 +61,7 @@ def configure(
     genai_span_attributes: bool | None = None,
     drain_on_os_exit: bool | None = None,
     run_dir: str | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> TracerConfig:
     """Configure the tracer for this process and return the configuration in effect.
 

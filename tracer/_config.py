@@ -124,6 +124,10 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
 def parse_sample_rates(raw: str) -> dict[str, float]:
     """Parse ``"app-a=0.5,app-b=1"`` into ``{"app-a": 0.5, "app-b": 1.0}``."""
     rates: dict[str, float] = {}
@@ -345,6 +349,11 @@ class TracerConfig:
     multiprocessing's children, job queues that fork a child per job (RQ) and ``os.fork()``
     loops end. ``os._exit`` is wrapped once, at the first ``configure``; a process holding no
     record ends at once."""
+    metrics: Sequence[str] | None = option(None, env=[("RECALLTRACE_METRICS", _names)])
+    """The variants whose scoring jobs are created when a record is stored (their keys, such as
+    ``"id_based_context_recall"``); ``None``: all six. An unknown key is refused by
+    ``configure`` with one line. A variant left out can be scored later with ``recalltrace
+    backfill``."""
     run_dir: str | None = option(None, env=[("RECALLTRACE_RUN_DIR", _text)])
     """The directory of the processes' ledger files (one small file per process that holds
     records; see docs/reliability.md, *Processes that end without a word*). ``None``:

@@ -247,6 +247,7 @@ class RecordPipeline:
             scrubbing=self.remote_scrubbing,
             assembly=self.assembly if self.remote_assembly else None,
             nice=config.storage_process_nice,
+            metrics=config.metrics,
         )
 
     @property

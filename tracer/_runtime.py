@@ -366,7 +366,7 @@ def configure(config: TracerConfig) -> Runtime:
     own_process()
     config.validate()
     if config.sink is None:
-        check_default_sink()
+        check_default_sink(config.metrics)
     with _lock:
         previous = current
         runtime = Runtime(config)

@@ -7,7 +7,7 @@ module imports nothing heavy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,18 +15,18 @@ if TYPE_CHECKING:
     from recalltrace.tracer._plain import AssemblyOptions
 
 _factory: Callable[..., TraceSink] | None = None
-_check: Callable[[], None] | None = None
+_check: Callable[[Sequence[str] | None], None] | None = None
 _warm: Callable[[str | None], None] | None = None
 
 
 def set_default_sink_factory(
     factory: Callable[..., TraceSink],
-    check: Callable[[], None] | None = None,
+    check: Callable[[Sequence[str] | None], None] | None = None,
     warm: Callable[[str | None], None] | None = None,
 ) -> None:
     """Register what opens the default sink from the configured database URL, and ``check``,
     which ``configure()`` runs at once to refuse (``ValueError``) what would make every later
-    write fail (an unknown metric in the environment, say); ``warm(database_url)`` loads what
+    write fail (an unknown metric in ``metrics``, its argument); ``warm(database_url)`` loads what
     opening it needs, without opening it."""
     global _factory, _check, _warm
     _factory, _check, _warm = factory, check, warm
@@ -39,10 +39,11 @@ def warm_default_sink(database_url: str | None) -> None:
         _warm(database_url)
 
 
-def check_default_sink() -> None:
-    """Run the registered check; raises ``ValueError`` with a one-line reason."""
+def check_default_sink(metrics: Sequence[str] | None = None) -> None:
+    """Run the registered check on the configured ``metrics``; raises ``ValueError`` with a
+    one-line reason."""
     if _check is not None:
-        _check()
+        _check(metrics)
 
 
 def open_default_sink(
@@ -53,6 +54,7 @@ def open_default_sink(
     scrubbing: ScrubbingOptions | None = None,
     assembly: AssemblyOptions | None = None,
     nice: int = 0,
+    metrics: Sequence[str] | None = None,
 ) -> TraceSink:
     """Open the registered default sink (``create_schema``: the tracer's ``auto_migrate``;
     ``True`` runs the migrations first, ``None`` creates a schema that is missing entirely,
@@ -61,7 +63,8 @@ def open_default_sink(
     that process scrubs each record with before storing it, in place of the writer thread;
     ``assembly``, with ``separate_process``: that process also assembles the records, and the
     writer hands it ``PlainTrace`` values in their place where it can; ``nice``, how much lower
-    that process's CPU priority is); raises ``RuntimeError`` if none is registered."""
+    that process's CPU priority is; ``metrics``, the variants whose jobs a stored record gets,
+    ``None`` for all); raises ``RuntimeError`` if none is registered."""
     if _factory is None:
         raise RuntimeError(
             "no default trace sink is registered: import recalltrace (not only its tracer) "
@@ -74,4 +77,5 @@ def open_default_sink(
         scrubbing=scrubbing,
         assembly=assembly,
         nice=nice,
+        metrics=metrics,
     )

@@ -92,7 +92,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "finish. Give --metric, --app or --id to choose the jobs, or --all for every one.",
     )
     _add_database_option(jobs_cancel)
-    _add_job_filters(jobs_cancel)
+    jobs_cancel.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        metavar="METRIC",
+        help="only this metric (repeatable)",
+    )
+    jobs_cancel.add_argument(
+        "--app", type=_stored_text, default=None, metavar="NAME", help="only this app's traces"
+    )
     jobs_cancel.add_argument(
         "--id",
         dest="job_ids",
@@ -189,9 +198,17 @@ def _print_jobs(rows: list[JobRow], counts: list[JobCounts]) -> None:
     """The per-variant counts, then the problem jobs grouped by variant; fits 80 columns."""
     from rich.table import Table
 
+    from recalltrace.scorers.worker._presence import unserved_fix
+
     console = _console()
     if counts:
         console.print(_counts_table(counts))
+        # Queued jobs no running worker takes: say how to score them (or end them).
+        idle = [c.metric for c in counts if c.queued and not c.live_workers]
+        if idle:
+            console.print(
+                _safe(f"No running worker scores {', '.join(idle)}: {unserved_fix(idle)}") + "."
+            )
     if not rows:
         console.print("No failed or stuck jobs.")
         return
@@ -226,10 +243,10 @@ def _print_jobs(rows: list[JobRow], counts: list[JobCounts]) -> None:
     console.print()
     hints = ["`recalltrace jobs retry` queues failed jobs and jobs whose worker died again"]
     if any(r.problem == "unserved" for r in rows):
-        hints.append(
-            "unserved jobs need a worker started with --metric for their variant, or "
-            "`recalltrace jobs cancel --metric KEY`"
-        )
+        from recalltrace.scorers.worker._presence import unserved_fix
+
+        unserved = sorted({r.metric for r in rows if r.problem == "unserved"})
+        hints.append(f"unserved jobs: {unserved_fix(unserved)}")
     if any(r.problem == "overdue" for r in rows):
         hints.append("overdue jobs wait for a worker that scores their variant to run")
     for hint in hints:
@@ -326,17 +343,21 @@ def _require_stored_app(engine: Engine, app: str | None) -> None:
 def _cmd_jobs_cancel(args: argparse.Namespace) -> int:
     from recalltrace._wiring import repository
 
-    metric = _metric(args.metric)
-    if metric is None and args.app is None and args.job_ids is None and not args.cancel_all:
+    metrics = [_metric(name) for name in dict.fromkeys(args.metric or ())]
+    if not metrics and args.app is None and args.job_ids is None and not args.cancel_all:
         raise CommandError(
             "say which jobs to cancel: --metric KEY, --app NAME or --id JOB_ID, "
             "or --all for every waiting, queued and failed job"
         )
+    cancelled: dict[str, int] = {}
     with _database(args) as engine:
         _require_stored_app(engine, args.app)
-        cancelled = repository(engine).cancel_jobs(
-            metric=metric, job_ids=args.job_ids, trace_ids_of_app=args.app
-        )
+        repo = repository(engine)
+        for metric in metrics or [None]:
+            for key, count in repo.cancel_jobs(
+                metric=metric, job_ids=args.job_ids, trace_ids_of_app=args.app
+            ).items():
+                cancelled[key] = cancelled.get(key, 0) + count
     total = sum(cancelled.values())
     detail = ", ".join(f"{m}: {n}" for m, n in sorted(cancelled.items()))
     print(f"cancelled {total} job{'s' if total != 1 else ''}" + (f" ({detail})" if detail else ""))

@@ -67,13 +67,33 @@ class Presence:
             return
         self._unserved_said.update(new)
         logger.warning(
-            "%d queued job%s of variant%s no running worker serves: %s; start a worker "
-            "with --metric for them, or end them with `recalltrace jobs cancel --metric KEY`",
+            "%d queued job%s of variant%s no running worker serves: %s; %s",
             sum(new.values()),
             "s" if sum(new.values()) != 1 else "",
             "s" if len(new) != 1 else "",
             ", ".join(f"{m} ({n})" for m, n in sorted(new.items())),
+            unserved_fix(sorted(new)),
         )
+
+
+def unserved_fix(metrics: Sequence[str]) -> str:
+    """How to serve (or end) the queued jobs of ``metrics``, as commands that run as printed:
+    the LLM variants need a judge model, the others only a worker that takes them."""
+    from recalltrace.scorers.catalog import CATALOG
+
+    llm = [m for m in metrics if m in CATALOG and CATALOG[m].uses_llm]
+    plain = [m for m in metrics if m not in llm]
+    fixes = []
+    if plain:
+        fixes.append("`recalltrace worker " + " ".join(f"--metric {m}" for m in plain) + "`")
+    if llm:
+        fixes.append(
+            "`recalltrace worker --judge-model ollama/llama3.1 "
+            + " ".join(f"--metric {m}" for m in llm)
+            + "` (or any LiteLLM model string)"
+        )
+    cancel = "`recalltrace jobs cancel " + " ".join(f"--metric {m}" for m in metrics) + "`"
+    return f"score them with {' and '.join(fixes)}, or end them with {cancel}"
 
 
 class StatusLine:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from datetime import datetime, timedelta, timezone
 
@@ -53,6 +55,11 @@ def test_unserved_jobs_are_named_counted_and_cancelled(database_url: str) -> Non
     said = [line for line in worker.stderr.splitlines() if "no running worker serves" in line]
     assert len(said) == 1, worker.stderr
     assert f"7 queued jobs of variant no running worker serves: {UNSERVED} (7)" in said[0]
+    # Its fixes are commands that run as printed (a non-LLM variant needs no judge).
+    assert re.findall(r"`(recalltrace [^`]+)`", said[0]) == [
+        f"recalltrace worker --metric {UNSERVED}",
+        f"recalltrace jobs cancel --metric {UNSERVED}",
+    ]
 
     # The jobs have been due for an hour: late for a variant nobody serves, not "overdue".
     with repo.engine.begin() as conn:
@@ -81,13 +88,16 @@ def test_unserved_jobs_are_named_counted_and_cancelled(database_url: str) -> Non
     assert all(len(line) <= 80 for line in lines), table.stdout
     assert any(line.startswith(UNSERVED) and line.rstrip().endswith("unserved") for line in lines)
     assert f"{UNSERVED}: 7 unserved" in table.stdout
-    assert "recalltrace jobs cancel --metric KEY" in " ".join(table.stdout.split())
+    printed = re.findall(r"`(recalltrace [^`]+)`", " ".join(table.stdout.split()))
+    assert f"recalltrace jobs cancel --metric {UNSERVED}" in printed, table.stdout
 
     refused = run("jobs", "cancel", "--database-url", database_url)
     assert refused.returncode == 2
     assert "say which jobs to cancel" in refused.stderr and "Traceback" not in refused.stderr
 
-    cancelled = run("jobs", "cancel", "--metric", UNSERVED, "--database-url", database_url)
+    # The printed command, as printed (the database given as the test's).
+    cancel = shlex.split(f"recalltrace jobs cancel --metric {UNSERVED}")[1:]
+    cancelled = run(*cancel, "--database-url", database_url)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout == f"cancelled 7 jobs ({UNSERVED}: 7)\n"
     after = json.loads(
@@ -141,3 +151,28 @@ def test_a_mistyped_app_is_refused_by_the_commands_that_change_jobs(database_url
         assert "did you mean support-bot?" in line, line
         right = run(*command, "--app", "support-bot", "--database-url", database_url)
         assert right.returncode == 0, (command, right.stderr)
+
+
+def test_the_fixes_for_llm_variants_name_a_judge_and_cancel_several(database_url: str) -> None:
+    """Jobs of LLM variants need a worker with a judge model: the printed fix says so (a worker
+    with only --metric would refuse them), and one cancel command ends every variant named."""
+    repo = make_repository(
+        create_engine_from_url(database_url), metrics=["chunk_context_recall", SERVED]
+    )
+    repo.write_traces([make_trace() for _ in range(3)])
+    worker = run("worker", "--once", "--database-url", database_url, "--no-progress")
+    said = [line for line in worker.stderr.splitlines() if "no running worker serves" in line]
+    assert len(said) == 1, worker.stderr
+    printed = re.findall(r"`(recalltrace [^`]+)`", said[0])
+    assert printed[0].startswith("recalltrace worker --judge-model "), printed
+    assert printed[0].endswith("--metric chunk_context_recall"), printed
+    assert printed[-1] == "recalltrace jobs cancel --metric chunk_context_recall"
+    repo.write_traces([make_trace() for _ in range(2)])
+    both = run(
+        "jobs", "cancel", "--metric", "chunk_context_recall", "--metric", SERVED,
+        "--database-url", database_url,
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    # make_trace() holds no reference: its id-based jobs wait for one, and are ended too.
+    assert both.stdout == f"cancelled 10 jobs (chunk_context_recall: 5, {SERVED}: 5)\n"
+    repo.dispose()
