@@ -100,7 +100,7 @@ def is_loopback(host: str) -> bool:
 def _listen(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
+    except (socket.gaierror, UnicodeError) as exc:
         raise CommandError(f"--host {host!r} is not an address this machine has: {exc}") from None
     family, _kind, _proto, _name, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)

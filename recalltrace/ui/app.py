@@ -77,6 +77,7 @@ def open_read_only(url: str) -> Engine:
 
     from recalltrace.storage.db import create_engine_from_url
 
+    create_engine_from_url(url).dispose()  # a URL it refuses is one line, said by it
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         path = parsed.database
