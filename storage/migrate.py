@@ -16,14 +16,17 @@ them with ``--verbose``.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from sqlalchemy import Connection, Engine, func, inspect, select
+from sqlalchemy import Connection, Engine, func, inspect, select, text
 
 from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url
 
@@ -35,6 +38,7 @@ __all__ = [
     "MIGRATION_LOCK_WAIT",
     "VERSION_TABLE",
     "MigrationLocked",
+    "SchemaState",
     "alembic_config",
     "alembic_quiet",
     "create_schema_if_missing",
@@ -43,6 +47,8 @@ __all__ = [
     "head_revision",
     "hold_migration_lock",
     "is_known_revision",
+    "schema_state",
+    "shipped_revisions",
     "upgrade",
     "upgrade_engine",
 ]
@@ -239,3 +245,62 @@ def current_revision(url: str | None = None) -> str | None:
         return current_revision_of(engine)
     finally:
         engine.dispose()
+
+
+_REVISION_LINE = re.compile(r"""^(down_revision|revision)\s*=\s*['"]?([^'"\s]*)['"]?\s*$""", re.M)
+
+
+@cache
+def shipped_revisions() -> tuple[str, ...]:
+    """The revisions of the migrations shipped with this version, oldest first, read from the
+    scripts' ``revision``/``down_revision`` lines (without loading Alembic: every command that
+    opens the database asks, see :func:`schema_state`)."""
+    from recalltrace import migrations
+
+    parent: dict[str, str | None] = {}
+    for script in sorted((Path(migrations.__file__).parent / "versions").glob("*.py")):
+        found = dict((key, value) for key, value in _REVISION_LINE.findall(script.read_text()))
+        if found.get("revision"):
+            down = found.get("down_revision")
+            parent[found["revision"]] = None if down in (None, "", "None") else down
+    order: list[str] = []
+    following = {down: revision for revision, down in parent.items()}
+    current = following.get(None)
+    while current is not None and current not in order:
+        order.append(current)
+        current = following.get(current)
+    return tuple(order)
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """Where a database's schema stands against this version of recalltrace.
+
+    ``state`` is ``"absent"`` (never migrated), ``"current"`` (at this version's newest
+    revision), ``"behind"`` (at an older one: ``recalltrace db upgrade`` brings it up) or
+    ``"newer"`` (at a revision this version does not know: a newer recalltrace migrated it).
+    """
+
+    state: Literal["absent", "current", "behind", "newer"]
+    revision: str | None
+    head: str
+
+
+def schema_state(engine: Engine) -> SchemaState:
+    """The :class:`SchemaState` of the database behind ``engine``: one query of the revision
+    table, without Alembic."""
+    revisions = shipped_revisions()
+    head = revisions[-1]
+    with engine.connect() as conn:
+        revision = None
+        if inspect(conn).has_table(VERSION_TABLE):
+            revision = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+        conn.rollback()
+    if revision is None:
+        return SchemaState("absent", None, head)
+    revision = str(revision)
+    if revision == head:
+        return SchemaState("current", revision, head)
+    if revision in revisions:
+        return SchemaState("behind", revision, head)
+    return SchemaState("newer", revision, head)

@@ -35,7 +35,10 @@ from recalltrace.cli._args import (
     EXIT_USAGE,
     CommandError,
     Handler,
+    command_name,
+    read_only_refusal,
     version_misplaced,
+    writes,
 )
 from recalltrace.cli._render import inert
 
@@ -126,33 +129,6 @@ def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     hint = f"did you mean {' or '.join(close)}?" if close else f"its options: {', '.join(known)}"
     shown = " ".join(inert(item) for item in extras)
     return f"unrecognized arguments: {shown} ({hint})"
-
-
-def command_name(args: argparse.Namespace) -> str:
-    """The command as typed, without its options: ``jobs retry``, ``worker``."""
-    words = [args.command]
-    for dest in ("db_command", "jobs_command", "labels_command", "scores_command", "trace_command"):
-        if getattr(args, dest, None):
-            words.append(getattr(args, dest))
-    return " ".join(str(word) for word in words if word)
-
-
-# The commands that write to the database (prune only with --yes; db upgrade says so itself,
-# since at the newest revision it has nothing to write).
-_WRITING = {"worker", "backfill", "jobs retry", "jobs cancel", "labels import", "collect"}
-
-
-def _writes(args: argparse.Namespace) -> bool:
-    name = command_name(args)
-    return name in _WRITING or (name == "db prune" and bool(getattr(args, "yes", False)))
-
-
-def read_only_refusal(command: str) -> str:
-    """The one line a command that must write says on a read-only database."""
-    return (
-        f"the database is read-only: {command} needs to write; point it at the primary "
-        "(a writable database)"
-    )
 
 
 def _refuse_read_only(args: argparse.Namespace) -> None:
@@ -262,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        if _writes(args):
+        if writes(args):
             _refuse_read_only(args)
         return handler(args)
     except KeyboardInterrupt:

@@ -386,6 +386,74 @@ def wait_for_database(
         engine.dispose()
 
 
+def command_name(args: argparse.Namespace) -> str:
+    """The command as typed, without its options: ``jobs retry``, ``worker``."""
+    words = [getattr(args, "command", None)]
+    for dest in ("db_command", "jobs_command", "labels_command", "scores_command", "trace_command"):
+        words.append(getattr(args, dest, None))
+    return " ".join(str(word) for word in words if word)
+
+
+# The commands that write to the database (db prune only with --yes, doctor only with
+# --release-parked; db upgrade says so itself: at the newest revision it has nothing to write).
+_WRITING = {"worker", "backfill", "jobs retry", "jobs cancel", "labels import", "collect"}
+
+
+def writes(args: argparse.Namespace) -> bool:
+    """Whether the command ``args`` were parsed for writes to the database."""
+    name = command_name(args)
+    return (
+        name in _WRITING
+        or (name == "db prune" and bool(getattr(args, "yes", False)))
+        or (name == "doctor" and bool(getattr(args, "release_parked", False)))
+    )
+
+
+def read_only_refusal(command: str) -> str:
+    """The one line a command that must write says on a read-only database."""
+    return (
+        f"the database is read-only: {command} needs to write; point it at the primary "
+        "(a writable database)"
+    )
+
+
+def check_schema(engine: Engine, url: str, args: argparse.Namespace) -> None:
+    """The one check of the schema's revision when a command opens the database (one query,
+    no Alembic). At an older revision than this version's, a command is refused in one line
+    naming ``recalltrace db upgrade --database-url ...`` (reads of an older schema fail on a
+    missing column or, worse, find nothing). At a revision this version does not know (a
+    newer recalltrace migrated it, and this one is older), a read goes on after one line on
+    stderr saying its results may be incomplete; a command that writes is refused. A
+    database never migrated is left to the command (it says so in its own words)."""
+    from recalltrace.storage.db import redact_url
+    from recalltrace.storage.migrate import schema_state
+
+    state = schema_state(engine)
+    shown = redact_url(url)
+    if state.state == "behind":
+        raise CommandError(
+            f"{shown} is at schema revision {state.revision}, behind this recalltrace's "
+            f"{state.head}: run `recalltrace db upgrade --database-url {shown}` first"
+        )
+    if state.state != "newer":
+        return
+    newer = (
+        f"{shown} is at schema revision {state.revision}, newer than this recalltrace knows "
+        f"(its newest is {state.head})"
+    )
+    if writes(args):
+        raise CommandError(
+            f"{newer}: {command_name(args)} would write to a schema it does not know; "
+            "upgrade recalltrace (or use the version that migrated the database)"
+        )
+    print(
+        f"recalltrace: warning: {newer}: results may be incomplete; upgrade recalltrace to "
+        "read everything it stores",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 @contextmanager
 def _database(args: argparse.Namespace) -> Iterator[Engine]:
     """An engine on ``--database-url``; refuses to create a SQLite file that does not exist."""
@@ -397,6 +465,7 @@ def _database(args: argparse.Namespace) -> Iterator[Engine]:
         # SQLite would silently create an empty file for a mistyped path, or read a file that
         # is not a database; reading another application's file finds "not migrated" below.
         check_sqlite_target(url, creating=False, into_existing=True)
+        check_schema(engine, url, args)
         yield engine
     finally:
         engine.dispose()

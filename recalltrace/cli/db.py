@@ -9,7 +9,9 @@ from recalltrace.cli._args import (
     EXIT_OK,
     CommandError,
     _add_database_option,
+    check_schema,
     check_sqlite_target,
+    read_only_refusal,
 )
 
 
@@ -19,7 +21,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
     _add_database_option(up)
-    up.add_argument("--revision", default="head", help="target revision (default: head)")
+    up.add_argument(
+        "--revision",
+        default="head",
+        help="target revision: head (the newest) or one of this version's, e.g. 0009 "
+        "(default: head)",
+    )
     up.add_argument(
         "--into-existing",
         action="store_true",
@@ -50,25 +57,63 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.migrate import MigrationLocked, current_revision, upgrade
+    from recalltrace.storage.db import (
+        create_engine_from_url,
+        read_only,
+        redact_url,
+        resolve_database_url,
+    )
+    from recalltrace.storage.migrate import (
+        MigrationLocked,
+        current_revision,
+        schema_state,
+        shipped_revisions,
+        upgrade,
+    )
 
     if not 0 <= args.wait < float("inf"):
         raise CommandError(f"--wait must be a number of seconds, 0 or more, got {args.wait:g}")
     url = resolve_database_url(args.database_url)
+    shown = redact_url(url)
+    revisions = shipped_revisions()
+    if args.revision != "head" and args.revision not in revisions:
+        raise CommandError(
+            f"--revision {args.revision!r} is not a revision of this recalltrace: give head "
+            f"(the newest, {revisions[-1]}) or one of {', '.join(revisions)}"
+        )
+    target = revisions[-1] if args.revision == "head" else args.revision
     check_sqlite_target(url, creating=True, into_existing=args.into_existing)
+    engine = create_engine_from_url(url)
+    try:
+        state = schema_state(engine)
+        if state.state == "newer":
+            raise CommandError(
+                f"{shown} is at schema revision {state.revision}, newer than this recalltrace "
+                f"knows (its newest is {state.head}): a newer recalltrace migrated it; upgrade "
+                "recalltrace to use it (this one cannot downgrade it)"
+            )
+        at = revisions.index(state.revision) if state.revision is not None else -1
+        if at > revisions.index(target):
+            raise CommandError(
+                f"{shown} is at schema revision {state.revision}, past --revision {target}: "
+                "db upgrade never goes back"
+            )
+        if at < revisions.index(target) and read_only(engine):
+            raise CommandError(read_only_refusal("db upgrade"))
+    finally:
+        engine.dispose()
     try:
         # The migration command: Alembic's own lines are shown with --verbose, as they were.
-        upgrade(url, args.revision, wait=args.wait, quiet=False)
+        upgrade(url, target, wait=args.wait, quiet=False)
     except MigrationLocked as exc:
-        raise CommandError(f"{redact_url(url)}: {exc}") from None
-    print(f"{redact_url(url)}: at revision {current_revision(url)}")
+        raise CommandError(f"{shown}: {exc}") from None
+    print(f"{shown}: at revision {current_revision(url)}")
     return EXIT_OK
 
 
 def _cmd_db_current(args: argparse.Namespace) -> int:
     from recalltrace.storage.db import redact_url, resolve_database_url
-    from recalltrace.storage.migrate import current_revision, head_revision
+    from recalltrace.storage.migrate import current_revision, head_revision, shipped_revisions
 
     url = resolve_database_url(args.database_url)
     check_sqlite_target(url, creating=False, into_existing=True)
@@ -77,7 +122,15 @@ def _cmd_db_current(args: argparse.Namespace) -> int:
     if current is None:
         print(f"{redact_url(url)}: not migrated (run `recalltrace db upgrade`); head is {head}")
         return EXIT_CHECK_FAILED
-    state = "up to date" if current == head else f"behind head {head}"
+    if current == head:
+        state = "up to date"
+    elif current in shipped_revisions():
+        state = f"behind head {head}: run `recalltrace db upgrade`"
+    else:
+        state = (
+            f"newer than this recalltrace, whose newest is {head}: a newer recalltrace "
+            "migrated it; upgrade recalltrace"
+        )
     print(f"{redact_url(url)}: at revision {current} ({state})")
     return EXIT_OK if current == head else EXIT_CHECK_FAILED
 
@@ -101,6 +154,7 @@ def _cmd_db_prune(args: argparse.Namespace) -> int:
     check_sqlite_target(url, creating=False, into_existing=True)
     repo = open_repository(url, create_schema=False)
     try:
+        check_schema(repo.engine, url, args)
         if not args.yes:
             with repo.engine.connect() as conn:
                 count = conn.scalar(
