@@ -409,7 +409,9 @@ class Guard:
                 # Set the cookie and drop the token from the address bar (and from the
                 # history, logs and Referer headers that would keep it).
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                target = request.url.path + ("?" + urlencode(rest) if rest else "")
+                # One leading slash: "//host/..." would send the browser to another site.
+                path = "/" + request.url.path.lstrip("/")
+                target = path + ("?" + urlencode(rest) if rest else "")
                 response = RedirectResponse(target, status_code=303)
                 response.set_cookie(
                     TOKEN_COOKIE, self.token, httponly=True, samesite="strict", path="/"

@@ -457,6 +457,9 @@ def test_with_a_token_every_page_needs_it(served: Served) -> None:
             assert "httponly" in opened.headers["set-cookie"].lower()
             assert browser.get("/jobs").status_code == 200  # the cookie carries it
             assert browser.get(f"/?token=wrong{token}").status_code == 401
+            # the redirect stays on this site, whatever the path
+            away = httpx.get(f"{address}//example.org/traces?token={token}", timeout=60)
+            assert away.headers["location"] == "/example.org/traces"
     finally:
         _code, stderr = stop(process)
     assert "Traceback" not in stderr
