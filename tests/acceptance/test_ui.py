@@ -552,3 +552,31 @@ def test_on_postgres_the_pages_read_and_never_fill_the_caches(
         _code, stderr = stop(process)
     assert "Traceback" not in stderr
     assert _row_counts(pg_engine) == before
+
+
+def test_without_the_ui_extra_one_line_says_how_to_install_it(tmp_path: Path) -> None:
+    # The web stack made unimportable in this interpreter, as where the extra is not installed.
+    program = (
+        "import sys\n"
+        "sys.modules['starlette'] = None\n"
+        "from recalltrace.cli import main\n"
+        "raise SystemExit(main(sys.argv[1:]))\n"
+    )
+    demo_db = tmp_path / "demo.db"
+    for argv in (
+        ["ui", "--database-url", f"sqlite:///{tmp_path / 'none.db'}"],
+        ["demo", "--ui", "--database-url", f"sqlite:///{demo_db}"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", program, *argv],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            "recalltrace: error: recalltrace ui needs the ui extra (starlette missing): "
+            "pip install 'recalltrace[ui]'"
+        ]
+    assert not demo_db.exists()  # refused before the demo wrote anything
