@@ -339,6 +339,29 @@ class Pages:
             },
         )
 
+    def agreement(self, request: Request) -> Response:
+        params = request.query_params
+        filters = Filters.parse(params, default_since="90d")
+        threshold = data.unit_number(params, "threshold", 0.5)
+        reports = None
+        if filters.metric is not None:
+            reports = data.agreement(self.engine, filters, threshold)
+        words = ["recalltrace", "scores", "agreement", *filters.cli_options(where=False)]
+        if filters.metric is None:
+            words += ["--metric", "METRIC"]
+        return self.render(
+            request,
+            "agreement.html",
+            {
+                "title": "Judge against people's labels",
+                "filters": filters,
+                "threshold": threshold,
+                "reports": reports,
+                "metrics": _metrics(),
+                "commands": [self.command(*words, "--threshold", f"{threshold:g}")],
+            },
+        )
+
     def jobs(self, request: Request) -> Response:
         params = request.query_params
         filters = Filters.parse(params)
@@ -476,6 +499,7 @@ def create_app(engine: Engine, settings: Settings) -> ASGIApp:
         Route("/compare", handled(pages.compare)),
         Route("/diagnose", handled(pages.diagnose)),
         Route("/jobs", handled(pages.jobs)),
+        Route("/agreement", handled(pages.agreement)),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
 

@@ -642,6 +642,32 @@ def _recent_models(engine: Engine, since: datetime) -> set[str]:
         }
 
 
+def agreement(engine: Engine, filters: Filters, threshold: float) -> list[Any]:
+    """``scores agreement`` of ``filters.metric``: per judge model and variant version, how far
+    the stored scores are from people's labels (``recalltrace.agreement.Agreement``)."""
+    from recalltrace.agreement import agreement as measure
+    from recalltrace.storage.labels import LabelStore
+
+    assert filters.metric is not None
+    since, until = filters.bounded(engine)
+    pairs = LabelStore(engine).agreement_pairs(filters.metric, since=since, until=until)
+    return measure(pairs, threshold=threshold, worst=10)
+
+
+def unit_number(params: Mapping[str, str], name: str, default: float) -> float:
+    """A parameter in [0, 1]."""
+    text = params.get(name) or ""
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadParameter(f"{name} must be a number from 0 to 1, not {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise BadParameter(f"{name} must be a number from 0 to 1, not {text!r}")
+    return value
+
+
 def age_text(seconds: float | None) -> str:
     """``3m``, ``2h``, ``1d`` (``-`` for none)."""
     if seconds is None:

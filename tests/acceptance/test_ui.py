@@ -33,6 +33,7 @@ HOSTILE = '<script>alert("stored")</script><img src=x onerror=alert(1)>'
 """Markup stored in every text of one request: it must reach the page as text."""
 RELEASE_OLD, RELEASE_NEW = "2.4.0", "2.5.0"
 PER_RELEASE = 40
+LABELLED = 10
 
 
 def _env() -> dict[str, str]:
@@ -198,8 +199,21 @@ def filled_database(folder: Path) -> tuple[str, str]:
     assert demo.returncode == 0, demo.stderr[-2000:]
     engine = create_engine_from_url(url)
     hostile = _hostile_trace()
-    make_repository(engine).write_traces([*_release_traces(), hostile])
+    releases = _release_traces()
+    make_repository(engine).write_traces([*releases, hostile])
     engine.dispose()
+    # A person labels the first ten requests of 2.5.0 as fully recalled.
+    labelled = [r for r in releases if r.release == RELEASE_NEW][:LABELLED]
+    labels = folder / "labels.csv"
+    labels.write_text(
+        "trace_id,metric,value,note\n"
+        + "".join(f"{r.trace_id},id_based_context_recall,1,all there\n" for r in labelled),
+        encoding="utf-8",
+    )
+    imported = _recalltrace(
+        "labels", "import", str(labels), "--labeller", "ana", "--database-url", url
+    )
+    assert imported.returncode == 0, imported.stderr
     worker = _recalltrace("worker", "--once", "--no-progress", "--database-url", url)
     assert "Traceback" not in worker.stderr, worker.stderr[-2000:]
     return url, hostile.trace_id
@@ -580,3 +594,16 @@ def test_without_the_ui_extra_one_line_says_how_to_install_it(tmp_path: Path) ->
             "pip install 'recalltrace[ui]'"
         ]
     assert not demo_db.exists()  # refused before the demo wrote anything
+
+
+def test_agreement_measures_the_judge_against_the_labels(served: Served) -> None:
+    # Of the ten labelled requests (all labelled 1), eight scored 0.5 (i % 4 < 3) and two 1.
+    page = get(served, "/agreement?metric=id_based_context_recall&threshold=0.75").text
+    assert f"{LABELLED} labelled requests" in page
+    assert '<th scope="row">mean absolute error</th><td>0.400</td>' in page
+    assert '<th scope="row">judge pass</th><td>2</td><td>0</td>' in page
+    assert '<th scope="row">judge fail</th><td>8</td><td>0</td>' in page
+    assert "recalltrace scores agreement --since 90d --metric id_based_context_recall " in page
+    assert page.count('<a href="/traces/') == 8  # the disagreements, each linking to its request
+    assert get(served, "/agreement").status_code == 200
+    assert get(served, "/agreement?metric=id_based_context_recall&threshold=2").status_code == 400

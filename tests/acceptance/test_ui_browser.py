@@ -64,6 +64,7 @@ def pages(served: Served) -> dict[str, str]:
         "request": f"/traces/{served.hostile_id}",
         "compare": "/compare?metric=id_based_context_recall&baseline=2.4.0",
         "diagnose": "/diagnose?metric=id_based_context_recall&since=7d",
+        "agreement": "/agreement?metric=id_based_context_recall",
         "jobs": "/jobs",
     }
 
