@@ -2,22 +2,25 @@
 
 Three sections over one metric's scored results in one window (and the history's filters):
 
-- **slices**: each value of a low-cardinality request attribute (release, environment, tag,
-  app, service, user id, session id) and of the retrieved documents' metadata (a key such as
-  ``source``, ``index`` or ``collection``; a trace is in the slice ``document.source=wiki``
-  when any document it retrieved has that metadata) is tested against the rest of the window:
-  its mean, the difference from the rest's mean with a 95% interval, a two-sided p-value
-  (Welch, Student's t), and the Benjamini-Hochberg control of the false-discovery
-  rate across every slice tested (:mod:`storage.diagnose_stats`). Ranked by impact, the
-  requests' worth of recall the slice loses: ``count x (rest mean - slice mean)``.
+- **slices**: each value of a request attribute (release, environment, tag, app, service, and
+  user id and session id when they are not the clusters) and of the retrieved documents'
+  metadata (a key such as ``source``, ``index`` or ``collection``; a trace is in the slice
+  ``document.source=wiki`` when any document it retrieved has that metadata) is tested against
+  the rest of the window: its mean, the difference from the rest's mean with a 95% interval, a
+  two-sided p-value, and the Benjamini-Hochberg control of the false-discovery rate across
+  every slice tested (:mod:`storage.diagnose_slices`). Ranked by impact, the requests' worth
+  of recall the slice loses: ``count x (rest mean - slice mean)``.
 
-  Cardinality bounds: an attribute or metadata key with more than :data:`MAX_SLICE_VALUES`
-  distinct values in the window is not sliced (it is named, with its count, among the skipped
-  attributes); the traces' own attributes (user, session, service) are counted among the
-  window's traces before any join. The traces without an attribute are part of every rest, not
-  a slice. A slice or a rest with fewer than ``min_count`` scored traces is not tested (the
-  number skipped is reported). Metadata values longer than :data:`MAX_METADATA_CHARS` and
-  nested values are left out.
+  Dependent requests: when the window's traces carry user or session ids, a trace's cluster is
+  its user, else its session, else itself (:mod:`storage.diagnose_clusters`), and each test is
+  cluster-robust (CR1, Student's t on the clusters' degrees of freedom); the user and session
+  ids are then not slices (each value lies within one cluster), nor is any slice or rest within
+  a single cluster. Without any id, Welch's test over independent traces.
+
+  Every value of every family is tested when it has enough traces, however many values the
+  family has; a slice or a rest with fewer than ``min_count`` scored traces is not tested
+  (named, the largest first). The traces without an attribute are part of every rest, not a
+  slice. Metadata values longer than :data:`MAX_METADATA_CHARS` and nested values are left out.
 
 - **missed references**: per reference document id (``id_based_context_recall``, from the
   ``found_ids``/``missing_ids`` evidence) or reference context (``non_llm_context_recall``,
@@ -40,6 +43,7 @@ section is one aggregate query over the window's scores, with the backend's JSON
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,7 +57,6 @@ from sqlalchemy import (
     cast,
     func,
     literal,
-    or_,
     select,
     true,
     tuple_,
@@ -61,7 +64,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from recalltrace.storage import diagnose_rollups
+from recalltrace.storage import diagnose_clusters, diagnose_rollups, diagnose_slices
 from recalltrace.storage.diagnose_rollups import (
     DOCUMENT_PREFIX,
     MAX_METADATA_CHARS,
@@ -77,9 +80,7 @@ from recalltrace.storage.diagnose_rows import (
 from recalltrace.storage.diagnose_stats import (
     DEFAULT_Q,
     MIN_SLICE_COUNT,
-    benjamini_hochberg,
-    mean_and_variance,
-    welch,
+    ClusterSums,
     wilson,
 )
 from recalltrace.storage.history.selection import Selection, scope_key
@@ -88,10 +89,6 @@ from recalltrace.storage.models import RetrievedContext, Score, Trace, TraceTag
 
 if TYPE_CHECKING:
     from recalltrace.storage.history import History
-
-MAX_SLICE_VALUES = 50
-"""An attribute or metadata key with more distinct values than this in the window is not
-sliced."""
 
 DEFAULT_LIMIT = 10
 """Rows per section unless asked otherwise."""
@@ -188,7 +185,6 @@ def diagnose(
     where: Sequence[tuple[str, str]] = (),
     q: float = DEFAULT_Q,
     min_count: int = MIN_SLICE_COUNT,
-    max_values: int = MAX_SLICE_VALUES,
     all_slices: bool = False,
     limit: int = DEFAULT_LIMIT,
 ) -> Diagnosis:
@@ -203,8 +199,8 @@ def diagnose(
         raise ValueError(f"q must lie strictly between 0 and 1, not {q!r}")
     if min_count < 2:
         raise ValueError("min_count must be at least 2")
-    if max_values < 1 or limit < 1:
-        raise ValueError("max_values and limit must be at least 1")
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
     metric_version = history.metric_versions(metric, version)[metric]
     where = tuple(where)
     scope = _Scope(metric, metric_version, since, until, app, where)
@@ -238,7 +234,6 @@ def diagnose(
         mean=None,
         q=q,
         min_count=min_count,
-        max_values=max_values,
         tested=0,
         skipped_small=0,
         skipped_attributes={},
@@ -253,98 +248,54 @@ def diagnose(
         return empty
 
     rolled = _rolled_hours(history, metric, metric_version, since, until, app, where)
-    rolled_slices: RolledSlices | None = None
-    if rolled is not None:
-        with _reading(history) as conn:
-            rolled_slices = diagnose_rollups.slices(conn, rolled)
 
     # -- slices
     filtered = {name for name, _value in where}
-    candidates: dict[str, Mapping[str | None, GroupSums]] = {}
-    skipped_attributes: dict[str, int] = {}
     distinct = _trace_cardinalities(
         history, [a for a in _ON_TRACES if a not in filtered], since, until, app
     )
-    for attribute in REQUEST_ATTRIBUTES:
-        if attribute in filtered:
-            continue  # one value: nothing to compare
-        if distinct.get(attribute, 0) > max_values:
-            skipped_attributes[attribute] = distinct[attribute]
-            continue
-        if attribute in distinct and distinct[attribute] < (2 if attribute == "service" else 1):
-            continue  # no value, or one service (never missing): no slice to test, no join
-        if attribute == "release":
-            sums = by_release
-        elif rolled_slices is not None and _rolled_attribute(rolled_slices, attribute):
-            sums = rolled_slices.sums.get(attribute, {})
-        else:
-            sums = groups(attribute)
-        named = sum(1 for g in sums if g is not None)
-        if named > max_values:
-            skipped_attributes[attribute] = named
-            continue
-        candidates[attribute] = sums
-    if rolled_slices is not None and not any(
-        key.startswith(DOCUMENT_PREFIX) for key in rolled_slices.overflow
-    ):
-        documents, too_many = diagnose_rollups.documents(rolled_slices, max_values)
+    keys = diagnose_clusters.choose_keys(sorted(filtered), distinct)
+    if keys:
+        tests, clustering, skipped_attributes = _clustered_tests(
+            history, scope, keys, filtered, distinct, min_count
+        )
+        rolled_slices: RolledSlices | None = None
     else:
-        documents, too_many = _document_slices(history, scope, max_values)
-        rolled_slices = None  # the documents' examples too come from the scores
-    skipped_attributes.update({DOCUMENT_PREFIX + key: n for key, n in too_many.items()})
-    for key, sums in documents.items():
-        candidates[DOCUMENT_PREFIX + key] = sums
-
-    tests: list[tuple[str, str, tuple[int, float, float], tuple[float, tuple[float, float], float]]]
-    tests = []
-    hypotheses: list[tuple[str, str]] = []
-    skipped_small = 0
-    for attribute, sums in candidates.items():
-        if sum(1 for _g in sums) < 2:
-            continue  # every trace has the same value (or none): no rest to compare with
-        present = {value: g for value, g in sums.items() if value is not None and g.count}
-        # Two values splitting every trace between them: each is the other's rest, one
-        # hypothesis (counted twice, it would loosen the control for every other slice).
-        mirrored = len(present) == 2 and sum(g.count for g in present.values()) == total[0]
-        for value, g in present.items():
-            part = (g.count, g.total, g.total_squares)
-            rest = (total[0] - g.count, total[1] - g.total, total[2] - g.total_squares)
-            if part[0] < min_count or rest[0] < min_count:
-                skipped_small += 1
-                continue
-            tests.append((attribute, value, part, welch(part, rest)))
-            hypotheses.append((attribute, "" if mirrored else value))
-    unique = list(dict.fromkeys(hypotheses))
-    p_of = {h: t[3][2] for h, t in zip(hypotheses, tests, strict=True)}
-    q_of = dict(zip(unique, benjamini_hochberg([p_of[h] for h in unique]), strict=True))
-    adjusted = [q_of[h] for h in hypotheses]
+        rolled_slices = None
+        if rolled is not None:
+            with _reading(history) as conn:
+                rolled_slices = diagnose_rollups.slices(conn, rolled)
+        candidates, rolled_slices = _independent_candidates(
+            history, scope, groups, by_release, filtered, distinct, rolled_slices
+        )
+        tests = diagnose_slices.run(candidates, total, min_count, None)
+        clustering = diagnose_clusters.Clustering(()).describe()
+        skipped_attributes = {}
     rows: list[SliceRow] = []
-    for (attribute, value, part, (difference, interval, p)), q_value in zip(
-        tests, adjusted, strict=True
-    ):
-        mean, _var = mean_and_variance(*part)
-        rest_count = total[0] - part[0]
-        rest_mean = (total[1] - part[1]) / rest_count
-        significant = q_value <= q
-        if not all_slices and not (significant and difference < 0):
+    for t in tests.tested:
+        mean = t.total / t.count
+        rest_count = total[0] - t.count
+        rest_mean = (total[1] - t.total) / rest_count
+        significant = t.q_value <= q
+        if not all_slices and not (significant and t.difference < 0):
             continue
         rows.append(
             SliceRow(
-                attribute=attribute,
-                value=value,
-                count=part[0],
+                attribute=t.attribute,
+                value=t.value,
+                count=t.count,
                 mean=mean,
                 rest_count=rest_count,
                 rest_mean=rest_mean,
-                difference=difference,
-                interval=interval,
-                p_value=p,
-                q_value=q_value,
+                difference=t.difference,
+                interval=t.interval,
+                p_value=t.p_value,
+                q_value=t.q_value,
                 significant=significant,
-                impact=part[0] * (rest_mean - mean),
+                impact=t.count * (rest_mean - mean),
                 where=None
-                if attribute.startswith(DOCUMENT_PREFIX)
-                else (*where, (attribute, value)),
+                if t.attribute.startswith(DOCUMENT_PREFIX)
+                else (*where, (t.attribute, t.value)),
             )
         )
     rows.sort(key=lambda r: (-r.impact, r.attribute, r.value))
@@ -359,14 +310,16 @@ def diagnose(
         **{
             **empty.__dict__,
             "mean": total[1] / total[0],
-            "tested": len(tests),
-            "skipped_small": skipped_small,
+            "tested": len(tests.tested),
+            "skipped_small": len(tests.small),
+            "small_slices": tests.small[:limit],
+            "skipped_one_cluster": len(tests.one_cluster),
+            "one_cluster_slices": tests.one_cluster[:limit],
             "skipped_attributes": skipped_attributes,
-            "significant": sum(1 for q_value in adjusted if q_value <= q),
+            "clustering": clustering,
+            "significant": sum(1 for t in tests.tested if t.q_value <= q),
             "significant_below": sum(
-                1
-                for t, q_value in zip(tests, adjusted, strict=True)
-                if q_value <= q and t[3][0] < 0
+                1 for t in tests.tested if t.q_value <= q and t.difference < 0
             ),
             "slices": rows,
             "missed": missed,
@@ -374,6 +327,78 @@ def diagnose(
             "claims": claims,
         }
     )
+
+
+def _clustered_tests(
+    history: History,
+    scope: _Scope,
+    keys: tuple[str, ...],
+    filtered: set[str],
+    distinct: Mapping[str, int],
+    min_count: int,
+) -> tuple[diagnose_slices.Tests, str, dict[str, int]]:
+    """The slice tests on sums per cluster (:mod:`storage.diagnose_clusters`), one statement
+    over the window's scores; the line saying how traces were clustered; and the key attributes
+    not sliced (each of their values lies within one cluster), with their number of values."""
+    attributes = [
+        a
+        for a in ("release", "environment", "tag", "app", "service")
+        if a not in filtered and not (a == "service" and distinct.get("service", 0) < 2)
+    ]
+    totals, sums, keyed = diagnose_clusters.slice_sums(
+        history, scope, keys, attributes, documents=True
+    )
+    every = (totals.count, totals.total, 0.0)
+    candidates: dict[str, Mapping[str | None, ClusterSums]] = {
+        a: dict(sums.get(a, {})) for a in attributes
+    }
+    for attribute, values in sorted(sums.items()):
+        if attribute.startswith(DOCUMENT_PREFIX):
+            candidates[attribute] = dict(values)
+    tests = diagnose_slices.run(candidates, every, min_count, totals)
+    clustering = diagnose_clusters.Clustering(keys, totals.clusters, totals.count, keyed)
+    unsliced = {
+        name: distinct[name]
+        for name in ("user_id", "session_id")
+        if name not in filtered and distinct.get(name, 0) > 0
+    }
+    return tests, clustering.describe(), unsliced
+
+
+def _independent_candidates(
+    history: History,
+    scope: _Scope,
+    groups: Any,
+    by_release: Mapping[str | None, GroupSums],
+    filtered: set[str],
+    distinct: Mapping[str, int],
+    rolled_slices: RolledSlices | None,
+) -> tuple[dict[str, Mapping[str | None, GroupSums]], RolledSlices | None]:
+    """Every family's values' sums for independent traces (from the rollups where kept), and
+    the rollups when the documents' examples can come from them too."""
+    candidates: dict[str, Mapping[str | None, GroupSums]] = {}
+    for attribute in REQUEST_ATTRIBUTES:
+        if attribute in filtered:
+            continue  # one value: nothing to compare
+        if attribute in distinct and distinct[attribute] < (2 if attribute == "service" else 1):
+            continue  # no value, or one service (never missing): no slice to test, no join
+        if attribute == "release":
+            candidates[attribute] = by_release
+        elif rolled_slices is not None and _rolled_attribute(rolled_slices, attribute):
+            candidates[attribute] = rolled_slices.sums.get(attribute, {})
+        else:
+            candidates[attribute] = groups(attribute)
+    if rolled_slices is not None and not any(
+        key.startswith(DOCUMENT_PREFIX) for key in rolled_slices.overflow
+    ):
+        # Every key, however many values: each is tested on its values with enough traces.
+        documents, _none = diagnose_rollups.documents(rolled_slices, sys.maxsize)
+    else:
+        documents = _document_slices(history, scope)
+        rolled_slices = None  # the documents' examples too come from the scores
+    for key, sums in documents.items():
+        candidates[DOCUMENT_PREFIX + key] = sums
+    return candidates, rolled_slices
 
 
 def _rolled_hours(
@@ -463,43 +488,24 @@ def _metadata_pairs(history: History, scope: _Scope) -> Any:
     )
 
 
-def _document_slices(
-    history: History, scope: _Scope, max_values: int
-) -> tuple[dict[str, dict[str | None, GroupSums]], dict[str, int]]:
-    """Per metadata key with at most ``max_values`` values: each value's sums (over distinct
-    traces); and the keys with more, with their number of values."""
+def _document_slices(history: History, scope: _Scope) -> dict[str, dict[str | None, GroupSums]]:
+    """Per metadata key: each value's sums (over distinct traces)."""
     pairs = _metadata_pairs(history, scope)
-    grouped = (
-        select(
-            pairs.c.k,
-            pairs.c.v,
-            func.count().label("n"),
-            func.sum(pairs.c.score).label("s"),
-            func.sum(pairs.c.score * pairs.c.score).label("ss"),
-        )
-        .group_by(pairs.c.k, pairs.c.v)
-        .cte("grouped")
-    )
-    keyed = select(
-        grouped,
-        func.count().over(partition_by=grouped.c.k).label("values"),
-        func.row_number().over(partition_by=grouped.c.k, order_by=grouped.c.v).label("rank"),
-    ).subquery()
-    stmt = select(keyed).where(or_(keyed.c["values"] <= max_values, keyed.c["rank"] == 1))
+    stmt = select(
+        pairs.c.k,
+        pairs.c.v,
+        func.count().label("n"),
+        func.sum(pairs.c.score).label("s"),
+        func.sum(pairs.c.score * pairs.c.score).label("ss"),
+    ).group_by(pairs.c.k, pairs.c.v)
     slices: dict[str, dict[str | None, GroupSums]] = {}
-    too_many: dict[str, int] = {}
     with _reading(history) as conn:
         for row in conn.execute(stmt):
-            if row.values > max_values:
-                too_many[row.k] = int(row.values)
-            else:
-                slices.setdefault(row.k, {})[str(row.v)] = GroupSums(
-                    int(row.n), float(row.s), float(row.ss), 0
-                )
+            slices.setdefault(row.k, {})[str(row.v)] = GroupSums(
+                int(row.n), float(row.s), float(row.ss), 0
+            )
     # A key some traces' documents lack: those traces are in every rest (never a slice).
-    return {k: {**v, None: GroupSums(0, 0.0, 0.0, 0)} for k, v in sorted(slices.items())}, (
-        too_many
-    )
+    return {k: {**v, None: GroupSums(0, 0.0, 0.0, 0)} for k, v in sorted(slices.items())}
 
 
 def _with_document_examples(
@@ -771,7 +777,6 @@ __all__ = [
     "DEFAULT_LIMIT",
     "DOCUMENT_PREFIX",
     "MAX_METADATA_CHARS",
-    "MAX_SLICE_VALUES",
     "MISSED_REFERENCE_METRICS",
     "REQUEST_ATTRIBUTES",
     "Diagnosis",

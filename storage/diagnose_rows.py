@@ -126,14 +126,15 @@ class Diagnosis:
     q: float
     """The false-discovery rate the slices are controlled at."""
     min_count: int
-    max_values: int
     tested: int
     """Slices tested (the two values of an attribute that splits every trace between them are
     one hypothesis of the false-discovery control, each the other's rest)."""
     skipped_small: int
-    """Slices not tested: fewer than ``min_count`` scored traces in them or in their rest."""
+    """Slices not tested: fewer than ``min_count`` scored traces in them or in their rest (the
+    largest are named in ``small_slices``)."""
     skipped_attributes: dict[str, int]
-    """Attributes not sliced for having more than ``max_values`` values, with their count."""
+    """Attributes not sliced because they are the clusters (user and session ids: each of
+    their values lies within one cluster), with their number of values."""
     significant: int
     """Slices with a q-value at most ``q``."""
     significant_below: int
@@ -149,6 +150,22 @@ class Diagnosis:
     """``None`` unless the metric is ``llm_context_recall``."""
     confidence: float = CONFIDENCE
     notes: list[str] = field(default_factory=list)
+    clustering: str = ""
+    """One line: what the tests treat as independent (clusters by user or session, or
+    independent traces)."""
+    small_slices: list[tuple[str, str, int]] = field(default_factory=list)
+    """The largest slices not tested for too few traces (in them or their rest):
+    ``(attribute, value, traces)``, at most the diagnosis' ``limit``."""
+    skipped_one_cluster: int = 0
+    """Slices not tested because they (or their rest) lie within one cluster."""
+    one_cluster_slices: list[tuple[str, str, int]] = field(default_factory=list)
+    """The largest of those, ``(attribute, value, traces)``."""
+
+    @property
+    def needed(self) -> int:
+        """The fewest scored traces in which any slice can be tested: a slice and its rest
+        of ``min_count`` each."""
+        return 2 * self.min_count
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dictionary."""
@@ -164,9 +181,16 @@ class Diagnosis:
             "q": self.q,
             "confidence": self.confidence,
             "min_count": self.min_count,
-            "max_values": self.max_values,
+            "clustering": self.clustering,
             "slices_tested": self.tested,
             "slices_skipped_small": self.skipped_small,
+            "slices_too_small": [
+                {"attribute": a, "value": v, "traces": n} for a, v, n in self.small_slices
+            ],
+            "slices_skipped_one_cluster": self.skipped_one_cluster,
+            "slices_within_one_cluster": [
+                {"attribute": a, "value": v, "traces": n} for a, v, n in self.one_cluster_slices
+            ],
             "attributes_skipped": dict(self.skipped_attributes),
             "slices_significant": self.significant,
             "slices_significant_below": self.significant_below,

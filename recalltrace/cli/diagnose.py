@@ -313,29 +313,28 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) 
         soft_wrap=True,
     )
     # -- slices
-    skipped = [
-        f"{found.skipped_small} slice(s) with fewer than {found.min_count} traces (or rest) "
-        "not tested"
-    ]
-    if found.skipped_attributes:
-        listed = ", ".join(f"{_safe(a)} ({n})" for a, n in sorted(found.skipped_attributes.items()))
-        skipped.append(f"not sliced, over {found.max_values} values: {listed}")
-    what = "every slice tested" if every else "slices significantly below the rest"
-    console.print(
-        f"\n[bold]Slices[/]: {found.significant_below} of {found.tested} tested are "
-        f"significantly below the rest ({found.significant - found.significant_below} above), "
-        f"at a false-discovery rate of {found.q:g} (Benjamini-Hochberg); {'; '.join(skipped)}.",
-        soft_wrap=True,
-    )
+    console.print(f"\n[bold]Slices[/]: {_safe(found.clustering)}.", soft_wrap=True)
+    if not found.tested:
+        console.print(_too_little(found), soft_wrap=True)
+    else:
+        console.print(
+            f"{found.significant_below} of {found.tested} tested are significantly below the "
+            f"rest ({found.significant - found.significant_below} above), at a false-discovery "
+            f"rate of {found.q:g} (Benjamini-Hochberg).",
+            soft_wrap=True,
+        )
+    for line in _untested(found):
+        console.print(line, soft_wrap=True)
     commands: list[str] = []
     if found.slices:
-        table = Table(title=f"{what.capitalize()}, by impact", title_justify="left")
+        title = "Every slice tested" if every else "Slices significantly below the rest"
+        table = Table(title=f"{title}, by impact", title_justify="left")
         for name in ("#", "slice", "traces", "mean", "rest", "difference [95% CI]", "q", "impact"):
             table.add_column(name, justify="left" if name == "slice" else "right")
         for number, s in enumerate(found.slices, 1):
             table.add_row(
                 str(number),
-                _safe(f"{s.attribute}={s.value}"),
+                _safe(visible(f"{s.attribute}={s.value}")),
                 f"{s.count:,}",
                 f"{s.mean:.3f}",
                 f"{s.rest_mean:.3f}",
@@ -348,7 +347,7 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) 
             )
         print_keyed(console, table, ("#", "slice"))
         _print_commands(console, commands)
-    else:
+    elif found.tested:
         console.print(
             "No slice was tested." if every else "No slice is significantly below the rest."
         )
@@ -398,6 +397,83 @@ def _print_tables(found: Diagnosis, drill: _Drill, window: str, *, every: bool) 
                 commands.append(drill.trace(c.example_trace_ids))
             console.print(table)
             _print_commands(console, commands)
+
+
+def _too_little(found: Diagnosis) -> str:
+    """The line for a window where no slice could be tested: never an all-clear."""
+    return (
+        f"Too little traffic to test any slice: {found.scored:,} scored traces. A slice and the "
+        f"rest each need at least {found.min_count} scored traces"
+        + ("" if found.clustering.startswith("traces treated") else " from two clusters or more")
+        + f", so at least {found.needed:,} in all, split by an attribute. Nothing was ruled "
+        "out: widen the window (--since) or lower --min-count."
+    )
+
+
+def _named(slices: list[tuple[str, str, int]], total: int) -> str:
+    names = ", ".join(f"{_safe(visible(f'{a}={v}'))} ({n:,})" for a, v, n in slices)
+    more = total - len(slices)
+    return names + (f" and {more:,} more" if more > 0 else "")
+
+
+def _untested(found: Diagnosis) -> list[str]:
+    """What was not tested, by name, and how to test it."""
+    lines = []
+    if found.skipped_small:
+        lines.append(
+            f"Not tested, fewer than {found.min_count} traces in the slice or its rest: "
+            f"{_named(found.small_slices, found.skipped_small)}; test smaller slices with "
+            "--min-count N (at least 2; fewer traces, wider intervals)."
+        )
+    if found.skipped_one_cluster:
+        lines.append(
+            "Not tested, the slice or its rest within a single cluster (it cannot be told from "
+            f"that user's or session's own level): "
+            f"{_named(found.one_cluster_slices, found.skipped_one_cluster)}."
+        )
+    if found.skipped_attributes:
+        listed = ", ".join(
+            f"{_safe(a)} ({n:,} values)" for a, n in sorted(found.skipped_attributes.items())
+        )
+        lines.append(
+            f"Not sliced, the clusters themselves: {listed}; see one with --where NAME=VALUE."
+        )
+    return lines
+
+
+# Characters that print as nothing, or as another character: format characters (zero-width
+# space and joiners, word joiner, soft hyphen), controls, unassigned and private-use ones,
+# separators other than the space, combining marks, and what compatibility normalisation
+# changes (fullwidth and mathematical letters, ligatures).
+_HIDDEN_CATEGORIES = frozenset({"Cf", "Cc", "Co", "Cn", "Cs", "Zl", "Zp", "Zs", "Mn", "Me"})
+_LOOKALIKE_SCRIPTS = ("CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE", "COPTIC")
+
+
+def visible(text: str) -> str:
+    """``text`` with every invisible or look-alike character written as its escape
+    (``web\\u200b``), so two values that differ only by one never print alike. Letters of
+    scripts that mimic Latin (Cyrillic, Greek, ...) are escaped in a value that also holds
+    Latin letters (``tag=wеb`` with a Cyrillic e)."""
+    import unicodedata
+
+    if text.isascii():
+        return text
+    latin = any("a" <= c.lower() <= "z" for c in text)
+    out = []
+    for c in text:
+        if c.isascii():
+            out.append(c)
+            continue
+        hidden = (unicodedata.category(c) in _HIDDEN_CATEGORIES) or (
+            unicodedata.normalize("NFKC", c) != c
+        )
+        lookalike = latin and unicodedata.name(c, "").startswith(_LOOKALIKE_SCRIPTS)
+        if hidden or lookalike:
+            code = ord(c)
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _print_commands(console: Any, commands: list[str]) -> None:

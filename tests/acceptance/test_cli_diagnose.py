@@ -122,7 +122,8 @@ def test_every_drill_down_runs_and_shows_the_traces_it_names(url: str) -> None:
 
 def test_table_and_csv(url: str) -> None:
     table = diagnose(url, "--metric", ID_METRIC)
-    assert "Slices: 2 of " in table and "significantly below the rest" in table
+    assert "Slices: clustered by user (" in table
+    assert "2 of " in table and "tested are significantly below the rest" in table
     assert "tag=legacy" in table and "document.index=v1-stale" in table
     assert "Missed reference documents" in table and "kb-never" in table
     assert "See the traces:" in table and "recalltrace scores worst" in table

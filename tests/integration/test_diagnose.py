@@ -71,8 +71,9 @@ def test_planted_slices_are_named_and_ranked_first(history: History) -> None:
     assert legacy.where == (("tag", "legacy"),)
     stale = found.slices[names.index(("document.index", "v1-stale"))]
     assert stale.where is None and len(stale.example_trace_ids) == 3
-    # user_id has 400 values: above the bound, so it is named as not sliced.
-    assert found.skipped_attributes.get("user_id", 0) > found.max_values
+    # Every trace has a user: the users are the clusters, not slices.
+    assert found.clustering.startswith("clustered by user (")
+    assert found.skipped_attributes.get("user_id", 0) > 300
     assert found.tested > 5
 
 

@@ -91,7 +91,7 @@ CASES: list[dict[str, Any]] = [
     {"metric": LLM_METRIC, "all_slices": True, "limit": 50},
     {"metric": STRING_METRIC, "all_slices": True, "limit": 50},
     {"metric": ID_METRIC, "app": APP, "where": [("environment", "production")]},
-    {"metric": ID_METRIC, "where": [("release", "2.4.1")], "max_values": 3, "min_count": 5},
+    {"metric": ID_METRIC, "where": [("release", "2.4.1")], "min_count": 5},
 ]
 
 
