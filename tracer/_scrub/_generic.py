@@ -654,7 +654,7 @@ _SPLIT_PIECES = re.compile(
 
 
 # Where a known prefix may stand (in lower case: needles of the keyword prefilter).
-SPLIT_NEEDLES = (
+SPLIT_NEEDLES: tuple[str, ...] = (
     "k-",
     "k_",
     "gh",
