@@ -54,3 +54,17 @@ def is_trace_not_found(exc: BaseException) -> bool:
     if isinstance(exc, LookupError):
         return True
     return any(cls.__name__ == "TraceNotFound" for cls in type(exc).__mro__)
+
+
+def is_storage_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is storage refusing the database until
+    someone acts (e.g. ``storage.migrate.ForeignTablesError``: another application's SQLite
+    file): retrying the same records changes nothing, so they are not stored."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "storage_refusal", False):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -16,6 +16,7 @@ them with ``--verbose``.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -28,15 +29,17 @@ from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import Connection, Engine, func, inspect, select, text
 
-from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url
+from recalltrace.storage.db import VERSION_TABLE, create_engine_from_url, redact_url
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 __all__ = [
+    "INTO_EXISTING_ENV",
     "MIGRATION_LOCK_KEY",
     "MIGRATION_LOCK_WAIT",
     "VERSION_TABLE",
+    "ForeignTablesError",
     "MigrationLocked",
     "SchemaState",
     "alembic_config",
@@ -47,6 +50,7 @@ __all__ = [
     "head_revision",
     "hold_migration_lock",
     "is_known_revision",
+    "refuse_foreign_tables",
     "schema_state",
     "shipped_revisions",
     "upgrade",
@@ -157,16 +161,66 @@ def is_known_revision(revision: str) -> bool:
         return any(script.revision == revision for script in scripts.walk_revisions())
 
 
+INTO_EXISTING_ENV = "RECALLTRACE_INTO_EXISTING"
+"""Set to 1 (true, yes, on) to let recalltrace add its tables to a SQLite file that holds
+another application's tables (what ``recalltrace db upgrade --into-existing`` does once)."""
+
+
+class ForeignTablesError(RuntimeError):
+    """The SQLite file holds another application's tables and no recalltrace schema, and adding
+    recalltrace's tables to it was not asked for (:data:`INTO_EXISTING_ENV`)."""
+
+    storage_refusal = True
+    """Retrying does not help (``storage.errors.is_storage_refusal``): the tracer's writer
+    says so once and counts the records as not stored."""
+
+
+def _into_existing_from_env() -> bool:
+    return os.environ.get(INTO_EXISTING_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def refuse_foreign_tables(engine: Engine, into_existing: bool | None = None) -> None:
+    """Raise :class:`ForeignTablesError` when the SQLite file behind ``engine`` holds tables,
+    none of them recalltrace's, unless ``into_existing`` (default: :data:`INTO_EXISTING_ENV`).
+    Postgres databases are not checked (a deployment's database, migrated on purpose)."""
+    if engine.dialect.name != "sqlite":
+        return
+    if into_existing is None:
+        into_existing = _into_existing_from_env()
+    if into_existing:
+        return
+    from recalltrace.storage.models import Base
+
+    with engine.connect() as conn:
+        names = sorted(
+            name for name in inspect(conn).get_table_names() if not name.startswith("sqlite_")
+        )
+    if not names or VERSION_TABLE in names or set(names) & set(Base.metadata.tables):
+        return
+    listed = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+    raise ForeignTablesError(
+        f"{redact_url(engine.url.render_as_string(hide_password=False))} holds another "
+        f"application's tables ({listed}) and no recalltrace schema: recalltrace does not add "
+        "its tables to it unasked; give recalltrace a database file of its own, or allow it "
+        f"with {INTO_EXISTING_ENV}=1 (or once: `recalltrace db upgrade --into-existing`)"
+    )
+
+
 def upgrade_engine(
     engine: Engine,
     revision: str = "head",
     *,
     wait: float = MIGRATION_LOCK_WAIT,
     quiet: bool = True,
+    into_existing: bool | None = None,
 ) -> None:
     """Upgrade the database behind ``engine`` to ``revision``, holding the migration lock (at
     most ``wait`` seconds spent waiting for it; see :func:`hold_migration_lock`). With
-    ``quiet`` (the default) Alembic's INFO lines are not passed on (:func:`alembic_quiet`)."""
+    ``quiet`` (the default) Alembic's INFO lines are not passed on (:func:`alembic_quiet`).
+    A SQLite file holding only another application's tables is refused
+    (:func:`refuse_foreign_tables`) unless ``into_existing`` (default: the environment's
+    :data:`INTO_EXISTING_ENV`)."""
+    refuse_foreign_tables(engine, into_existing)
     with alembic_quiet(quiet):
         from alembic import command
 
@@ -183,12 +237,14 @@ def upgrade(
     *,
     wait: float = MIGRATION_LOCK_WAIT,
     quiet: bool = True,
+    into_existing: bool | None = None,
 ) -> None:
-    """Upgrade the database at ``url`` to ``revision`` (default: the newest); ``quiet`` as for
-    :func:`upgrade_engine` (``recalltrace db upgrade`` passes ``False``)."""
+    """Upgrade the database at ``url`` to ``revision`` (default: the newest); ``quiet`` and
+    ``into_existing`` as for :func:`upgrade_engine` (``recalltrace db upgrade`` passes
+    ``quiet=False``)."""
     engine = create_engine_from_url(url)
     try:
-        upgrade_engine(engine, revision, wait=wait, quiet=quiet)
+        upgrade_engine(engine, revision, wait=wait, quiet=quiet, into_existing=into_existing)
     finally:
         engine.dispose()
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from recalltrace.storage.errors import (
     is_database_unavailable,
     is_schema_missing,
+    is_storage_refusal,
     is_trace_not_found,
 )
 from recalltrace.tracer import _threads
@@ -175,6 +176,7 @@ class BatchWriter:
         self._backoff = 0.0
         self._last_failure_log = 0.0
         self._last_error: str | None = None
+        self._refusal_said: str | None = None  # storage's refusal, said once
         self._schema_missing = False
         self._eager = False
 
@@ -702,7 +704,13 @@ class BatchWriter:
         self._last_error = f"{name}: {first_line}" if first_line else name
         schema_missing = is_schema_missing(exc)
         self._schema_missing = schema_missing
-        if now - self._last_failure_log >= 30.0:
+        # A refusal by storage (until someone acts): said once, whole; the records not retried.
+        said = (str(exc).strip().splitlines() or [name])[0]
+        if (refused := is_storage_refusal(exc)) and self._refusal_said != said:
+            self._refusal_said = said
+            logger.warning("recalltrace writer: %s; the trace records are not stored "
+                           "(counted as dropped, storage_error)", said)  # fmt: skip
+        elif not refused and now - self._last_failure_log >= 30.0:
             self._last_failure_log = now
             if schema_missing:
                 logger.warning(
@@ -723,7 +731,7 @@ class BatchWriter:
         # storage refused the records use up attempts.
         if not (is_database_unavailable(exc) or schema_missing):
             for pending in chunk:
-                pending.attempts += 1
+                pending.attempts = self._max_write_attempts if refused else pending.attempts + 1
                 if pending.attempts >= self._max_write_attempts:
                     given_up.append(pending)
         if given_up:

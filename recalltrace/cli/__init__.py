@@ -161,8 +161,9 @@ def _friendly(exc: BaseException, command: str = "this command") -> str | None:
     """A one-line message for errors a user can fix, or None for real bugs."""
     from recalltrace.scorers._judge import JudgeBackendMissing
     from recalltrace.storage.db import DatabaseURLError, is_read_only_error
+    from recalltrace.storage.migrate import ForeignTablesError
 
-    if isinstance(exc, (CommandError, DatabaseURLError, JudgeBackendMissing)):
+    if isinstance(exc, (CommandError, DatabaseURLError, ForeignTablesError, JudgeBackendMissing)):
         return str(exc)
     try:
         from sqlalchemy.exc import OperationalError, ProgrammingError

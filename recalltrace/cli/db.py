@@ -104,7 +104,7 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
         engine.dispose()
     try:
         # The migration command: Alembic's own lines are shown with --verbose, as they were.
-        upgrade(url, target, wait=args.wait, quiet=False)
+        upgrade(url, target, wait=args.wait, quiet=False, into_existing=args.into_existing or None)
     except MigrationLocked as exc:
         raise CommandError(f"{shown}: {exc}") from None
     print(f"{shown}: at revision {current_revision(url)}")
