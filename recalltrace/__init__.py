@@ -25,6 +25,17 @@ from recalltrace._checkout import checkout_root as _checkout_root
 
 if (_root := _checkout_root()) is not None:
     __path__.append(_root)
+    from recalltrace._checkout import shadowed_installation as _shadowed
+
+    if (_other := _shadowed(_root)) is not None:
+        import logging as _logging
+
+        _logging.getLogger("recalltrace").warning(
+            "recalltrace: importing the checkout at %s, not %s (a script run inside a clone "
+            "imports the clone's code; run it from another folder to use the installed one)",
+            _root,
+            _other,
+        )
 from recalltrace._wiring import check_default_sink as _check_default_sink
 from recalltrace._wiring import default_sink as _default_sink
 from recalltrace._wiring import open_history, open_repository, run_worker

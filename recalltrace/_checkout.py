@@ -13,6 +13,32 @@ from __future__ import annotations
 import os
 
 
+def shadowed_installation(root: str) -> str | None:
+    """When the checkout at ``root`` is imported while recalltrace is installed from somewhere
+    else (a wheel, or an editable install of another folder), what that installation is: its
+    version and where it lives; else ``None``. A script run in a clone imports the clone's code,
+    whatever is installed, and the two may not agree (on the database schema, say)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        installed = distribution("recalltrace")
+    except PackageNotFoundError:
+        return None
+    where = os.path.realpath(str(installed.locate_file("")))
+    try:
+        direct = json.loads(installed.read_text("direct_url.json") or "{}")
+    except ValueError:
+        direct = {}
+    url = direct.get("url", "") if isinstance(direct, dict) else ""
+    if url.startswith("file://") and direct.get("dir_info", {}).get("editable"):
+        where = os.path.realpath(url[len("file://") :])
+    # This checkout is the one installed (``pip install -e .``, whose metadata may sit in it).
+    if where == os.path.realpath(root):
+        return None
+    return f"recalltrace {installed.version} installed from {where}"
+
+
 def checkout_root() -> str | None:
     """The repository's root folder when ``recalltrace/`` runs from a checkout, else ``None``."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
