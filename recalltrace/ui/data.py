@@ -231,7 +231,10 @@ def overview(engine: Engine, filters: Filters, bucket: str) -> Overview:
     for metric, points in by_metric.items():
         scored = sum(p.count for p in points)
         total = sum(p.count * p.mean for p in points if p.mean is not None)
-        groups = history.group_summaries(metric=metric, by="release", max_values=1000, **common)
+        # Sums only (no values): Wilson intervals for 0/1 scores, else the normal approximation,
+        # so the overview never runs a bootstrap per variant and release; /compare does, as
+        # `scores compare` does.
+        groups = history.group_summaries(metric=metric, by="release", max_values=0, **common)
         releases = compare_groups(groups, order=list(groups)) if groups else None
         series.append(
             Series(
