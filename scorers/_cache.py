@@ -1,17 +1,30 @@
-"""A cache for judge work that depends only on the reference (its claims or its entities).
+"""What spares the judge a call: answers kept in memory, and answers kept in the database.
 
-A golden reference is usually seen on many traces; splitting the work so that the reference's
-part is asked once per (text, model, prompt version) pays for it once. Concurrent requests for
-the same key share one judge call.
+:class:`ReferenceCache` keeps judge work that depends only on the reference (its claims or its
+entities) in memory. A golden reference is usually seen on many traces; splitting the work so
+that the reference's part is asked once per (text, model, prompt version) pays for it once.
+Concurrent requests for the same key share one judge call.
+
+:class:`JudgeCallScope` keeps every judge answer of one job in a durable store (the worker's
+database) before it is used, keyed by the request (:func:`request_key`), so the same job taken
+again after its worker was killed reads the answers instead of paying for the calls again. The
+worker sets it around each job with :func:`judge_call_scope`; the judge client consults it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
+import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -99,3 +112,103 @@ class ReferenceCache:
 
 #: The cache the scorers use unless given another one.
 DEFAULT_CACHE = ReferenceCache()
+
+
+# ---------------------------------------------------------------------------------------------
+# answers kept in the database, per job
+
+#: Request parameters that do not change the answer: how long to wait, how to authenticate,
+#: who retries. Everything else of ``litellm.acompletion``'s keywords is part of the key.
+_NOT_IN_KEY = frozenset({"timeout", "api_key", "max_retries", "num_retries", "drop_params"})
+
+
+def request_key(params: Mapping[str, Any]) -> str:
+    """A SHA-256 over what decides a judge request's answer: the model, the exact messages
+    (the prompt and its version are in them), the answer format and the sampling parameters
+    (temperature, seed, token cap, extra parameters, the server)."""
+    kept = {k: v for k, v in params.items() if k not in _NOT_IN_KEY}
+    text = json.dumps(kept, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class AnswerStore(Protocol):
+    """Where a :class:`JudgeCallScope` keeps answers (the worker's database)."""
+
+    async def find(self, key: str) -> tuple[str, dict[str, Any]] | None:
+        """The scope that paid for ``key`` and its answer, or ``None``."""
+        ...
+
+    async def keep(self, key: str, scope: str, answer: dict[str, Any]) -> None:
+        """Store ``answer`` under ``key`` for ``scope`` unless ``key`` is stored already."""
+        ...
+
+
+@dataclass
+class JudgeCallScope:
+    """The judge calls of one job, kept in ``store`` under ``scope`` (who pays for them).
+
+    A request asked several times in one job (``samples`` > 1 asks the same messages again on
+    purpose) gets one key per occurrence, so each sample keeps its own answer.
+    """
+
+    store: AnswerStore
+    scope: str
+    _seen: dict[str, int] = field(default_factory=dict)
+    stored: int = 0
+    """Answers this scope stored."""
+    replayed: int = 0
+    """Answers read back instead of calling the judge."""
+    store_errors: int = 0
+    """Reads or writes of the store that failed (the judge was called, or the answer used
+    without being kept)."""
+
+    def key_for(self, params: Mapping[str, Any]) -> str:
+        """The key of the next occurrence of this request in this scope."""
+        base = request_key(params)
+        occurrence = self._seen.get(base, 0)
+        self._seen[base] = occurrence + 1
+        return hashlib.sha256(f"{base}:{occurrence}".encode()).hexdigest()
+
+    async def recall(self, key: str) -> tuple[bool, dict[str, Any]] | None:
+        """The stored answer of ``key`` and whether this scope paid for it, or ``None`` (not
+        stored, or the store failed: the judge is called)."""
+        try:
+            found = await self.store.find(key)
+        except Exception as exc:
+            self.store_errors += 1
+            logger.warning("reading a stored judge answer failed (%s); calling the judge", exc)
+            return None
+        if found is None:
+            return None
+        self.replayed += 1
+        paid_by, answer = found
+        return paid_by == self.scope, answer
+
+    async def remember(self, key: str, answer: dict[str, Any]) -> None:
+        """Store ``answer`` before it is used; a failed write is logged, not raised (the
+        answer is still good, it only would not survive a crash)."""
+        try:
+            await self.store.keep(key, self.scope, answer)
+        except Exception as exc:
+            self.store_errors += 1
+            logger.warning("storing a judge answer failed (%s); using it unstored", exc)
+            return
+        self.stored += 1
+
+
+_SCOPE: ContextVar[JudgeCallScope | None] = ContextVar("recalltrace_judge_scope", default=None)
+
+
+def current_judge_scope() -> JudgeCallScope | None:
+    """The scope the running task's judge calls are kept in, if any."""
+    return _SCOPE.get()
+
+
+@contextlib.contextmanager
+def judge_call_scope(scope: JudgeCallScope) -> Iterator[JudgeCallScope]:
+    """Keep the judge calls made in this context (and the tasks it starts) in ``scope``."""
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)

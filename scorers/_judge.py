@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar
 
+from recalltrace.scorers._cache import current_judge_scope
 from recalltrace.scorers._errors import (
     JudgeError,
     TerminalJudgeError,
@@ -240,6 +241,40 @@ class JudgeReply:
     cost_usd: float | None
     latency_s: float
     attempts: int
+    replayed: bool = False
+    """Read back from the job's stored answers (no call made); its tokens and cost are those
+    of the call that paid for it when this job did, 0 when another job did."""
+
+    def stored(self) -> dict[str, Any]:
+        """What is kept of this answer for a job taken again after a crash."""
+        return {
+            "content": self.content,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+    @classmethod
+    def replay(cls, model: str, paid_here: bool, answer: dict[str, Any]) -> JudgeReply | None:
+        """The reply a stored answer stands for (``None`` when it is not one)."""
+        content = answer.get("content")
+        if not isinstance(content, str):
+            return None
+        cost = answer.get("cost_usd")
+        return cls(
+            content=content,
+            finish_reason=answer.get("finish_reason"),
+            model=model,
+            prompt_tokens=token_count(answer.get("prompt_tokens")) if paid_here else 0,
+            completion_tokens=token_count(answer.get("completion_tokens")) if paid_here else 0,
+            cost_usd=(float(cost) if isinstance(cost, (int, float)) else None)
+            if paid_here
+            else 0.0,
+            latency_s=0.0,
+            attempts=0,
+            replayed=True,
+        )
 
 
 class JudgeInputRejected(JudgeError):
@@ -587,6 +622,14 @@ class JudgeClient:
         """
         litellm = _load_litellm()
         params = self.request_params(messages, schema_name, schema)
+        # A job taken again after its worker died reads the answers it already paid for.
+        kept, key = current_judge_scope(), ""
+        if kept is not None:
+            key = kept.key_for(params)
+            recalled = await kept.recall(key)
+            replayed = None if recalled is None else JudgeReply.replay(self.model, *recalled)
+            if replayed is not None:
+                return replayed
         limits = self._loop_limits()
         # About four characters a token for the prompt, and a typical verdict's length for the
         # answer (the cap would be too pessimistic); corrected with the reported usage after.
@@ -696,7 +739,7 @@ class JudgeClient:
                 # be valid, and a 10 MB reason is never stored.
                 self.oversized_answers += 1
                 content = content[:MAX_ANSWER_CHARS] + OVERSIZED_MARK
-            return JudgeReply(
+            reply = JudgeReply(
                 content=content,
                 finish_reason=getattr(choice, "finish_reason", None),
                 model=self.model,
@@ -706,6 +749,9 @@ class JudgeClient:
                 latency_s=time.perf_counter() - started,
                 attempts=failures + 1,
             )
+            if kept is not None:
+                await kept.remember(key, reply.stored())  # kept before anyone uses it
+            return reply
 
 
 MAX_ANSWER_CHARS = 256 * 1024

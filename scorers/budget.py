@@ -6,6 +6,11 @@
 carry (every worker's), so the cap holds across workers and hosts; a worker reads it before
 claiming LLM jobs, and the jobs already claimed finish, so spend stops within one claimed
 batch per worker of the cap.
+
+A judge answer a job reads back from the database (stored before its worker died, see
+``docs/worker.md``) is not paid again: its result carries the stored call's tokens and cost
+once when the same job paid for it (the crashed run stored no result), and nothing when another
+job did, so the spend read from the stored results counts every paid call once.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ class WorkerStats:
     possibly_billed_tokens: float = 0.0
     """Estimated tokens of judge calls that timed out after being sent (they may be billed;
     they count against the judge budget)."""
+    judge_answers_replayed: int = 0
+    """Judge answers read back from the database instead of calling the judge (jobs taken
+    again after a worker died mid-judge)."""
 
     def count(self, outcome: str) -> None:
         """Count one job that ended ``scored``, ``skipped`` or ``failed``."""

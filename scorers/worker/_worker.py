@@ -20,12 +20,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from recalltrace.scorers._base import Scorer
+from recalltrace.scorers._cache import judge_call_scope
 from recalltrace.scorers._errors import ScorerInputError, TerminalJudgeError, TransientJudgeError
 from recalltrace.scorers._judge import JudgeCallRecord, JudgeClient
 from recalltrace.scorers._result import ScoreResult
 from recalltrace.scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info, metrics_from_env
 from recalltrace.scorers.phoenix import PhoenixAnnotations
 from recalltrace.scorers.telemetry import WorkerTelemetry
+from recalltrace.scorers.worker._answers import StoredAnswers
 from recalltrace.scorers.worker._budget import BudgetGate
 from recalltrace.scorers.worker._decisions import (
     ClaimSizing,
@@ -118,6 +120,7 @@ class Worker:
         # Claimed jobs with their traces loaded, waiting for a free slot: a slot that frees up
         # starts the next job at once instead of waiting for a claim round trip.
         self._ready: deque[tuple[ClaimedJob, TraceInputs | None]] = deque()
+        self._answers = self._stored_answers()
         self._writer = ScoreWriter(
             self.repo,
             self._db_call,
@@ -125,6 +128,7 @@ class Worker:
             grace_period_s=self.options.grace_period_s,
             on_stored=self._on_stored,
             on_not_stored=self._on_not_stored,
+            after_written=None if self._answers is None else self._answers.forget,
         )
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
@@ -169,6 +173,18 @@ class Worker:
                 f"{', '.join(self._not_configured)} need(s) a judge model "
                 "(set --judge-model, or WorkerOptions.judge)"
             )
+
+    def _stored_answers(self) -> StoredAnswers | None:
+        """Judge answers kept in the worker's database, when it judges and the store is a
+        database (a :class:`~recalltrace.storage.repository.Repository`)."""
+        from sqlalchemy import Engine
+
+        engine = getattr(self.repo, "engine", None)
+        if self._judge is None or not isinstance(engine, Engine):
+            return None
+        from recalltrace.storage.judge_calls import JudgeCallStore
+
+        return StoredAnswers(JudgeCallStore(engine), self._db_call)
 
     @property
     def stats(self) -> WorkerStats:
@@ -496,7 +512,16 @@ class Worker:
                 raise RuntimeError(f"no scorer for metric {job.metric!r} in this worker")
             if trace is None:
                 raise LookupError(f"trace {job.trace_id} is no longer stored")
-            result: ScoreResult = await scorer.ascore(**trace.scorer_inputs())
+            if uses_llm and self._answers is not None:
+                # Every judge answer is stored before it is used: taken again after this
+                # worker dies, the job reads them instead of paying for the calls again.
+                with judge_call_scope(self._answers.scope(job)) as kept:
+                    try:
+                        result: ScoreResult = await scorer.ascore(**trace.scorer_inputs())
+                    finally:
+                        self.stats.judge_answers_replayed += kept.replayed
+            else:
+                result = await scorer.ascore(**trace.scorer_inputs())
         except asyncio.CancelledError:
             raise
         except TransientJudgeError as exc:
@@ -513,6 +538,8 @@ class Worker:
             await self._on_error(job, exc, started, app)
             return
         if result.status == "failed" and attempt_left(job.attempts, self.options.max_attempts):
+            if uses_llm and self._answers is not None:
+                await self._answers.forget([job])  # the next attempt asks the judge afresh
             await self._retry(job, result.reason, consume_attempt=True)
             return
         self._queue_finish(Finished(job, result, app, time.monotonic() - started))
@@ -693,6 +720,8 @@ class Worker:
         except Exception as exc:
             logger.warning("queue maintenance failed (%s)", describe(exc))
             return
+        if self._answers is not None:
+            await self._answers.purge_when_due()
         if self._presence is not None:
             await self._presence.report()
         stats = combined([queues[m] for m in self.metrics if m in queues])

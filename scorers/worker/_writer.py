@@ -51,6 +51,7 @@ class ScoreWriter:
         grace_period_s: float,
         on_stored: Callable[[list[Finished]], None],
         on_not_stored: Callable[[Finished], None],
+        after_written: Callable[[list[ClaimedJob]], Awaitable[None]] | None = None,
     ) -> None:
         self._repo = repo
         self._db_call = db_call
@@ -58,6 +59,7 @@ class ScoreWriter:
         self._grace_period_s = grace_period_s
         self._on_stored = on_stored
         self._on_not_stored = on_not_stored
+        self._after_written = after_written
         self.pending: list[Finished] = []
         """Finished jobs not stored yet."""
         self.reset()
@@ -115,6 +117,9 @@ class ScoreWriter:
         while True:
             try:
                 written: list[bool] = await self._db_call(self._repo.finish_jobs, outcomes)
+                # Each of these jobs has its result stored now (by this worker or another):
+                # its stored judge answers are no longer needed.
+                await self._written([entry.job for entry in batch])
                 # Counted are the scores stored now: not those of traces deleted while they
                 # were scored, nor a second finish of a job another worker already stored.
                 for entry, new in zip(batch, written, strict=True):
@@ -147,6 +152,10 @@ class ScoreWriter:
         self._on_stored(batch)
         return True
 
+    async def _written(self, jobs: list[ClaimedJob]) -> None:
+        if self._after_written is not None:
+            await self._after_written(jobs)
+
     async def _write_one_by_one(self, batch: list[Finished]) -> list[Finished]:
         """Store a refused batch score by score; a score storage refuses fails its job with
         the reason. Returns the scores stored; if the database goes away meanwhile, the rest
@@ -157,6 +166,7 @@ class ScoreWriter:
             try:
                 if (await self._db_call(self._repo.finish_jobs, [(job, entry.result)]))[0]:
                     stored.append(entry)
+                await self._written([job])
                 continue
             except Exception as exc:
                 if is_database_unavailable(exc):
@@ -168,6 +178,7 @@ class ScoreWriter:
             try:
                 if (await self._db_call(self._repo.finish_jobs, [(job, failed)]))[0]:
                     stored.append(Finished(job, failed, entry.app_name, entry.duration_s))
+                await self._written([job])
             except Exception:
                 try:
                     await self._db_call(self._repo.fail_job, job, reason)
