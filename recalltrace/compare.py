@@ -10,6 +10,14 @@ Intervals are taken over traces (each scored trace counts once):
   traces ``RESAMPLES`` times (seeded from the data, so the same scores give the same output);
 - larger groups: the normal approximation (the bootstrap adds nothing at that size).
 
+**Dependent requests.** Requests of one user or session are easier or harder together: when
+the traces carry user or session ids (``clusters``, from
+:func:`recalltrace.storage.diagnose_clusters.group_clusters`), a difference is judged with a
+cluster-robust interval instead (the CR1 sandwich over per-cluster sums, with the covariance of
+the two groups within shared clusters, Student's t on the effective clusters' degrees of
+freedom; :func:`recalltrace.storage.diagnose_stats.robust_difference`). A group within a single
+cluster cannot be told from that cluster's own level: its difference is not judged.
+
 A group with fewer than ``min_traces`` scored traces is reported as too few to judge rather
 than guessed at. The verdict is ``worse`` or ``better`` when the difference's 95% interval
 lies wholly below or above zero, else ``no detectable difference``.
@@ -29,7 +37,13 @@ import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from recalltrace.storage.diagnose_stats import effective_df, robust_difference
+from recalltrace.storage.diagnose_stats import wilson as _wilson
+
+if TYPE_CHECKING:
+    from recalltrace.storage.diagnose_clusters import GroupClusters
 
 #: Resamples of the bootstrap.
 RESAMPLES = 1000
@@ -53,6 +67,8 @@ METHOD_WILSON = "Wilson score interval (0/1 scores)"
 METHOD_BOOTSTRAP = f"percentile bootstrap over traces ({RESAMPLES} resamples)"
 METHOD_NORMAL = "normal approximation (large group)"
 METHOD_NEWCOMBE = "Newcombe hybrid score interval (0/1 scores)"
+METHOD_CLUSTERED = "cluster-robust (CR1, Student's t) by {keys}"
+METHOD_ONE_CLUSTER = "not judged: the group or the baseline lies within one {keys}"
 METHOD_PPI = "prediction-powered: the judge's mean corrected by people's labels (normal)"
 
 
@@ -105,10 +121,17 @@ class Comparison:
 
     baseline: str | None
     groups: list[GroupComparison] = field(default_factory=list)
+    clustering: str = ""
+    """One line: what the differences treat as independent (users' or sessions' clusters, or
+    independent traces); empty when no clusters were given."""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary."""
-        return {"baseline": self.baseline, "groups": [g.as_dict() for g in self.groups]}
+        return {
+            "baseline": self.baseline,
+            "clustering": self.clustering,
+            "groups": [g.as_dict() for g in self.groups],
+        }
 
 
 @dataclass(frozen=True)
@@ -147,12 +170,15 @@ def compare_groups(
     order: Sequence[str | None] | None = None,
     labelled: Mapping[str | None, Sequence[tuple[float, float]]] | None = None,
     min_labels: int = MIN_LABELS,
+    clusters: GroupClusters | None = None,
 ) -> Comparison:
     """Compare every group with ``baseline`` (default: the first of ``order``, else the
     largest group). A group is its values, or their sums as ``History.group_summaries`` gives
     them (large groups then need no values). ``labelled`` gives, per group, the (label, judge
     score) pairs of its labelled traces: groups with at least ``min_labels`` are corrected (see
-    the module's notes). Raises ``KeyError`` for a baseline that is not a group."""
+    the module's notes). ``clusters``: the groups' sums over the users' or sessions' clusters,
+    for cluster-robust differences (see the module's notes). Raises ``KeyError`` for a
+    baseline that is not a group."""
     if not groups:
         return Comparison(baseline=baseline)
     stats = {name: _Stats.of(data) for name, data in groups.items()}
@@ -170,6 +196,8 @@ def compare_groups(
         if stats[name].n >= min_traces and len(pairs.get(name, ())) >= min_labels
     }
     result = Comparison(baseline=baseline)
+    if clusters is not None:
+        result.clustering = clusters.clustering.describe()
     for name in [baseline, *(n for n in names if n != baseline)]:
         group = stats[name]
         labels = len(pairs.get(name, ()))
@@ -198,6 +226,8 @@ def compare_groups(
                 entry.difference, entry.difference_interval = d, (d - half, d + half)
                 entry.difference_method = METHOD_PPI
                 entry.verdict = WORSE if d + half < 0 else BETTER if d - half > 0 else SAME
+            elif clusters is not None and clusters.sums:
+                _clustered_entry(entry, clusters, name, baseline)
             else:
                 # Uncorrected on at least one side: the difference stays the judge's own.
                 (low, high), entry.difference_method = _difference_interval(group, base)
@@ -206,6 +236,41 @@ def compare_groups(
                 entry.verdict = WORSE if high < 0 else BETTER if low > 0 else SAME
         result.groups.append(entry)
     return result
+
+
+def _clustered_entry(
+    entry: GroupComparison, clusters: GroupClusters, name: str | None, baseline: str | None
+) -> None:
+    """Fill ``entry``'s difference from the baseline with its cluster-robust interval."""
+    keys = " or ".join(clusters.clustering.keys)
+    one = clusters.sums.get(str(name)) if name is not None else None
+    two = clusters.sums.get(str(baseline)) if baseline is not None else None
+    if one is None or two is None or one.clusters < 2 or two.clusters < 2:
+        entry.difference_method = METHOD_ONE_CLUSTER.format(keys=keys)
+        entry.verdict = TOO_FEW
+        return
+    m1, m2 = one.total / one.count, two.total / two.count
+    pair = clusters.cross.get((str(name), str(baseline)))
+    shared = 0.0
+    if pair is not None:
+        shared = pair.tt - m2 * pair.tn - m1 * pair.nt + m1 * m2 * pair.nn
+    difference, (low, high), _p = robust_difference(
+        m1 - m2,
+        (
+            one.tt - 2 * m1 * one.tn + m1 * m1 * one.nn,
+            two.tt - 2 * m2 * two.tn + m2 * m2 * two.nn,
+            shared,
+        ),
+        (one.count, two.count),
+        (one.clusters, two.clusters),
+        (
+            effective_df(one.clusters, one.nn, one.n4),
+            effective_df(two.clusters, two.nn, two.n4),
+        ),
+    )
+    entry.difference, entry.difference_interval = difference, (low, high)
+    entry.difference_method = METHOD_CLUSTERED.format(keys=keys)
+    entry.verdict = WORSE if high < 0 else BETTER if low > 0 else SAME
 
 
 def prediction_powered(judged: Any, pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -233,12 +298,8 @@ def _rng(*groups: Sequence[float]) -> random.Random:
 
 
 def wilson(successes: float, n: int) -> tuple[float, float]:
-    """The Wilson score 95% interval of a proportion."""
-    p = successes / n
-    denominator = 1 + _Z * _Z / n
-    centre = (p + _Z * _Z / (2 * n)) / denominator
-    half = _Z * math.sqrt(p * (1 - p) / n + _Z * _Z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    """The Wilson score 95% interval of a proportion (one implementation, the diagnosis')."""
+    return _wilson(successes, n)
 
 
 def mean_interval(values: Sequence[float]) -> tuple[tuple[float, float], str]:

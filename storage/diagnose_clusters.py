@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Select, case, cast, func, literal, select, true, union_all
@@ -246,13 +247,61 @@ def slice_sums(
 
 @dataclass(frozen=True)
 class PairSums:
-    """Two groups' per-cluster sums over their shared clusters: ``Σ T_1 T_2``, ``Σ T_1 n_2``,
-    ``Σ n_1 T_2``, ``Σ n_1 n_2``."""
+    """Two groups' per-cluster sums over their shared clusters: ``Σ t₁ t₂``, ``Σ t₁ n₂``,
+    ``Σ n₁ t₂``, ``Σ n₁ n₂``."""
 
     tt: float = 0.0
     tn: float = 0.0
     nt: float = 0.0
     nn: float = 0.0
+
+
+@dataclass(frozen=True)
+class GroupClusters:
+    """Per group of one attribute (``scores compare --by``) its sums over clusters, and per
+    pair of groups their cross sums: what a cluster-robust difference of two groups needs."""
+
+    clustering: Clustering
+    sums: dict[str, ClusterSums]
+    cross: dict[tuple[str, str], PairSums]
+
+
+def group_clusters(
+    history: History,
+    *,
+    metric: str,
+    by: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    app: str | None = None,
+    version: str | None = None,
+    where: Sequence[tuple[str, str]] = (),
+) -> GroupClusters:
+    """The groups of ``by`` (as ``History.group_summaries``) with their sums over the clusters
+    of the window's traces (users, else sessions; coarser than ``by`` and the filters' keys);
+    no clusters when the traces carry no key (then the groups are independent traces)."""
+    from recalltrace.storage.diagnose import _Scope
+
+    if by not in _COLUMNS and by != "tag":
+        raise ValueError(f"cannot group by {by!r}")
+    metric_version = history.metric_versions(metric, version)[metric]
+    scope = _Scope(metric, metric_version, since, until, app, tuple(where))
+    with history.engine.begin() as conn:
+        history.dialect.tune_for_aggregates(conn)
+        users, sessions, traces = conn.execute(
+            scope.select(
+                func.count(Trace.user_id), func.count(Trace.session_id), func.count(), trace=True
+            )
+        ).one()
+        pinned = sorted({by, *(name for name, _value in where)})
+        keys = choose_keys(pinned, {"user_id": int(users), "session_id": int(sessions)})
+        if not keys:
+            return GroupClusters(Clustering(()), {}, {})
+        sums, cross, clusters = group_sums(conn, scope, keys, by)
+        keyed_by = [Trace.user_id if k == USER else Trace.session_id for k in keys]
+        either = func.coalesce(*keyed_by) if len(keyed_by) > 1 else keyed_by[0]
+        keyed = conn.execute(scope.select(func.count(either), trace=True)).scalar_one()
+    return GroupClusters(Clustering(keys, clusters, int(traces), int(keyed or 0)), sums, cross)
 
 
 def group_sums(
@@ -265,21 +314,13 @@ def group_sums(
     clusters of ``keys``; per pair of values their cross sums over shared clusters; and the
     number of clusters."""
     key = cluster_key(keys)
+    value_of = TraceTag.tag if by == "tag" else _COLUMNS[by]
+    stmt = scope.select(
+        Score.value.label("y"), key.label("c"), value_of.label("v"), trace=True
+    ).where(value_of.is_not(None))
     if by == "tag":
-        scored = (
-            scope.select(
-                Score.value.label("y"), key.label("c"), TraceTag.tag.label("v"), trace=True
-            )
-            .join(TraceTag, TraceTag.trace_id == Score.trace_id)
-            .cte("scored")
-        )
-    else:
-        column = _COLUMNS[by]
-        scored = (
-            scope.select(Score.value.label("y"), key.label("c"), column.label("v"), trace=True)
-            .where(column.is_not(None))
-            .cte("scored")
-        )
+        stmt = stmt.join(TraceTag, TraceTag.trace_id == Score.trace_id)
+    scored = stmt.cte("scored")
     members = select(literal(by).label("a"), scored.c.v, scored.c.c, scored.c.y).subquery()
     clusters, totals_stmt = _clusters_and_totals(scored)
     per = (

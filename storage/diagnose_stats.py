@@ -246,7 +246,7 @@ def t_quantile(probability: float, df: float) -> float:
     return (low + high) / 2
 
 
-def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def wilson(successes: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The Wilson score interval of ``successes`` out of ``n``."""
     if n <= 0:
         raise ValueError("a proportion needs at least one trial")

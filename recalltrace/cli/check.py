@@ -111,6 +111,8 @@ def _check_compare(
             f"attribute: add --where {name}=VALUE"
         )
     candidate = candidates[0]
+    from recalltrace.storage.diagnose_clusters import group_clusters
+
     history = _history(engine)
     lower, upper = _data_window(engine, since, until)
     selection: dict[str, Any] = {
@@ -125,6 +127,7 @@ def _check_compare(
     try:
         groups = history.group_summaries(**selection)
         labelled = history.group_labels(**selection)
+        clusters = group_clusters(history, **selection)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     mine_count, their_count = (
@@ -141,6 +144,7 @@ def _check_compare(
         baseline=reference,
         min_traces=args.min_traces,
         labelled=labelled,
+        clusters=clusters,
     )
     pair = {g.group: g for g in result.groups}
     mine, theirs = pair[candidate], pair[reference]
@@ -158,6 +162,8 @@ def _check_compare(
         )
     if mine.verdict == "worse":
         return False, f"FAIL {text}: detectably worse"
+    if mine.verdict == "too few traces":
+        return False, f"FAIL {text}: cannot be judged"
     return True, f"OK {text}: {mine.verdict}"
 
 

@@ -98,6 +98,8 @@ def _compare(
     since: Any,
     until: Any,
 ) -> Comparison:
+    from recalltrace.storage.diagnose_clusters import group_clusters
+
     history = _history(engine)
     selection: dict[str, Any] = {
         "metric": metric,
@@ -111,6 +113,7 @@ def _compare(
     try:
         groups = history.group_summaries(**selection)
         labelled = history.group_labels(**selection)
+        clusters = group_clusters(history, **selection)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     if args.baseline is not None and args.baseline not in groups:
@@ -119,14 +122,16 @@ def _compare(
             f"--baseline {inert(args.baseline)!r}: no scored traces have {args.by}="
             f"{inert(args.baseline)} in the window; groups: {known}"
         )
-    return compare_groups(
+    result = compare_groups(
         groups,
         baseline=args.baseline,
         min_traces=args.min_traces,
         order=list(groups),
         labelled=labelled,
         min_labels=args.min_labels,
+        clusters=clusters,
     )
+    return result
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -193,6 +198,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
     print_keyed(console, table, (args.by,))
     console.print("Intervals: " + "; ".join(methods) if methods else "")
+    if result.clustering:
+        console.print(f"Differences: {_safe(result.clustering)}.", soft_wrap=True)
     if labelled:
         console.print(_labels_line(result, args.min_labels))
     return EXIT_OK
