@@ -607,3 +607,30 @@ def test_agreement_measures_the_judge_against_the_labels(served: Served) -> None
     assert page.count('<a href="/traces/') == 8  # the disagreements, each linking to its request
     assert get(served, "/agreement").status_code == 200
     assert get(served, "/agreement?metric=id_based_context_recall&threshold=2").status_code == 400
+
+
+def test_the_judge_budget_and_the_link_to_the_tracing_backend(served: Served) -> None:
+    engine = create_engine_from_url(served.url)
+    demo = make_history(engine).worst(metric="id_based_context_recall", app="lumen-help-desk")[0]
+    otel = make_history(engine).trace(demo.trace_id).otel_trace_id
+    engine.dispose()
+    assert otel
+    link = "http://jaeger.example/trace/{otel_trace_id}"
+    process, base = start_ui(served.url, "--judge-budget", "2.5/day", "--trace-link", link)
+    try:
+        jobs = httpx.get(base + "/jobs", timeout=60).text
+        assert "Budget: 2.5 USD per day" in jobs
+        assert "Nothing spent in this period." in jobs  # the demo ran without a judge
+        page = httpx.get(f"{base}/traces/{demo.trace_id}", timeout=60).text
+        assert f'<a href="http://jaeger.example/trace/{otel}" rel="noopener noreferrer">' in page
+    finally:
+        _code, stderr = stop(process)
+    assert "Traceback" not in stderr
+    for option, value, said in (
+        ("--trace-link", "javascript:alert(1)//{otel_trace_id}", "--trace-link must be an http(s)"),
+        ("--judge-budget", "lots", "--judge-budget: expected a budget like 50/day"),
+    ):
+        refused = _recalltrace("ui", "--database-url", served.url, option, value)
+        assert refused.returncode == 2
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert said in refused.stderr
