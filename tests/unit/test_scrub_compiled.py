@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -106,6 +107,74 @@ def test_the_same_redactions_on_the_benchmark_documents(
     gated, plain = scrubbers
     batch = records(4, 5_000, prose, seed=3) + records(2, 50_000, prose, seed=4)
     assert _same(gated, plain, batch) > 0
+
+
+def _variants(text: str) -> list[str]:
+    """``text``, with accented letters, and with no-break and ideographic spaces (which
+    Python's ``\\s`` and ``\\w`` take, as it takes the letters)."""
+    accented = text.translate(str.maketrans("eaou", "éàöû"))
+    spaced = text.replace(" ", "\u00a0", 3).replace(":", ":\u3000", 1).replace("=", "=\u2003", 1)
+    return [text, accented, spaced, "ß" + text + "é"]
+
+
+def test_a_rule_that_matches_a_text_is_never_skipped(scrubbers: tuple[Scrubber, Scrubber]) -> None:
+    """The gate's invariant, rule by rule on short texts (where one character decides a
+    match): whatever a rule's expression finds, its rewrite finds too."""
+    gate = scrubbers[0]._gate
+    database = gate._gate
+    assert isinstance(database, _compiled.Gate)
+    texts = [kind.text for kind in secret_kinds.all_kinds()]
+    texts += [kind.text for kind in secrets_heldout.all_kinds()]
+    texts += list(SENTENCES)
+    regexes = [rule[1] if isinstance(rule, tuple) else rule.regex for rule in gate._rules]
+    checked = 0
+    for text in texts:
+        for variant in _variants(text):
+            view = (
+                variant if variant.isascii() else recalltrace.tracer._scrub.P.normalise(variant)[0]
+            )
+            if not _compiled.readable(view):
+                continue
+            may = database.may_match(view)
+            for index, regex in enumerate(regexes):
+                if regex.search(view) is not None:
+                    checked += 1
+                    assert index in may, (regex.pattern, view)
+    assert checked > 1000
+
+
+# Expressions and texts in which a character other than ASCII decides the match.
+_OTHER_CASES = [
+    (r"key=\w{4}z", "key=ééééz"),
+    (r"[^\W_]{3}z", "éééz z"),
+    (r"(?i)[a-z]{3}\d", "\u212a\u017fa٣"),
+    (r"\d{3}-x", "٣٣٣-x"),
+    (r"pass\s+(\S+)", "pass\u00a0word"),
+    (r"(?i)token=k", "token=\u212a"),
+    ("(?i)to\u212aen", "token"),
+    (r"(?i)skip", "\u017fkip"),
+    (r"contraseña: \w+", "contraseña: x"),
+    (r"(?i)Ä{2}", "ää"),
+    (r"\Bname", "éname"),
+    (r"\w\b-", "é-"),
+    ("[à-ÿ]{2}", "éé"),
+    (r"x.y", "x→y"),
+]
+
+
+def test_characters_other_than_ascii_match_as_in_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECALLTRACE_CACHE_DIR", str(tmp_path))
+    rules = [(f"r{i}", re.compile(pattern), 0) for i, (pattern, _) in enumerate(_OTHER_CASES)]
+    gate = _compiled.RuleGate(rules, set(), None)
+    assert gate.wait(120)
+    database = gate._gate
+    assert isinstance(database, _compiled.Gate)
+    for index, (pattern, text) in enumerate(_OTHER_CASES):
+        assert re.search(pattern, text) is not None, pattern
+        assert index in database.may_match(text), (pattern, text)
+        assert index not in database.may_match("plain words only"), pattern
 
 
 def test_every_rule_has_a_rewrite_hyperscan_compiles(scrubbers: tuple[Scrubber, Scrubber]) -> None:

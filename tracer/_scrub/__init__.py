@@ -410,14 +410,9 @@ class Scrubber:
         text: str,
         candidates: list[FileRule] | None = None,
         scan: _prefilter.Scan | None = None,
-        skipped: frozenset[int] | None = None,
     ) -> _Rules:
         """The rules whose gates pass on ``text``; of the rule-file rules, those whose
-        keywords it holds among ``candidates`` (all when ``None``); none of ``skipped`` (the
-        ``id`` of each rule the compiled gate found nowhere in ``text``)."""
-        if skipped is not None:
-            found = self._default_rules_for(text, candidates, scan)
-            return [rule for rule in found if id(rule) not in skipped]
+        keywords it holds among ``candidates`` (all when ``None``)."""
         # Single-character tests (memchr) guard the multi-character ones, which cost more.
         rules: _Rules = []
         if not self._defaults:
@@ -747,8 +742,9 @@ class Scrubber:
         the whole group, and only those that found something run on its fields."""
         view = text if text.isascii() else P.normalise(text)[0]
         scan = self._scan(view)
-        skipped = self._gate.skipped(view) if self.compiled_gate else None
-        rules = self._default_rules_for(view, None, scan, skipped)
+        rules = self._default_rules_for(view, None, scan)
+        if rules and self.compiled_gate:
+            rules = self._gate.keep(rules, view)
         if not rules:
             return rules
         low = P.lower(view) if scan is None else scan.lowered

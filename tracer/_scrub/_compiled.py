@@ -53,6 +53,8 @@ _REPEAT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")
 _LARGEST_BOUND = 32
 SHORTEST = 8192
 """Texts shorter than this are not gated: the scan costs more than the rules it skips."""
+FEWEST = 8
+"""Nor are texts in which fewer rules of the database pass their own gates."""
 _FORMAT = b"recalltrace-scrub-gate 1\n"
 counts = {"compiled": 0, "loaded": 0}
 """Databases compiled and loaded from the cache in this process (for tests)."""
@@ -410,7 +412,21 @@ class RuleGate:
         for rule in getattr(files, "rules", ()):
             self._rules.append(rule)
             self._specs.append((rule.regex.pattern, rule.regex.flags, not rule.leading))
+        self._index = {id(rule): index for index, rule in enumerate(self._rules)}
         self._gate: Gate | bool | None = False
+
+    def keep(self, rules: list[Any], view: str) -> list[Any]:
+        """``rules`` (in their order) without those whose rewrite matches nowhere in ``view``
+        (all of them while the database is not ready, for text it does not read, and when
+        fewer than ``FEWEST`` of them are in the database: then the scan costs more than the
+        rules it may skip)."""
+        index = self._index
+        if len(view) < SHORTEST or sum(id(rule) in index for rule in rules) < FEWEST:
+            return rules
+        skipped = self.skipped(view)
+        if skipped is None:
+            return rules
+        return [rule for rule in rules if id(rule) not in skipped]
 
     def skipped(self, view: str) -> frozenset[int] | None:
         """The ``id`` of each rule that matches nowhere in ``view``; ``None`` until the
