@@ -20,7 +20,7 @@ from sqlalchemy import Engine, delete, func, select
 from recalltrace.storage._dialect import dialect_of, utcnow
 from recalltrace.storage.models import JudgeCall
 
-__all__ = ["DEFAULT_RETENTION", "JudgeCallStore", "StoredAnswer"]
+__all__ = ["DEFAULT_RETENTION", "JudgeAnswers", "JudgeCallStore", "StoredAnswer"]
 
 DEFAULT_RETENTION = timedelta(days=7)
 """How long a row whose scope was never forgotten is kept (a job cancelled or deleted while
@@ -111,3 +111,35 @@ class JudgeCallStore:
             stmt = stmt.where(JudgeCall.scope == scope)
         with self.engine.connect() as conn:
             return int(conn.scalar(stmt) or 0)
+
+
+class JudgeAnswers:
+    """The judge answers of a repository's database (a mixin of
+    :class:`~recalltrace.storage.repository.Repository`, which has ``engine``)."""
+
+    engine: Engine
+
+    def _judge_calls(self) -> JudgeCallStore:
+        store: JudgeCallStore | None = getattr(self, "_judge_call_store", None)
+        if store is None:
+            store = JudgeCallStore(self.engine)
+            self._judge_call_store = store
+        return store
+
+    def find_judge_answer(self, key: str) -> tuple[str, dict[str, Any]] | None:
+        """Who paid for ``key`` and its stored answer, or ``None``."""
+        found = self._judge_calls().find(key)
+        return None if found is None else (found.scope, found.answer)
+
+    def keep_judge_answer(self, key: str, scope: str, answer: dict[str, Any]) -> bool:
+        """Store ``answer`` under ``key`` for ``scope`` unless ``key`` is stored already;
+        returns whether this call stored it."""
+        return self._judge_calls().keep(key, scope, answer)
+
+    def forget_judge_answers(self, scopes: Iterable[str]) -> int:
+        """Delete every stored answer of ``scopes``."""
+        return self._judge_calls().forget(scopes)
+
+    def purge_judge_answers(self, older_than: timedelta = DEFAULT_RETENTION) -> int:
+        """Delete the answers stored more than ``older_than`` ago."""
+        return self._judge_calls().purge(older_than)

@@ -28,6 +28,7 @@ from recalltrace.storage.contracts import (
     spec_map,
 )
 from recalltrace.storage.db import create_engine_from_url, engine_notes
+from recalltrace.storage.judge_calls import JudgeAnswers
 from recalltrace.storage.queue import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_REFERENCE_TTL,
@@ -57,8 +58,9 @@ __all__ = [
 ]
 
 
-class Repository(TraceWrites, JobQueue, WorkerRegistry):
-    """Traces, scoring jobs and scores on one database.
+class Repository(TraceWrites, JobQueue, WorkerRegistry, JudgeAnswers):
+    """Traces, scoring jobs and scores on one database, and the judge answers workers keep
+    until their jobs' results are stored.
 
     ``specs`` are the job specifications of every known metric (``attach_reference`` releases
     the waiting jobs of any of them); ``metrics`` are those whose jobs are created when traces

@@ -8,16 +8,31 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from recalltrace.scorers._cache import JudgeCallScope
 from recalltrace.scorers.worker._presence import describe
 from recalltrace.storage.contracts import ClaimedJob
-from recalltrace.storage.judge_calls import DEFAULT_RETENTION, JudgeCallStore
 
 logger = logging.getLogger("recalltrace.scorers.worker")
 
 DbCall = Callable[..., Awaitable[Any]]
+
+RETENTION = timedelta(days=7)
+"""How long an answer whose job never had its result stored is kept (a job cancelled or its
+trace deleted meanwhile, a worker killed between storing a result and forgetting)."""
+
+
+@runtime_checkable
+class JudgeAnswerTable(Protocol):
+    """What a job store offers to keep judge answers (the repository does); a store without
+    it leaves the worker as it was: answers are not kept."""
+
+    def find_judge_answer(self, key: str) -> tuple[str, dict[str, Any]] | None: ...
+    def keep_judge_answer(self, key: str, scope: str, answer: dict[str, Any]) -> bool: ...
+    def forget_judge_answers(self, scopes: Iterable[str]) -> int: ...
+    def purge_judge_answers(self, older_than: timedelta) -> int: ...
+
 
 PURGE_EVERY_S = 3600.0
 """How often a worker deletes the stored answers older than the retention."""
@@ -29,11 +44,11 @@ def scope_of(job: ClaimedJob) -> str:
 
 
 class StoredAnswers:
-    """A :class:`~recalltrace.scorers._cache.AnswerStore` over ``judge_calls``, reached
-    through the worker's database threads."""
+    """A :class:`~recalltrace.scorers._cache.AnswerStore` over the job store's judge answers,
+    reached through the worker's database threads."""
 
     def __init__(
-        self, store: JudgeCallStore, db_call: DbCall, retention: timedelta = DEFAULT_RETENTION
+        self, store: JudgeAnswerTable, db_call: DbCall, retention: timedelta = RETENTION
     ) -> None:
         self._store = store
         self._db_call = db_call
@@ -43,11 +58,13 @@ class StoredAnswers:
         """Answers read back instead of calling the judge, over the worker's run."""
 
     async def find(self, key: str) -> tuple[str, dict[str, Any]] | None:
-        found = await self._db_call(self._store.find, key)
-        return None if found is None else (found.scope, found.answer)
+        found: tuple[str, dict[str, Any]] | None = await self._db_call(
+            self._store.find_judge_answer, key
+        )
+        return found
 
     async def keep(self, key: str, scope: str, answer: dict[str, Any]) -> None:
-        await self._db_call(self._store.keep, key, scope, answer)
+        await self._db_call(self._store.keep_judge_answer, key, scope, answer)
 
     def scope(self, job: ClaimedJob) -> JudgeCallScope:
         """The scope one run of ``job`` keeps its judge calls in."""
@@ -60,7 +77,7 @@ class StoredAnswers:
         if not scopes:
             return
         try:
-            await self._db_call(self._store.forget, scopes)
+            await self._db_call(self._store.forget_judge_answers, scopes)
         except Exception as exc:
             logger.warning("forgetting stored judge answers failed (%s)", describe(exc))
 
@@ -71,7 +88,7 @@ class StoredAnswers:
             return
         self._purged_at = now
         try:
-            removed = await self._db_call(self._store.purge, self.retention)
+            removed = await self._db_call(self._store.purge_judge_answers, self.retention)
         except Exception as exc:
             logger.warning("deleting old stored judge answers failed (%s)", describe(exc))
             return

@@ -27,7 +27,7 @@ from recalltrace.scorers._result import ScoreResult
 from recalltrace.scorers.catalog import CATALOG, NON_LLM_METRICS, metric_info, metrics_from_env
 from recalltrace.scorers.phoenix import PhoenixAnnotations
 from recalltrace.scorers.telemetry import WorkerTelemetry
-from recalltrace.scorers.worker._answers import StoredAnswers
+from recalltrace.scorers.worker._answers import JudgeAnswerTable, StoredAnswers
 from recalltrace.scorers.worker._budget import BudgetGate
 from recalltrace.scorers.worker._decisions import (
     ClaimSizing,
@@ -168,6 +168,9 @@ class Worker:
                 self._scorers[key] = scorers.get(key, judge=self._judge, **extra)
             else:
                 self._scorers[key] = scorers.get(key, **extra)
+            bind = getattr(self._scorers.get(key), "bind_storage", None)
+            if bind is not None:
+                bind(self.repo, self._db_call)  # judgments kept in the worker's database
         if self._not_configured and opts.metrics is not None:
             raise ValueError(
                 f"{', '.join(self._not_configured)} need(s) a judge model "
@@ -175,16 +178,11 @@ class Worker:
             )
 
     def _stored_answers(self) -> StoredAnswers | None:
-        """Judge answers kept in the worker's database, when it judges and the store is a
-        database (a :class:`~recalltrace.storage.repository.Repository`)."""
-        from sqlalchemy import Engine
-
-        engine = getattr(self.repo, "engine", None)
-        if self._judge is None or not isinstance(engine, Engine):
+        """Judge answers kept in the worker's database, when it judges and its job store
+        keeps them (the repository does)."""
+        if self._judge is None or not isinstance(self.repo, JudgeAnswerTable):
             return None
-        from recalltrace.storage.judge_calls import JudgeCallStore
-
-        return StoredAnswers(JudgeCallStore(engine), self._db_call)
+        return StoredAnswers(self.repo, self._db_call)
 
     @property
     def stats(self) -> WorkerStats:

@@ -20,6 +20,7 @@ from recalltrace.storage.contracts import ClaimedJob
 from recalltrace.storage.db import create_engine_from_url
 from recalltrace.storage.judge_calls import JudgeCallStore
 from tests.support.clocks import HANG_GUARD_S
+from tests.support.factories import make_repository
 from tests.support.judge_server import JudgeServer, Reply
 
 GOOD = {"context_recall_score": 0.8, "reason": "Fine."}
@@ -115,10 +116,12 @@ def judge(server: JudgeServer) -> JudgeClient:
 
 
 def answers(store: JudgeCallStore) -> StoredAnswers:
+    """The worker's view of the answers, through the repository as the worker has it."""
+
     async def db_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    return StoredAnswers(store, db_call)
+    return StoredAnswers(make_repository(store.engine), db_call)
 
 
 def job(job_id: int, trace_id: str = "t1") -> ClaimedJob:
