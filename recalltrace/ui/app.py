@@ -82,7 +82,10 @@ def open_read_only(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         path = parsed.database
         if path and path != ":memory:" and not str(path).startswith("file:"):
-            absolute = Path(path).resolve()
+            from urllib.parse import quote
+
+            # A URI file name: "?", "#" and "%" in the path are percent-encoded.
+            absolute = quote(str(Path(path).resolve()))
             return create_engine_from_url(f"sqlite:///file:{absolute}?mode=ro&uri=true")
         return create_engine_from_url(url)
     return create_engine_from_url(

@@ -634,3 +634,23 @@ def test_the_judge_budget_and_the_link_to_the_tracing_backend(served: Served) ->
         assert refused.returncode == 2
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert said in refused.stderr
+
+
+def test_a_database_file_whose_path_holds_uri_characters(served: Served, tmp_path: Path) -> None:
+    # The read-only SQLite file is opened by a URI: "#" and "%" in its path are encoded.
+    import shutil
+
+    folder = tmp_path / "team #1 %20 data"
+    folder.mkdir()
+    for suffix in ("", "-wal"):
+        source = Path(f"{served.db_path}{suffix}")
+        if source.exists():
+            shutil.copy(source, folder / f"ui.db{suffix}")
+    process, base = start_ui(f"sqlite:///{folder / 'ui.db'}")
+    try:
+        page = httpx.get(base + "/traces?metric=id_based_context_recall&release=2.5.0", timeout=60)
+        assert page.status_code == 200
+        assert "<strong>41</strong> scored results match" in page.text
+    finally:
+        _code, stderr = stop(process)
+    assert "Traceback" not in stderr
