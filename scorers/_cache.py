@@ -145,7 +145,7 @@ class AnswerStore(Protocol):
 
 @dataclass
 class JudgeCallScope:
-    """The judge calls of one job, kept in ``store`` under ``scope`` (who pays for them).
+    """The judge calls of one job, kept in ``store`` under ``scope`` (the job that pays).
 
     A request asked several times in one job (``samples`` > 1 asks the same messages again on
     purpose) gets one key per occurrence, so each sample keeps its own answer.
@@ -163,11 +163,15 @@ class JudgeCallScope:
     without being kept)."""
 
     def key_for(self, params: Mapping[str, Any]) -> str:
-        """The key of the next occurrence of this request in this scope."""
+        """The key of the next occurrence of this request in this scope.
+
+        The scope is part of the key: a job reads back only the answers it paid for, never
+        another job's answer to the same request (two traces judged alike stay two judgments;
+        the table survives crashes, it is not a cache shared between jobs)."""
         base = request_key(params)
         occurrence = self._seen.get(base, 0)
         self._seen[base] = occurrence + 1
-        return hashlib.sha256(f"{base}:{occurrence}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.scope}\x00{base}\x00{occurrence}".encode()).hexdigest()
 
     async def recall(self, key: str) -> tuple[bool, dict[str, Any]] | None:
         """The stored answer of ``key`` and whether this scope paid for it, or ``None`` (not

@@ -243,7 +243,7 @@ class JudgeReply:
     attempts: int
     replayed: bool = False
     """Read back from the job's stored answers (no call made); its tokens and cost are those
-    of the call that paid for it when this job did, 0 when another job did."""
+    of the call that paid for it (0 if it was stored by another scope)."""
 
     def stored(self) -> dict[str, Any]:
         """What is kept of this answer for a job taken again after a crash."""

@@ -9,8 +9,8 @@ batch per worker of the cap.
 
 A judge answer a job reads back from the database (stored before its worker died, see
 ``docs/worker.md``) is not paid again: its result carries the stored call's tokens and cost
-once when the same job paid for it (the crashed run stored no result), and nothing when another
-job did, so the spend read from the stored results counts every paid call once.
+once (the crashed run that paid for it stored no result), so the spend read from the stored
+results counts every paid call once.
 """
 
 from __future__ import annotations

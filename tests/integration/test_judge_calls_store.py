@@ -160,17 +160,19 @@ def test_a_job_taken_again_reads_its_answers_and_pays_nothing_more(
     assert server.call_count == 1 and again_scope.replayed == 1
     assert (again.value, again.reason) == (first.value, first.reason)
     assert (again.prompt_tokens, again.completion_tokens) == (120, 15)
-    # Another job asking the very same request reads it too, but did not pay for it.
+    # Another job asking the very same request asks the judge itself: a job reads back only
+    # what it paid for.
+    server.script(Reply.json(GOOD, usage=USAGE))
     other_scope = stored.scope(job(2))
     other = score_in(other_scope, scorer)
-    assert server.call_count == 1 and other_scope.replayed == 1
-    assert (other.prompt_tokens, other.completion_tokens) == (0, 0)
+    assert server.call_count == 2 and other_scope.replayed == 0
+    assert (other.prompt_tokens, other.completion_tokens) == (120, 15)
     # Once the job's score is stored its answers go; a later run asks the judge again.
     asyncio.run(stored.forget([job(1)]))
-    assert store.count(scope_of(job(1))) == 0
+    assert store.count(scope_of(job(1))) == 0 and store.count(scope_of(job(2))) == 1
     server.script(Reply.json(GOOD, usage=USAGE))
     score_in(stored.scope(job(1)), scorer)
-    assert server.call_count == 2
+    assert server.call_count == 3
 
 
 def test_samples_of_one_request_keep_one_answer_each(
