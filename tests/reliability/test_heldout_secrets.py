@@ -166,7 +166,7 @@ def test_secrets_inside_string_literals(scrubber: Scrubber, inner: str, secret: 
 
 
 def test_string_escapes_map_back_to_the_original_offsets() -> None:
-    from recalltrace.tracer._scrub._generic import unescaped
+    from recalltrace.tracer._scrub._encoded import unescaped
 
     text = 'a\\nb\\"c\\u00e9d'
     decoded = unescaped(text)
