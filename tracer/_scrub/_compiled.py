@@ -5,25 +5,25 @@ Each rule's expression is rewritten to a superset of itself that Hyperscan compi
 match of the rule is a match of the rewrite): lookarounds are dropped, repeats bounded above 32
 are left unbounded, ``{,n}`` (a repeat in Python, literal text in Hyperscan) becomes ``{0,n}``,
 and, for a rule searched in windows of the text (where the window's end passes for the text's
-end), the assertions that read what follows a match (``\\b``, ``\\B``, ``$``, ``\\Z``) are dropped
-too. Hyperscan's prefilter mode widens what is left that it cannot run exactly. An expression
-that still does not compile is left out of the database, and its rule always runs. A rule is
-skipped only when its rewrite matches nowhere in the whole text, so what the scrubber finds is
-the same with and without the gate.
+end), the end assertions ``$`` and ``\\Z`` are dropped too. Hyperscan's prefilter mode widens
+what is left that it cannot run exactly. An expression that still does not compile, or holds a
+construct the rewrite does not read, is left out of the database, and its rule always runs. A
+rule is skipped only when its rewrite matches nowhere in the whole text, so what the scrubber
+finds is the same with and without the gate.
 
 Hyperscan reads ASCII as Python does, but for ``\\s`` (Python's takes ``\\x1c``-``\\x1f``):
-every other character is replaced by ``\\x1a`` in the text the gate reads, and every atom of
-an expression that may match such a character (``.``, ``\\w``, a class, a character other than
-ASCII, a letter Python takes for one when case is ignored) is widened to match ``\\x1a``; the
-word boundaries ``\\b`` and ``\\B`` are dropped. A text that holds ``\\x1a`` or
-``\\x1c``-``\\x1f`` runs every rule, as without the gate.
+every character other than ASCII is replaced by ``\\x1a`` in the text the gate reads, and
+every atom of an expression that may match such a character (``.``, ``\\w``, a class, a
+character other than ASCII, a letter Python takes for one when case is ignored) is widened to
+match ``\\x1a``; the word boundaries ``\\b`` and ``\\B`` are dropped. A text that holds
+``\\x1a`` or ``\\x1c``-``\\x1f`` runs every rule, as without the gate.
 
 Compiling the database takes seconds; it is done on a thread of its own, the first time a
 scrubber needs it, and the result is kept in the user's cache directory
 (``$RECALLTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/recalltrace``, else
 ``~/.cache/recalltrace``) under a hash of the expressions, their flags and Hyperscan's version,
-so that the next process loads it in milliseconds. A cache that cannot be read or written is
-compiled around; until the database is ready every rule runs.
+so that the next process loads it in about a tenth of a second. A cache that cannot be read
+or written is compiled around; until the database is ready every rule runs.
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ class RuleGate:
             self._rules.append(rule)
             self._specs.append((rule.regex.pattern, rule.regex.flags, not rule.leading))
         self._index = {id(rule): index for index, rule in enumerate(self._rules)}
-        self._gate: Gate | bool | None = False
+        self._gate: Gate | bool | None = False  # False: not asked for yet; True: failed
 
     def keep(self, rules: list[Any], view: str) -> list[Any]:
         """``rules`` (in their order) without those whose rewrite matches nowhere in ``view``
@@ -438,7 +438,12 @@ class RuleGate:
             return None
         if not readable(view):
             return None
-        may = gate.may_match(view)
+        try:
+            may = gate.may_match(view)
+        except Exception:  # a database this machine cannot run (one cached on another)
+            logger.debug("scrubbing's compiled gate failed; not used", exc_info=True)
+            self._gate = True
+            return None
         return frozenset(id(rule) for index, rule in enumerate(self._rules) if index not in may)
 
     def wait(self, timeout: float | None = None) -> bool:
