@@ -149,27 +149,31 @@ def start_ui(url: str, *extra: str, port: int | None = None) -> tuple[subprocess
         text=True,
         env=_env(),
     )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        process.wait(10)
-        raise AssertionError(
-            f"recalltrace ui did not start: {process.stderr.read() if process.stderr else ''}"
-        )
-    found = re.search(r"http://\S+", line)
-    assert found, line
-    base = found.group(0).split("/?")[0].rstrip("/")
-    token = _token_of(extra)
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(base + "/static/ui.css", timeout=5, headers=headers)
-            break
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            process.wait(10)
+            raise AssertionError(
+                f"recalltrace ui did not start: {process.stderr.read() if process.stderr else ''}"
+            )
+        found = re.search(r"http://\S+", line)
+        assert found, line
+        base = found.group(0).split("/?")[0].rstrip("/")
+        token = _token_of(extra)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(base + "/static/ui.css", timeout=5, headers=headers)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        stop(process)  # never left running behind a failed start
+        raise
     return process, base
 
 
