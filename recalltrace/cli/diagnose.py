@@ -173,7 +173,17 @@ class _Drill:
         return self._join(["recalltrace", "trace", "show", trace_ids[0]])
 
     def _join(self, words: list[str]) -> str:
-        return inert(" ".join(shlex.quote(w) for w in [*words, *self.common]))
+        return inert(" ".join(_quote(w) for w in [*words, *self.common]))
+
+
+def _quote(word: str) -> str:
+    """A shell word; one holding an invisible or look-alike character as bash's ``$'...'``
+    with that character escaped, so the command reads apart from its look-alike and runs."""
+    shown = visible(word)
+    if shown == word:
+        return shlex.quote(word)
+    escaped = visible(word.replace("\\", "\\\\").replace("'", "\\'"))
+    return f"$'{escaped}'"
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -258,3 +259,38 @@ def test_at_80_columns_no_slice_or_reference_is_cut(url: str) -> None:
     assert "tag=legacy" in text and "kb-never" in text, text
     table_lines = [line for line in text.splitlines() if line[:1] in "┃│┏┡└" or "…" in line]
     assert not [line for line in table_lines if "…" in line], text
+
+
+def test_too_little_traffic_is_no_all_clear(url: str) -> None:
+    """A window where no slice can be tested says so, and how much traffic a test needs,
+    instead of "No slice is significantly below the rest"; what was not tested is named, with
+    the option that tests it."""
+    table = diagnose(url, "--metric", ID_METRIC, "--min-count", "500")
+    assert "No slice is significantly below" not in table
+    assert "Too little traffic to test any slice: 900 scored traces" in table
+    assert "at least 1,000 in all" in table and "--min-count" in table
+    assert "Not tested, fewer than 500 traces in the slice or its rest: " in table
+    assert "release=2.4.1 (" in table and " more; test smaller slices with --min-count N" in table
+
+
+def test_a_tag_with_an_invisible_character_prints_apart(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``web`` and ``web`` followed by a zero-width space are two slices; the second prints
+    escaped, never as a second ``tag=web``."""
+    database = f"sqlite:///{tmp_path_factory.mktemp('invisible') / 'i.db'}"
+    upgrade(database)
+    engine = create_engine_from_url(database)
+    repo = make_repository(engine, metrics=[ID_METRIC])
+    rng = random.Random(4)
+    records = traffic(rng, 120, app="tags", planted=False)
+    for index, record in enumerate(records):
+        record.tags = ["web\u200b" if index % 3 == 0 else "web" if index % 3 == 1 else "wеb"]
+    score_all(repo, records, rng, planted=False)
+    engine.dispose()
+    table = diagnose(database, "--metric", ID_METRIC, "--all", "--min-count", "2")
+    assert "tag=web\\u200b" in table and "tag=w\\u0435b" in table
+    assert "\u200b" not in table
+    rows = [line for line in table.splitlines() if "│" in line and "tag=w" in line]
+    shown = [re.search(r"tag=\S+", line).group() for line in rows]  # type: ignore[union-attr]
+    assert sorted(shown) == ["tag=w\\u0435b", "tag=web", "tag=web\\u200b"], shown
