@@ -145,7 +145,10 @@ def default_sink(
             metrics=metrics,
         )
     repository = open_repository(
-        database_url, metrics=metrics, create_schema=True if create_schema else None
+        database_url,
+        metrics=metrics,
+        create_schema=True if create_schema else None,
+        newer_schema="carry_on",
     )
     if create_schema is None and repository.is_postgres:
         import logging

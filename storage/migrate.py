@@ -328,6 +328,22 @@ def shipped_revisions() -> tuple[str, ...]:
     return tuple(order)
 
 
+class SchemaNewerError(RuntimeError):
+    """The database's recalltrace schema is at a revision this version does not know: a newer
+    recalltrace migrated it, and this one cannot migrate it further."""
+
+    storage_refusal = True
+    """Retrying does not help (``storage.errors.is_storage_refusal``)."""
+
+    def __init__(self, engine: Engine, state: SchemaState) -> None:
+        shown = redact_url(engine.url.render_as_string(hide_password=False))
+        super().__init__(
+            f"{shown} holds a recalltrace schema newer than this recalltrace (revision "
+            f"{state.revision}; this one knows up to {state.head}): a newer recalltrace "
+            "migrated it; run the newer recalltrace here, or point this one at its own database"
+        )
+
+
 @dataclass(frozen=True)
 class SchemaState:
     """Where a database's schema stands against this version of recalltrace.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Literal
 
 from sqlalchemy import Engine
 
@@ -149,21 +150,33 @@ def open_repository(
     reference_ttl: timedelta = DEFAULT_REFERENCE_TTL,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     create_schema: bool | None = None,
+    newer_schema: Literal["refuse", "carry_on"] = "refuse",
 ) -> Repository:
     """Open a repository on ``url`` (default: ``$RECALLTRACE_DATABASE_URL`` or SQLite).
 
     ``specs`` and ``metrics`` are as for :class:`Repository`. ``create_schema`` runs the
     migrations to head first; by default it does so on SQLite (the embedded default just
     works) and not on Postgres, where ``recalltrace db upgrade`` is a deliberate deployment
-    step.
+    step. A schema newer than this version (a newer recalltrace migrated it) cannot be
+    migrated: ``newer_schema="refuse"`` raises :class:`~recalltrace.storage.migrate.
+    SchemaNewerError`; ``"carry_on"`` (the tracer's: its records are written as they are on a
+    Postgres it does not migrate) opens it as it stands, said in one WARNING line.
     """
     engine = create_engine_from_url(url)
     if create_schema is None:
         create_schema = dialect_of(engine).migrates_on_open
     if create_schema:
-        from recalltrace.storage.migrate import upgrade_engine
+        from recalltrace.storage.migrate import SchemaNewerError, schema_state, upgrade_engine
 
-        upgrade_engine(engine)
+        state = schema_state(engine)
+        if state.state == "newer":
+            newer = SchemaNewerError(engine, state)
+            if newer_schema == "refuse":
+                engine.dispose()
+                raise newer
+            logger.warning("recalltrace: %s; its records are stored without migrating it", newer)
+        else:
+            upgrade_engine(engine)
         # Allowed to create the schema: also on a SQLite file that replaces this one.
         engine_notes(engine)["recreate_schema"] = True
     return Repository(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -292,7 +293,7 @@ def require_current_schema(url: str) -> None:
     from sqlalchemy.exc import OperationalError
 
     from recalltrace.storage.db import create_engine_from_url, redact_url
-    from recalltrace.storage.migrate import current_revision_of, head_revision
+    from recalltrace.storage.migrate import current_revision_of, head_revision, is_known_revision
 
     engine = create_engine_from_url(url)
     try:
@@ -304,10 +305,15 @@ def require_current_schema(url: str) -> None:
     head = head_revision()
     if current is None:
         raise CommandError(f"{redact_url(url)} is not migrated: run `recalltrace db upgrade` first")
+    if current != head and not is_known_revision(current):
+        raise CommandError(
+            f"{redact_url(url)} is at schema revision {current}, newer than this recalltrace "
+            f"(it knows up to {head}): a newer recalltrace migrated it; run that one here"
+        )
     if current != head:
         raise CommandError(
             f"{redact_url(url)} is at schema revision {current}, this recalltrace needs {head}: "
-            "run `recalltrace db upgrade` (or, if the database is newer, upgrade recalltrace)"
+            f"run `recalltrace db upgrade --database-url {shlex.quote(redact_url(url))}`"
         )
 
 
