@@ -18,8 +18,7 @@ side by side.
   is the documents' characters over that time.
 
 The previous detector is the ``tracer/_scrub.py`` of the commit before the one that replaced it
-(found with git), loaded beside the current one in this process; the current one is also timed
-with its compiled gate off (``Scrubber.compiled_gate``), after the gate's database is ready.
+(found with git), loaded beside the current one in this process.
 
 Targets (exit status 1 when one is missed): every corpus kind caught; at most 1 in 100
 ordinary sentences altered; the current detector at most 2 ms per record of ten 5 KB documents
@@ -219,15 +218,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"held-out corpus, {name}, {subset}: {part['caught']}/{part['kinds']} "
                   f"({families})")  # fmt: skip
-    # The current detector without its compiled gate too (the same redactions, tested), once
-    # the gate's database is built or loaded from the cache.
-    ungated = Scrubber(recalltrace.ScrubbingOptions())
-    ungated.compiled_gate = False
-    started = time.monotonic()
-    ready = current._gate.wait(timeout=600)
-    print(f"compiled gate: {'ready' if ready else 'not available'} "
-          f"after {time.monotonic() - started:.1f} s")  # fmt: skip
-    timed = {**detectors, "current, no gate": ungated}
     failures = []
     print(f"time per record of {DOCUMENTS} distinct documents (thread CPU, median):")
     print(f"{'documents':<22} {'detector':<22} {'ms/record':>10} {'MB/s':>7} {'target':>10}")
@@ -235,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         count = max(4, args.records // {300: 1, 5_000: 10, 50_000: 25}[length])
         for prose in (False, True):
             sort = f"{length:,} chars, {'prose' if prose else 'engineering'}"
-            timing = time_per_record(timed, count, args.blocks, length, prose)
-            for name in timed:
+            timing = time_per_record(detectors, count, args.blocks, length, prose)
+            for name in detectors:
                 seconds = timing[name]
                 rate = DOCUMENTS * length / seconds / 1e6 if seconds else float("inf")
                 target = ""

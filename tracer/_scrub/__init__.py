@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from recalltrace.tracer._config import ScrubbingOptions, ScrubMatch
-from recalltrace.tracer._scrub import _compiled, _prefilter
 from recalltrace.tracer._scrub import _generic as G
 from recalltrace.tracer._scrub import _patterns as P
+from recalltrace.tracer._scrub import _prefilter
 from recalltrace.tracer._scrub import _values as N
 from recalltrace.tracer._scrub._ruleset import BUILTIN_RULE_FILES, FileRule, RuleFileSet
 
@@ -105,6 +105,15 @@ _RUN_12 = b"t" * 12  # rule-file tokens may be as short as this
 _RUN_24 = b"b" * 24
 # Needles of the prefilter that only the gates read.
 _GATE_NEEDLES = ("aws",)
+
+
+def _holds(text: str, gates: tuple[str, ...], scan: _prefilter.Scan | None) -> bool:
+    """Whether ``text`` holds one of ``gates``, each looked for in it only when its lower-case
+    form is among the prefilter's hits (when there is a ``scan`` of ``text``)."""
+    if scan is None:
+        return any(gate in text for gate in gates)
+    hits = scan.hits
+    return any(gate in text for gate in gates if gate.lower() in hits)
 
 
 # What a "the password is ..." phrase or a password assignment holds, lower-cased: "pass"
@@ -211,11 +220,6 @@ class Scrubber:
             words = [*_prefilter.needles(), *G.NEEDLES, *_GATE_NEEDLES]
             words.extend(self._files.keywords() if self._files else ())
             self._prefilter = _prefilter.Prefilter(words)
-        # The compiled gate of the expression rules (``_compiled``); these are read in windows.
-        windowed = {P.EMAIL[1], P.URL_PASSWORD[1], P.JSON_PAIR[1]}
-        self._gate = _compiled.RuleGate(compiled.values(), windowed, self._files)
-        self.compiled_gate = True
-        """Whether the compiled gate is used (when Hyperscan is installed)."""
 
     def _scan(self, view: str) -> _prefilter.Scan | None:
         return None if self._prefilter is None else _prefilter.Scan(view, self._prefilter)
@@ -440,7 +444,7 @@ class Scrubber:
         capitals = assigned and b"AAA" in encoded.translate(_CAPITALS)
         lowered = text.lower() if scan is None else scan.lowered
         for rule, gates, shape in self._gated:
-            if shape is _LONG_RUN and long_run and _prefilter.holds(text, gates, scan):
+            if shape is _LONG_RUN and long_run and _holds(text, gates, scan):
                 rules.append(rule)
         if assigned and ("key" in lowered or "secret" in lowered or "token" in lowered):
             rules.append(self._assignment)
@@ -449,7 +453,7 @@ class Scrubber:
             rules.append(self._password)
         for rule, gates, shape in self._gated:
             if shape is _CAPITALS_ASSIGNED:
-                if capitals and _prefilter.holds(text, gates, scan):
+                if capitals and _holds(text, gates, scan):
                     rules.append(rule)
             elif shape is _ASSIGNED and assigned and "uthorization" in lowered:
                 rules.append(rule)
@@ -743,8 +747,6 @@ class Scrubber:
         view = text if text.isascii() else P.normalise(text)[0]
         scan = self._scan(view)
         rules = self._default_rules_for(view, None, scan)
-        if rules and self.compiled_gate:
-            rules = self._gate.keep(rules, view)
         if not rules:
             return rules
         low = P.lower(view) if scan is None else scan.lowered

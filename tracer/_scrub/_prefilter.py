@@ -177,15 +177,6 @@ class Prefilter:
         return hits
 
 
-def holds(text: str, gates: tuple[str, ...], scan: Scan | None) -> bool:
-    """Whether ``text`` holds one of ``gates``, each looked for in it only when its lower-case
-    form is among the prefilter's hits (when there is a ``scan`` of ``text``)."""
-    if scan is None:
-        return any(gate in text for gate in gates)
-    hits = scan.hits
-    return any(gate in text for gate in gates if gate.lower() in hits)
-
-
 def needles() -> list[str]:
     return [needle.lower() for _, spec in TRIGGERS for needle, _ in spec[1]]
 
