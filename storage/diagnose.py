@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
-    Select,
     case,
     cast,
     func,
@@ -77,6 +76,7 @@ from recalltrace.storage.diagnose_rows import (
     SliceRow,
     UnsupportedClaim,
 )
+from recalltrace.storage.diagnose_scope import _ON_TRACES, REQUEST_ATTRIBUTES, Scope
 from recalltrace.storage.diagnose_stats import (
     DEFAULT_Q,
     MIN_SLICE_COUNT,
@@ -85,7 +85,7 @@ from recalltrace.storage.diagnose_stats import (
 )
 from recalltrace.storage.history.selection import Selection, scope_key
 from recalltrace.storage.history_rows import GroupSums
-from recalltrace.storage.models import RetrievedContext, Score, Trace, TraceTag
+from recalltrace.storage.models import RetrievedContext, Score, Trace
 
 if TYPE_CHECKING:
     from recalltrace.storage.history import History
@@ -96,73 +96,8 @@ DEFAULT_LIMIT = 10
 EXAMPLES = 3
 """Example trace ids per row."""
 
-REQUEST_ATTRIBUTES = ("release", "environment", "tag", "app", "service", "user_id", "session_id")
-"""The request attributes sliced, in this order."""
-
 MISSED_REFERENCE_METRICS = ("id_based_context_recall", "non_llm_context_recall")
 CLAIM_METRICS = ("llm_context_recall",)
-
-_ON_SCORES: dict[str, Any] = {
-    "release": Score.release,
-    "environment": Score.environment,
-    "app": Score.app_name,
-}
-_ON_TRACES: dict[str, Any] = {
-    "user_id": Trace.user_id,
-    "session_id": Trace.session_id,
-    "service": Trace.service_name,
-}
-
-
-# -- filters -----------------------------------------------------------------------------------
-class _Scope:
-    """The scored results a diagnosis reads: conditions on the scores, and whether they need
-    the traces joined."""
-
-    def __init__(
-        self,
-        metric: str,
-        version: str,
-        since: datetime | None,
-        until: datetime | None,
-        app: str | None,
-        where: Sequence[tuple[str, str]],
-    ) -> None:
-        conditions: list[ColumnElement[bool]] = [
-            Score.metric == metric,
-            Score.version == version,
-            Score.status == "scored",
-        ]
-        if app is not None:
-            conditions.append(Score.app_name == app)
-        if since is not None:
-            conditions.append(Score.trace_started_at >= since)
-        if until is not None:
-            conditions.append(Score.trace_started_at < until)
-        self.joins = False
-        for name, value in where:
-            if name == "tag":
-                conditions.append(
-                    Score.trace_id.in_(select(TraceTag.trace_id).where(TraceTag.tag == value))
-                )
-            elif name in _ON_SCORES:
-                conditions.append(_ON_SCORES[name] == value)
-            elif name in _ON_TRACES:
-                conditions.append(_ON_TRACES[name] == value)
-                self.joins = True
-            else:
-                raise ValueError(
-                    f"unknown attribute {name!r}; use one of: {', '.join(REQUEST_ATTRIBUTES)}"
-                )
-        self.conditions = conditions
-
-    def select(self, *columns: Any, trace: bool = False) -> Select[Any]:
-        """``SELECT columns FROM scores`` (joined to traces when a filter or ``trace`` needs
-        it) under the scope's conditions."""
-        stmt = select(*columns).select_from(Score)
-        if self.joins or trace:
-            stmt = stmt.join(Trace, Trace.trace_id == Score.trace_id)
-        return stmt.where(*self.conditions)
 
 
 @contextmanager
@@ -203,7 +138,7 @@ def diagnose(
         raise ValueError("limit must be at least 1")
     metric_version = history.metric_versions(metric, version)[metric]
     where = tuple(where)
-    scope = _Scope(metric, metric_version, since, until, app, where)
+    scope = Scope(metric, metric_version, since, until, app, where)
 
     def groups(by: str) -> Mapping[str | None, GroupSums]:
         return history.group_summaries(
@@ -331,7 +266,7 @@ def diagnose(
 
 def _clustered_tests(
     history: History,
-    scope: _Scope,
+    scope: Scope,
     keys: tuple[str, ...],
     filtered: set[str],
     distinct: Mapping[str, int],
@@ -367,7 +302,7 @@ def _clustered_tests(
 
 def _independent_candidates(
     history: History,
-    scope: _Scope,
+    scope: Scope,
     groups: Any,
     by_release: Mapping[str | None, GroupSums],
     filtered: set[str],
@@ -464,7 +399,7 @@ def _trace_cardinalities(
     return {a: int(n or 0) for a, n in zip(attributes, counts, strict=True)}
 
 
-def _metadata_pairs(history: History, scope: _Scope) -> Any:
+def _metadata_pairs(history: History, scope: Scope) -> Any:
     """The distinct (trace, value, metadata key, metadata value) of the scope's scored traces'
     retrieved documents, as a CTE (scalar values of at most MAX_METADATA_CHARS only)."""
     scored = scope.select(Score.trace_id.label("trace_id"), Score.value.label("score")).cte(
@@ -488,7 +423,7 @@ def _metadata_pairs(history: History, scope: _Scope) -> Any:
     )
 
 
-def _document_slices(history: History, scope: _Scope) -> dict[str, dict[str | None, GroupSums]]:
+def _document_slices(history: History, scope: Scope) -> dict[str, dict[str | None, GroupSums]]:
     """Per metadata key: each value's sums (over distinct traces)."""
     pairs = _metadata_pairs(history, scope)
     stmt = select(
@@ -509,7 +444,7 @@ def _document_slices(history: History, scope: _Scope) -> dict[str, dict[str | No
 
 
 def _with_document_examples(
-    history: History, scope: _Scope, rows: list[SliceRow], rolled: RolledSlices | None
+    history: History, scope: Scope, rows: list[SliceRow], rolled: RolledSlices | None
 ) -> list[SliceRow]:
     """``rows`` with the lowest-scoring traces of each document-metadata slice (from the
     rollups when the slices came from there)."""
@@ -557,7 +492,7 @@ def _named_examples(
 
 
 # -- missed references -------------------------------------------------------------------------
-def _reference_hits(history: History, scope: _Scope, metric: str) -> Any:
+def _reference_hits(history: History, scope: Scope, metric: str) -> Any:
     """``(ref, hit, trace_id, started)`` per reference of each scored result's evidence, as a
     subquery: ``hit`` 1 when the request retrieved it."""
     dialect = history.dialect
@@ -591,7 +526,7 @@ def _reference_hits(history: History, scope: _Scope, metric: str) -> Any:
 
 
 def _missed_references(
-    history: History, scope: _Scope, metric: str, scored: int, limit: int, rolled: Hours | None
+    history: History, scope: Scope, metric: str, scored: int, limit: int, rolled: Hours | None
 ) -> tuple[list[MissedReference], int]:
     kind = "id" if metric == "id_based_context_recall" else "context"
     examples: dict[str, list[str]] = {}
@@ -647,7 +582,7 @@ def _recent_examples(
 def _scored_references(
     history: History,
     conn: Connection,
-    scope: _Scope,
+    scope: Scope,
     metric: str,
     limit: int,
     examples: dict[str, list[str]],
@@ -686,7 +621,7 @@ def _scored_references(
 
 # -- unsupported claims ------------------------------------------------------------------------
 def _scored_claims(
-    history: History, conn: Connection, scope: _Scope, limit: int
+    history: History, conn: Connection, scope: Scope, limit: int
 ) -> tuple[list[tuple[str, str, int, int]], dict[str, list[str]]]:
     """The ``limit`` claims most often unsupported, from the scores, with recent traces where
     each was not supported."""
@@ -733,7 +668,7 @@ def _scored_claims(
 
 
 def _unsupported_claims(
-    history: History, scope: _Scope, limit: int, rolled: Hours | None
+    history: History, scope: Scope, limit: int, rolled: Hours | None
 ) -> list[UnsupportedClaim]:
     examples: dict[str, list[tuple[str, str | None, list[str] | None]]] = {}
     with _reading(history) as conn:

@@ -24,6 +24,7 @@ from sqlalchemy import Select, case, cast, func, literal, select, true, union_al
 from sqlalchemy.engine import Connection
 
 from recalltrace.storage.diagnose_rollups import DOCUMENT_PREFIX, MAX_METADATA_CHARS
+from recalltrace.storage.diagnose_scope import Scope
 from recalltrace.storage.diagnose_stats import ClusterSums, ClusterTotals
 from recalltrace.storage.models import RetrievedContext, Score, Trace, TraceTag
 
@@ -280,12 +281,10 @@ def group_clusters(
     """The groups of ``by`` (as ``History.group_summaries``) with their sums over the clusters
     of the window's traces (users, else sessions; coarser than ``by`` and the filters' keys);
     no clusters when the traces carry no key (then the groups are independent traces)."""
-    from recalltrace.storage.diagnose import _Scope
-
     if by not in _COLUMNS and by != "tag":
         raise ValueError(f"cannot group by {by!r}")
     metric_version = history.metric_versions(metric, version)[metric]
-    scope = _Scope(metric, metric_version, since, until, app, tuple(where))
+    scope = Scope(metric, metric_version, since, until, app, tuple(where))
     with history.engine.begin() as conn:
         history.dialect.tune_for_aggregates(conn)
         users, sessions, traces = conn.execute(
