@@ -182,8 +182,8 @@ class JudgeCallScope:
             self.store_errors += 1
             logger.warning("reading a stored judge answer failed (%s); calling the judge", exc)
             return None
-        if found is None:
-            return None
+        if found is None or not isinstance(found[1].get("content"), str):
+            return None  # nothing stored, or not an answer this client stored: ask the judge
         self.replayed += 1
         paid_by, answer = found
         return paid_by == self.scope, answer

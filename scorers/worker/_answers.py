@@ -54,8 +54,6 @@ class StoredAnswers:
         self._db_call = db_call
         self.retention = retention
         self._purged_at: float | None = None
-        self.replayed = 0
-        """Answers read back instead of calling the judge, over the worker's run."""
 
     async def find(self, key: str) -> tuple[str, dict[str, Any]] | None:
         found: tuple[str, dict[str, Any]] | None = await self._db_call(
