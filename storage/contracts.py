@@ -21,6 +21,9 @@ NOTIFY_CHANNEL = "recalltrace_jobs"
 REFERENCE_INPUTS: frozenset[str] = frozenset(
     {"reference", "reference_contexts", "reference_context_ids"}
 )
+#: Inputs a trace has only when a pool was retrieved for it (``@retrieval(pool=...)``): a job
+#: that needs one is created when the pool is stored, never for a trace without one.
+POOL_INPUTS: frozenset[str] = frozenset({"pool_contexts"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,11 @@ class JobSpec:
     def needs_reference(self) -> bool:
         """True when the job may have to wait for ground truth."""
         return bool(self.waits_for)
+
+    @property
+    def needs_pool(self) -> bool:
+        """True when the job exists only for traces with a stored pool."""
+        return any(name in POOL_INPUTS for name in self.needs)
 
 
 def spec_map(specs: Iterable[JobSpec]) -> dict[str, JobSpec]:
@@ -133,6 +141,10 @@ class TraceInputs:
     records had their own ids, whose ``trace_id`` is it)."""
     otel_span_id: str | None = None
     """The span id of the request's root span."""
+    pool_contexts: list[str] | None = None
+    """The texts of the request's pool in rank order (``None``: no pool was stored)."""
+    pool_context_ids: list[str] | None = None
+    """The ids of the pool's documents, position for position (``None`` when any lacks one)."""
 
     def scorer_inputs(self) -> dict[str, Any]:
         """Keyword inputs for ``Scorer.ascore`` (the spec's names)."""
@@ -144,6 +156,8 @@ class TraceInputs:
             "reference": self.reference,
             "reference_contexts": self.reference_contexts,
             "reference_context_ids": self.reference_context_ids,
+            "pool_contexts": self.pool_contexts,
+            "pool_context_ids": self.pool_context_ids,
         }
 
 

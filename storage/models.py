@@ -453,3 +453,30 @@ class JudgeCall(Base):
     scope: Mapped[str] = mapped_column(String(200))
     answer: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class PoolDocument(Base):
+    """One document of a trace's pool (a deeper or other retrieval, run after the request), in
+    the pool's rank order; ``source`` names the pool. Written late, like a reference."""
+
+    __tablename__ = "pool_documents"
+
+    trace_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("traces.trace_id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    context_id: Mapped[str | None] = mapped_column(String(500))
+    content: Mapped[str] = mapped_column(Text)
+    score: Mapped[float | None] = mapped_column(Float)
+    source: Mapped[str | None] = mapped_column(String(200))
+
+
+class Judgment(Base):
+    """A judge answer that depends only on its inputs, kept by the caller's digest of them
+    (opaque JSON to storage), so the same inputs never cost a second call."""
+
+    __tablename__ = "judgments"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    answer: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

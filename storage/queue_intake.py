@@ -33,7 +33,8 @@ from recalltrace.storage.contracts import (
     TraceNotFound,
     check_metric,
 )
-from recalltrace.storage.models import JobStatus, Score, ScoringJob, Trace
+from recalltrace.storage.models import JobStatus, PoolDocument, Score, ScoringJob, Trace
+from recalltrace.storage.pools import attach_pool
 from recalltrace.storage.records import ReferenceUpdate, TraceRecord
 
 DEFAULT_REFERENCE_TTL = timedelta(hours=24)
@@ -60,6 +61,8 @@ def job_rows(
     rows = []
     for r in batch:
         for spec in specs:
+            if spec.needs_pool and getattr(r, "pool_contexts", None) is None:
+                continue  # created when a pool is stored (attach_reference)
             status = initial_status(spec, r)
             rows.append(
                 {
@@ -138,6 +141,12 @@ class JobIntake:
                     conditions.append(Trace.app_name == app_name)
                 if trace_ids is not None:
                     conditions.append(Trace.trace_id.in_(list(trace_ids)))
+                if info.needs_pool:
+                    conditions.append(
+                        select(PoolDocument.trace_id)
+                        .where(PoolDocument.trace_id == Trace.trace_id)
+                        .exists()
+                    )
                 source = select(
                     Trace.trace_id,
                     literal(info.metric),
@@ -200,6 +209,10 @@ class JobIntake:
                 )
             if not found:
                 raise TraceNotFound(f"no trace is stored with id {update_.trace_id!r}")
+            pooled = 0
+            if update_.pool_contexts is not None:
+                attach_pool(conn, update_.trace_id, update_.pool_contexts, update_.pool_source)
+                pooled = self._create_pool_jobs(conn, update_.trace_id)
             trace = conn.execute(
                 select(
                     Trace.trace_id,
@@ -215,7 +228,7 @@ class JobIntake:
                 and all(getattr(trace, n) is not None for n in info.waits_for)
             ]
             if not ready:
-                return 0
+                return pooled
             now = self.dialect.now()
             released = conn.execute(
                 update(ScoringJob)
@@ -240,7 +253,41 @@ class JobIntake:
             ).rowcount
             if released:
                 self.dialect.notify(conn)
-            return released or 0
+            return (released or 0) + pooled
+
+    def _create_pool_jobs(self, conn: Any, trace_id: str) -> int:
+        """The jobs of the configured specs that need a pool, for a trace whose pool was just
+        stored (existing ones are kept); returns how many were created. A specification that
+        needs both a pool and a reference is not supported (its job would not wait)."""
+        specs = [spec for spec in self.metrics if spec.needs_pool and not spec.needs_reference]
+        if not specs:
+            return 0
+        now = self.dialect.clock(conn)
+        rows = [
+            {
+                "trace_id": trace_id,
+                "metric": spec.metric,
+                "version": spec.version,
+                "status": JobStatus.QUEUED,
+                "attempts": 0,
+                "run_at": now,
+                "expires_at": None,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for spec in specs
+        ]
+        created = len(
+            conn.execute(
+                self.dialect.insert(ScoringJob.__table__)
+                .on_conflict_do_nothing()
+                .returning(ScoringJob.__table__.c.id),
+                rows,
+            ).all()
+        )
+        if created:
+            self.dialect.notify(conn)
+        return created
 
     def expire_waiting_jobs(self, older_than: timedelta | None = None) -> int:
         """Skip jobs whose reference did not arrive in time; returns how many (see

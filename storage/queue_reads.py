@@ -20,6 +20,7 @@ from recalltrace.storage.contracts import (
     TraceInputs,
 )
 from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
+from recalltrace.storage.pools import load_pools
 from recalltrace.storage.records import ContextRecord
 
 
@@ -64,6 +65,7 @@ class QueueReads:
                 .where(RetrievedContext.trace_id.in_(ids))
                 .order_by(RetrievedContext.trace_id, RetrievedContext.position)
             ).all()
+            pools = load_pools(conn, ids)
         by_trace: dict[str, list[ContextRecord]] = {}
         for c in contexts:
             by_trace.setdefault(c.trace_id, []).append(
@@ -95,6 +97,12 @@ class QueueReads:
                 otel_trace_id=t.otel_trace_id,
                 otel_span_id=t.otel_span_id,
             )
+            pool = pools.get(t.trace_id)
+            if pool is not None:
+                inputs = result[t.trace_id]
+                inputs.pool_contexts = [c.content for c in pool]
+                pool_ids = [c.id for c in pool]
+                inputs.pool_context_ids = None if None in pool_ids else pool_ids  # type: ignore[assignment]
         return result
 
     def queue_stats_by_metric(self) -> dict[str, QueueStats]:

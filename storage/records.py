@@ -66,16 +66,26 @@ class TraceRecord:
     """The conversation or session the request belongs to."""
     tags: list[str] = field(default_factory=list)
     """Free-form labels to filter and group history by."""
+    pool_contexts: list[ContextRecord] | None = None
+    """The documents of the request's pool (``@retrieval(pool=...)``, retrieved after the
+    request), in the pool's rank order; ``None`` when no pool was retrieved."""
+    pool_source: str | None = None
+    """The name of the pool that returned ``pool_contexts``."""
 
 
 @dataclass(slots=True)
 class ReferenceUpdate:
-    """Ground truth that arrives after the trace was stored (``tracer.set_reference``)."""
+    """Ground truth that arrives after the trace was stored (``tracer.set_reference``), or a
+    pool retrieved after the request (``@retrieval(pool=...)``): both travel the same way."""
 
     trace_id: str
     reference: str | None = None
     reference_contexts: list[str] | None = None
     reference_context_ids: list[str] | None = None
+    pool_contexts: list[ContextRecord] | None = None
+    """A pool retrieved after the request (``@retrieval(pool=...)``), stored with the trace."""
+    pool_source: str | None = None
+    """The name of that pool."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from recalltrace.storage.models import (
     Trace,
     TraceTag,
 )
+from recalltrace.storage.pools import write_pools
 from recalltrace.storage.queue_intake import job_rows
 from recalltrace.storage.records import TraceRecord, WriteResult
 
@@ -240,6 +241,7 @@ class TraceWrites:
                             Jsonb(c["metadata"], json_text),
                         )
                     )
+            write_pools(conn, batch)
             tags = self._tag_rows(batch)
             if tags:
                 with cursor.copy(_postgres.COPY_TAGS) as copy:
@@ -282,6 +284,7 @@ class TraceWrites:
             contexts = self._context_rows(fresh)
             if contexts:
                 conn.execute(insert(RetrievedContext), contexts)
+            write_pools(conn, fresh)
             tags = self._tag_rows(fresh)
             if tags:
                 conn.execute(insert(TraceTag), tags)
