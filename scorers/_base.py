@@ -22,11 +22,13 @@ INPUT_NAMES: tuple[str, ...] = (
     "reference_contexts",
     "retrieved_context_ids",
     "reference_context_ids",
+    "pool_contexts",
+    "pool_context_ids",
 )
 _KNOWN_INPUTS = frozenset(INPUT_NAMES)
 _TEXT_INPUTS = frozenset({"user_input", "response", "reference"})
-_TEXT_LIST_INPUTS = frozenset({"retrieved_contexts", "reference_contexts"})
-_ID_LIST_INPUTS = frozenset({"retrieved_context_ids", "reference_context_ids"})
+_TEXT_LIST_INPUTS = frozenset({"retrieved_contexts", "reference_contexts", "pool_contexts"})
+_ID_LIST_INPUTS = frozenset({"retrieved_context_ids", "reference_context_ids", "pool_context_ids"})
 #: ``isinstance(item, str)`` as a one-argument function, for a check that loops in C.
 _is_str = str.__instancecheck__
 
@@ -37,7 +39,8 @@ class Scorer(Protocol):
 
     ``score`` and ``ascore`` take the specification's keyword inputs (``user_input``,
     ``response``, ``retrieved_contexts``, ``reference``, ``reference_contexts``,
-    ``retrieved_context_ids``, ``reference_context_ids``); inputs a variant does not need are
+    ``retrieved_context_ids``, ``reference_context_ids``, and ``pool_contexts`` with
+    ``pool_context_ids`` for a pool); inputs a variant does not need are
     ignored. A missing or empty needed input gives a ``skipped`` result, never an exception.
     """
 

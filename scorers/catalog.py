@@ -102,6 +102,13 @@ CATALOG: dict[str, MetricInfo] = {
             uses_llm=True,
             summary="Holistic judge score of how well the answer matches the reference.",
         ),
+        MetricInfo(
+            key="pooled_context_recall",
+            version="1",
+            needs=("user_input", "retrieved_contexts", "pool_contexts"),
+            uses_llm=True,
+            summary="Share of the relevant documents of pool and retrieval that were retrieved.",
+        ),
     )
 }
 

@@ -23,9 +23,9 @@ it is killed.
 
 ``auto_answer`` gives a valid answer for every judge task of the LLM variants (the tasks come
 from the variants' own modules through the catalog): every claim attributed, every chunk
-relevant and included, the capitalised words of a text as its entities, and a judge score of
-0.8. It recognises the request from the schema name in ``response_format`` or, in JSON mode,
-from the task's system prompt.
+relevant and included, the capitalised words of a text as its entities, a judge score of
+0.8, and every pooled document graded relevant (2). It recognises the request from the schema
+name in ``response_format`` or, in JSON mode, from the task's system prompt.
 """
 
 from __future__ import annotations
@@ -212,6 +212,15 @@ def auto_answer(request: dict[str, Any]) -> Reply:
             {
                 "evaluated_chunks": [
                     {"id_chunk": i, "is_relevant": True, "is_included": True, "missing_info": None}
+                    for i, _ in enumerate(_items(tags.get("context", "")))
+                ]
+            }
+        )
+    if task == "document_relevance":
+        return Reply.json(
+            {
+                "grades": [
+                    {"id": i, "grade": 2, "reason": "It bears on the question."}
                     for i, _ in enumerate(_items(tags.get("context", "")))
                 ]
             }

@@ -49,7 +49,7 @@ def test_public_surface() -> None:
 
 def test_available_lists_the_catalog_keys() -> None:
     assert scorers.available() == list(CATALOG)
-    assert len(scorers.available()) == 6
+    assert len(scorers.available()) == 7
 
 
 def test_get_takes_identity_from_the_catalog() -> None:
