@@ -162,6 +162,10 @@ def retrieval(
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
     data_source: str | None = None,
+    pool: Callable[..., Any] | None = None,
+    pool_share: float = 1.0,
+    pool_concurrency: int = 1,
+    pool_queue_size: int = 64,
 ) -> Callable[[F], F]: ...
 def retrieval(
     func: Any = None,
@@ -171,6 +175,10 @@ def retrieval(
     query_param: str | None = None,
     extractor: Callable[[Any], Any] | None = None,
     data_source: str | None = None,
+    pool: Callable[..., Any] | None = None,
+    pool_share: float = 1.0,
+    pool_concurrency: int = 1,
+    pool_queue_size: int = 64,
 ) -> Any:
     """Trace a retriever (an OpenInference ``RETRIEVER`` span) and capture its documents.
 
@@ -186,7 +194,21 @@ def retrieval(
     Besides OpenInference's attributes, the span carries the GenAI conventions' retrieval
     attributes: ``gen_ai.operation.name=retrieval``, ``gen_ai.retrieval.query.text`` and
     ``gen_ai.retrieval.documents`` (a JSON list of ``{id, score}`` for the documents on it).
+
+    ``pool``: a callable taking the retriever's own arguments and returning a deeper or other
+    list of documents (same shapes; ``extractor`` applies to it too), which
+    ``pooled_context_recall`` scores the retrieval's recall against. It runs for sampled
+    requests only, never on the request path: after the retriever returns, its arguments are
+    queued for this retriever's own background threads (``pool_concurrency`` of them, default
+    1; at most ``pool_queue_size`` calls waiting, default 64, further ones dropped and
+    counted), for ``pool_share`` of the sampled requests (default 1.0: all). Its documents are
+    scrubbed and stored with the request's record. A pool that raises is counted and logged
+    once, never raised; every outcome is in ``ledger().pool`` (see docs/scorers.md).
     """
+    if pool is not None:
+        from recalltrace.tracer._pool import check_pool_options
+
+        check_pool_options(pool, pool_share, pool_concurrency, pool_queue_size)
 
     def build(fn: Any, name: str | None) -> Any:
         attributes: dict[str, Any] = {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"}
@@ -195,7 +217,20 @@ def retrieval(
         spec = Spec(RETRIEVAL, name or function_name(fn), attributes)
         spec.input = locate(fn, query_param)
         spec.extractor = extractor
-        return decorate(fn, spec)
+        traced = decorate(fn, spec)
+        if pool is None:
+            return traced
+        from recalltrace.tracer._pool import PoolRunner, with_pool
+
+        runner = PoolRunner(
+            pool,
+            spec.name,
+            share=pool_share,
+            concurrency=pool_concurrency,
+            queue_size=pool_queue_size,
+            extractor=extractor,
+        )
+        return with_pool(traced, fn, runner)
 
     return _bare_or_configured(func, name, build)
 

@@ -24,6 +24,8 @@ STORED = "rag.traces.stored"
 VALUES_NOT_READ = "rag.tracer.values.not_read"
 QUEUE_SIZE = "rag.tracer.queue.size"
 LOST_BY_ENDED_PROCESSES = "rag.traces.lost_by_ended_processes"
+POOL_CALLS = "rag.tracer.pool.calls"
+POOL_SECONDS = "rag.tracer.pool.duration"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class Ledger:
     other_dropped: Mapping[str, int] = field(default_factory=dict)
     values_not_read: Mapping[str, int] = field(default_factory=dict)
     lost_by_ended_processes: int = 0
+    pool: Mapping[str, float] = field(default_factory=dict)
+    """What the pools (``@retrieval(pool=...)``) did: ``queued``, ``calls``, ``failed``,
+    ``empty``, ``dropped_queue_full``, ``skipped_share`` and ``seconds`` (time spent in pool
+    calls, off the request path). Not requests: outside the balance."""
 
     @property
     def dropped_total(self) -> int:
@@ -73,6 +79,7 @@ class Ledger:
             other_dropped=minus(self.other_dropped, other.other_dropped),
             values_not_read=minus(self.values_not_read, other.values_not_read),
             lost_by_ended_processes=self.lost_by_ended_processes - other.lost_by_ended_processes,
+            pool=minus(self.pool, other.pool),  # type: ignore[arg-type]
         )
 
     def line(self) -> str:
@@ -94,6 +101,10 @@ class Ledger:
             text += (
                 f"; {self.lost_by_ended_processes} record(s) held by other processes that ended "
                 "killed, found in their ledger files"
+            )
+        if self.pool:
+            text += "; pools: " + ", ".join(
+                f"{name} {value:g}" for name, value in sorted(self.pool.items())
             )
         return text
 
@@ -118,6 +129,7 @@ class TracerStats:
         self.stored: dict[str, int] = {}
         self.not_read: dict[str, int] = {}
         self.lost_elsewhere = 0
+        self.pool: dict[str, float] = {}
         self.queue_size: Callable[[], int] = lambda: 0
         self.label: Callable[[str], str] = str
         """What an app name becomes as a metric label (scrubbed, when scrubbing is on)."""
@@ -132,6 +144,17 @@ class TracerStats:
         self.stored = {}
         self.not_read = {}
         self.lost_elsewhere = 0
+        self.pool = {}
+
+    def pool_count(self, outcome: str, count: int = 1) -> None:
+        """Count a pool outcome (see :attr:`Ledger.pool`)."""
+        with self._lock:
+            self.pool[outcome] = self.pool.get(outcome, 0) + count
+
+    def pool_seconds(self, seconds: float) -> None:
+        """Add the duration of one pool call."""
+        with self._lock:
+            self.pool["seconds"] = self.pool.get("seconds", 0.0) + seconds
 
     def records_stored(self, apps: Iterable[str]) -> None:
         """Count records the sink confirmed as written (one app name per record)."""
@@ -173,6 +196,7 @@ class TracerStats:
                 other_dropped=other,
                 values_not_read=dict(self.not_read),
                 lost_by_ended_processes=self.lost_elsewhere,
+                pool=dict(self.pool),
             )
 
     def trace_finished(self, app: str, sampled: bool) -> None:
@@ -351,6 +375,17 @@ def register_instruments(
     def lost(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(stats_source().lost_elsewhere)]
 
+    def pool(seconds: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            stats = stats_source()
+            with stats._lock:
+                items = list(stats.pool.items())
+            if seconds:
+                return [Observation(v) for k, v in items if k == "seconds"]
+            return [Observation(v, {"outcome": k}) for k, v in items if k != "seconds"]
+
+        return callback
+
     meter.create_observable_counter(
         CAPTURED,
         callbacks=[per_app(lambda s: s.captured)],
@@ -389,6 +424,19 @@ def register_instruments(
         description="Records other processes held when they ended without running their exit "
         "code (killed by SIGKILL, the OOM killer or a server's timeout), found by this process "
         "in their ledger files.",
+    )
+    meter.create_observable_counter(
+        POOL_CALLS,
+        callbacks=[pool(False)],
+        unit="{call}",
+        description="Pool calls (@retrieval(pool=...)) by outcome: queued, calls, failed, "
+        "empty, dropped_queue_full, skipped_share.",
+    )
+    meter.create_observable_counter(
+        POOL_SECONDS,
+        callbacks=[pool(True)],
+        unit="s",
+        description="Time spent in pool calls, on the pools' own threads.",
     )
     meter.create_observable_gauge(
         QUEUE_SIZE,

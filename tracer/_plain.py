@@ -52,6 +52,7 @@ _LEAVES = frozenset({str, int, float, bool, type(None)})
     _SESSION,
     _TAGS,
 ) = range(22)
+_POOL = 22  # a pool merged in late, when there is one
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,10 @@ class PlainTrace:
             self.values[_REFERENCE_CONTEXTS] = list(update.reference_contexts)
         if update.reference_context_ids is not None:
             self.values[_REFERENCE_IDS] = list(update.reference_context_ids)
+        if update.pool_contexts is not None:
+            # A pool rides after the fixed values (assemble_plain takes it back).
+            del self.values[_POOL:]
+            self.values.append((update.pool_contexts, update.pool_source))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PlainTrace, (self.trace_id, self.app_name, self.values))
@@ -92,6 +97,8 @@ class PlainTrace:
 def plain_trace(state: TraceState) -> PlainTrace | None:
     """``state`` (read by ``read_values``) as a :class:`PlainTrace`; ``None`` when a value in it
     is not exactly plain (it is then assembled where it is)."""
+    if state.pool is not None:
+        return None  # a pool merged already: assembled where it is
     contexts: list[tuple[Any, ...]] = []
     for doc in state.contexts:
         kind = type(doc)
@@ -197,6 +204,8 @@ def assemble_plain(
     state.user_id = values[_USER]
     state.session_id = values[_SESSION]
     state.tags = values[_TAGS]
+    if len(values) > _POOL:
+        state.pool = values[_POOL]
     return assemble_record(
         state,
         scrubber,

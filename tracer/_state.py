@@ -40,6 +40,7 @@ class TraceState:
         "notes",
         "otel_span_id",
         "otel_trace_id",
+        "pool",
         "reference",
         "reference_context_ids",
         "reference_contexts",
@@ -85,6 +86,8 @@ class TraceState:
         self.error = False
         self.closed = False
         self.last_error: BaseException | None = None
+        # A pool retrieved for this request (documents and the pool's name), merged in late.
+        self.pool: tuple[list[ContextRecord], str | None] | None = None
         if not sampled:
             # Nothing is captured for an unsampled trace; its capture fields stay unset.
             return
@@ -120,6 +123,8 @@ class TraceState:
             self.reference_contexts = update.reference_contexts
         if update.reference_context_ids is not None:
             self.reference_context_ids = update.reference_context_ids
+        if update.pool_contexts is not None:
+            self.pool = (update.pool_contexts, update.pool_source)
 
 
 def merge_reference_into_record(record: TraceRecord, update: ReferenceUpdate) -> None:
@@ -130,6 +135,21 @@ def merge_reference_into_record(record: TraceRecord, update: ReferenceUpdate) ->
         record.reference_contexts = list(update.reference_contexts)
     if update.reference_context_ids is not None:
         record.reference_context_ids = list(update.reference_context_ids)
+    if update.pool_contexts is not None:
+        record.pool_contexts = list(update.pool_contexts)
+        record.pool_source = update.pool_source
+
+
+def scrub_pool(scrubber: Scrubber, contexts: list[ContextRecord]) -> list[ContextRecord]:
+    """A pool's documents with their texts and ids scrubbed, as retrieved contexts are."""
+    return [
+        ContextRecord(
+            content=scrubber.scrub_text(c.content, f"pool_contexts[{i}].content", None),
+            id=None if c.id is None else scrubber.scrub_text(c.id, f"pool_contexts[{i}].id", None),
+            score=c.score,
+        )
+        for i, c in enumerate(contexts)
+    ]
 
 
 def scrub_reference(scrubber: Scrubber, update: ReferenceUpdate) -> ReferenceUpdate:
@@ -147,6 +167,10 @@ def scrub_reference(scrubber: Scrubber, update: ReferenceUpdate) -> ReferenceUpd
         reference=None if reference is None else scrubber.scrub_text(reference, "reference", None),
         reference_contexts=scrubbed(update.reference_contexts, "reference_contexts"),
         reference_context_ids=scrubbed(update.reference_context_ids, "reference_context_ids"),
+        pool_contexts=(
+            None if update.pool_contexts is None else scrub_pool(scrubber, update.pool_contexts)
+        ),
+        pool_source=update.pool_source,
     )
 
 
@@ -344,8 +368,12 @@ def assemble_record(
         session_id=_label(state.session_id),
         tags=[tag for tag in (_label(item) for item in state.tags) if tag],
     )
+    if state.pool is not None:
+        record.pool_contexts, record.pool_source = list(state.pool[0]), state.pool[1]
     if scrubber is not None:
         scrubber.scrub_record(record)
+        if record.pool_contexts:
+            record.pool_contexts = scrub_pool(scrubber, record.pool_contexts)
     return record
 
 
