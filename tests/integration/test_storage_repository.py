@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from recalltrace.scorers.catalog import CATALOG
+from recalltrace.scorers.catalog import CATALOG as ALL_VARIANTS
 from recalltrace.storage.models import JobStatus, RetrievedContext, Score, ScoringJob, Trace
 from recalltrace.storage.records import ReferenceUpdate, WriteResult
 from recalltrace.storage.repository import Repository, TraceNotFound
@@ -33,6 +33,10 @@ class ScoreValue:
     cost_usd: float | None = None
     latency_ms: float | None = 1.5
     version: str = "1"
+
+
+CATALOG = {k: v for k, v in ALL_VARIANTS.items() if not v.job_spec.needs_pool}
+"""The variants whose jobs every trace gets (a pooled one's job needs a stored pool)."""
 
 
 def count(repo: Repository, stmt: Any) -> int:
@@ -366,7 +370,7 @@ def test_backfill_after_a_version_change_skips_traces_that_have_the_new_version(
     narrow = make_repository(repo.engine, metrics=[key])
     traces = [make_trace() for _ in range(3)]
     narrow.write_traces(traces)  # jobs of version 1
-    monkeypatch.setitem(CATALOG, key, dataclasses.replace(CATALOG[key], version="2"))
+    monkeypatch.setitem(ALL_VARIANTS, key, dataclasses.replace(ALL_VARIANTS[key], version="2"))
     # A worker already on version 2 scores one of the version-1 jobs: the score is version 2.
     (job,) = narrow.claim_jobs("w", limit=1, lease=timedelta(minutes=1))
     assert narrow.finish_job(job, ScoreValue(metric=key, value=0.5, version="2")) is True
