@@ -55,6 +55,7 @@ from typing import Any
 from recalltrace.storage.records import ContextRecord, TraceRecord, WriteResult
 from recalltrace.tracer import ScrubbingOptions
 from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plain
+from recalltrace.tracer._state import scrub_with_pool
 from recalltrace.tracer._threads import original
 
 logger = logging.getLogger(__name__)
@@ -654,7 +655,7 @@ def _assembled(
     for item in items:
         if type(item) is not PlainTrace:
             if scrubber is not None:
-                scrubber.scrub_record(item)
+                scrub_with_pool(scrubber, item)  # type: ignore[arg-type]
             records.append(item)  # type: ignore[arg-type]
             continue
         try:

@@ -32,7 +32,12 @@ from recalltrace.tracer._plain import AssemblyOptions, PlainTrace, assemble_plai
 from recalltrace.tracer._reader import READERS_STUCK, BoundedReader, read_values
 from recalltrace.tracer._reader import TIMED_OUT as READ_TIMED_OUT
 from recalltrace.tracer._sinks import open_default_sink
-from recalltrace.tracer._state import TraceState, assemble_record, scrub_reference
+from recalltrace.tracer._state import (
+    TraceState,
+    assemble_record,
+    scrub_reference,
+    scrub_with_pool,
+)
 
 if TYPE_CHECKING:
     from recalltrace.storage.records import ReferenceUpdate, TraceRecord
@@ -278,7 +283,7 @@ class RecordPipeline:
         if type(item) is PlainTrace:
             return assemble_plain(item.values, self.scrubber, self.assembly)
         if self._unscrubbed and self.scrubber is not None:
-            self.scrubber.scrub_record(item)  # type: ignore[arg-type]
+            scrub_with_pool(self.scrubber, item)  # type: ignore[arg-type]
         return item
 
     def redo_reference(self, update: ReferenceUpdate) -> ReferenceUpdate:

@@ -97,8 +97,6 @@ class PlainTrace:
 def plain_trace(state: TraceState) -> PlainTrace | None:
     """``state`` (read by ``read_values``) as a :class:`PlainTrace`; ``None`` when a value in it
     is not exactly plain (it is then assembled where it is)."""
-    if state.pool is not None:
-        return None  # a pool merged already: assembled where it is
     contexts: list[tuple[Any, ...]] = []
     for doc in state.contexts:
         kind = type(doc)
@@ -161,6 +159,8 @@ def plain_trace(state: TraceState) -> PlainTrace | None:
         value = values[index]
         if type(value) not in _LEAVES and not is_plain(value):
             return None
+    if state.pool is not None:
+        values.append(state.pool)  # documents made by the pool's thread (ContextRecord)
     return PlainTrace(state.hex_id(), state.app_name, values)
 
 

@@ -152,6 +152,13 @@ def scrub_pool(scrubber: Scrubber, contexts: list[ContextRecord]) -> list[Contex
     ]
 
 
+def scrub_with_pool(scrubber: Scrubber, record: TraceRecord) -> None:
+    """Scrub an assembled ``record`` in place, its pool's documents included."""
+    scrubber.scrub_record(record)
+    if record.pool_contexts:
+        record.pool_contexts = scrub_pool(scrubber, record.pool_contexts)
+
+
 def scrub_reference(scrubber: Scrubber, update: ReferenceUpdate) -> ReferenceUpdate:
     """``update`` (ground truth set after its request ended) with its texts scrubbed, as the
     same fields of a record are."""
@@ -371,9 +378,7 @@ def assemble_record(
     if state.pool is not None:
         record.pool_contexts, record.pool_source = list(state.pool[0]), state.pool[1]
     if scrubber is not None:
-        scrubber.scrub_record(record)
-        if record.pool_contexts:
-            record.pool_contexts = scrub_pool(scrubber, record.pool_contexts)
+        scrub_with_pool(scrubber, record)
     return record
 
 

@@ -27,6 +27,7 @@ from recalltrace.storage.migrate import (
 )
 from recalltrace.storage.models import Judgment, PoolDocument, Score, ScoringJob
 from recalltrace.storage.records import ContextRecord, ReferenceUpdate
+from recalltrace.tracer import _runtime
 from recalltrace.tracer._pool import wait_for_pools
 from tests.integration.test_migrations import _diff, empty_postgres_url  # noqa: F401
 from tests.integration.test_worker import judge_config, worker_for
@@ -131,6 +132,7 @@ def test_pool_runs_after_the_request_and_is_stored_with_its_trace(traced: str) -
     returned = time.monotonic()
     assert returned - started < 2.0
     assert pool_log == []  # the pool waits on the event: the request did not
+    assert recalltrace.flush(10)  # the record is stored: its pool is attached to the trace
     release_pool.set()
     assert wait_for_pools(10)
     assert recalltrace.flush(10)
@@ -294,3 +296,107 @@ def test_pooled_jobs_exist_only_for_traces_with_a_pool(database_url: str) -> Non
         assert repo.create_jobs(metrics=[METRIC]) == 2
     finally:
         repo.dispose()
+
+
+entered = threading.Event()
+leave = threading.Event()
+
+
+def email_pool(query: str) -> list[str]:
+    entered.set()
+    assert leave.wait(10)
+    return ["Write to refunds.desk@example.com for a refund.", "Refunds take 14 days."]
+
+
+@recalltrace.retrieval(pool=email_pool, pool_queue_size=1)
+def email_search(query: str) -> list[str]:
+    return ["Refunds take 14 days."]
+
+
+@recalltrace.rag("email-bot")
+def ask_waiting(question: str) -> str:
+    """A request that ends only once its pool ran: the pool merges into the open request."""
+    email_search(question)
+    assert entered.wait(10)
+    leave.set()
+    state = _runtime.current_state()
+    assert state is not None
+    deadline = time.monotonic() + 10
+    while state.pool is None:  # merged into the open request by the pool's thread
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return "14 days."
+
+
+@pytest.mark.parametrize("storage_process", [False, True], ids=["thread", "process"])
+def test_a_pool_merged_into_its_open_request_is_scrubbed(
+    sqlite_url: str, storage_process: bool
+) -> None:
+    recalltrace.configure(
+        database_url=sqlite_url,
+        storage_process=storage_process,
+        tracer_provider=TracerProvider(),
+        sample_rate=1.0,
+        flush_interval=0.05,
+        shutdown_timeout=5.0,
+    )
+    try:
+        entered.clear()
+        leave.clear()
+        assert ask_waiting("How do I get a refund?") == "14 days."
+        assert recalltrace.flush(10)
+        engine = create_engine_from_url(sqlite_url)
+        try:
+            with engine.connect() as conn:
+                texts = conn.scalars(
+                    select(PoolDocument.content).order_by(PoolDocument.position)
+                ).all()
+            assert len(texts) == 2
+            assert "refunds.desk@example.com" not in texts[0] and "[REDACTED]" in texts[0]
+            assert _count(engine, ScoringJob, ScoringJob.metric == METRIC) == 1
+        finally:
+            engine.dispose()
+    finally:
+        recalltrace.shutdown(5)
+
+
+def test_unsampled_requests_get_no_pool_and_a_full_queue_drops(sqlite_url: str) -> None:
+    recalltrace.configure(
+        database_url=sqlite_url,
+        tracer_provider=TracerProvider(),
+        sample_rate=0.0,
+        flush_interval=0.05,
+        shutdown_timeout=5.0,
+    )
+    try:
+        before = dict(recalltrace.ledger().pool)
+        entered.clear()
+        leave.clear()
+        assert ask_flaky("Where is the office?") == "Lyon."
+        assert wait_for_pools(5)
+        assert recalltrace.ledger().pool == before  # not sampled: no pool queued or run
+        recalltrace.configure(
+            database_url=sqlite_url,
+            tracer_provider=TracerProvider(),
+            sample_rate=1.0,
+            flush_interval=0.05,
+            shutdown_timeout=5.0,
+        )
+
+        @recalltrace.rag("queue-bot")
+        def ask_quick(question: str) -> str:
+            email_search(question)
+            return "ok"
+
+        ask_quick("first")  # taken by the pool's thread, which waits
+        assert entered.wait(10)
+        ask_quick("second")  # waits in the queue (size 1)
+        ask_quick("third")  # finds it full: dropped, counted
+        after = recalltrace.ledger().pool
+        assert after.get("dropped_queue_full", 0) - before.get("dropped_queue_full", 0) == 1
+        assert after.get("queued", 0) - before.get("queued", 0) == 2
+        leave.set()
+        assert wait_for_pools(10)
+    finally:
+        leave.set()
+        recalltrace.shutdown(5)
