@@ -172,6 +172,7 @@ def test_without_a_judge_only_non_llm_variants_are_claimed(sqlite_url: str) -> N
         "context_entity_recall",
         "chunk_context_recall",
         "judge_context_recall",
+        "pooled_context_recall",
     ]
     stats = asyncio.run(worker.run(once=True))
     worker.close()
@@ -418,6 +419,7 @@ def test_queue_gauges_are_the_databases_by_variant_including_unserved_ones(
         "judge_context_recall": 2,
         "non_llm_context_recall": 0,
         "id_based_context_recall": 0,
+        "pooled_context_recall": 0,  # no trace has a pool, so no job
     }
     ages = {
         p.attributes["rag.metric"]: p.value for _, p in telemetry.points("rag.queue.oldest_due_age")
