@@ -154,6 +154,8 @@ def _clusters_and_totals(scored: Any) -> tuple[Any, Select[Any]]:
         func.sum(t * n),
         func.sum(n * n),
         func.sum(n * n * n * n),
+        # Traces with a key: their clusters are named u:... or s:..., a lone trace's t:...
+        func.sum(case((clusters.c.c.startswith("t:"), 0), else_=clusters.c.n)),
     ).select_from(clusters)
     return clusters, totals
 
@@ -186,11 +188,6 @@ def slice_sums(
     ``storage.diagnose`` scope), with its sums over clusters of ``keys``; and the window's
     totals and how many traces have a key."""
     key = cluster_key(keys)
-    keyed = (
-        func.sum(case((func.coalesce(Trace.user_id, Trace.session_id).is_not(None), 1), else_=0))
-        if keys
-        else literal(0)
-    )
     columns = [Score.trace_id.label("trace_id"), Score.value.label("y"), key.label("c")]
     columns += [_COLUMNS[a].label(a) for a in attributes if a in _COLUMNS]
     scored = scope.select(*columns, trace=True).cte("scored")
@@ -237,12 +234,12 @@ def slice_sums(
     out: dict[str, dict[str | None, ClusterSums]] = {}
     with history.engine.begin() as conn:
         history.dialect.tune_for_aggregates(conn)
-        totals = _totals(conn.execute(totals_stmt).one())
-        with_key = int(conn.execute(scope.select(keyed, trace=True)).scalar_one() or 0)
+        row = conn.execute(totals_stmt).one()
+        totals, with_key = _totals(row), int(row[7] or 0)
         if parts:
             members = union_all(*parts).subquery("members")
-            for row in conn.execute(_member_sums(members, clusters)):
-                out.setdefault(str(row[0]), {})[str(row[1])] = _sums(row)
+            for each in conn.execute(_member_sums(members, clusters)):
+                out.setdefault(str(each[0]), {})[str(each[1])] = _sums(each)
     return totals, out, with_key
 
 
