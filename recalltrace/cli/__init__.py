@@ -85,23 +85,52 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _remember_parsers(parser: argparse.ArgumentParser) -> None:
     """Let every (sub)command's parser be found from what it parsed, so that an option it
-    does not know is reported in its own words."""
+    does not know is reported in its own words; and make each option that takes one value
+    refuse a second, different one (:class:`_StoreOnce`)."""
     for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.nargs is None and action.option_strings:
+            action.__class__ = _StoreOnce
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 child.set_defaults(command_parser=child)
                 _remember_parsers(child)
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value: given twice with different values it is refused (argparse
+    keeps the last one silently, so ``--metric a --metric b`` would act on b alone)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, object] = namespace.__dict__.setdefault("_given_once", {})
+        if self.dest in given and given[self.dest] != values:
+            # Said by ``_value_problem`` once parsing is done, in one line.
+            namespace.__dict__.setdefault(
+                "_given_twice",
+                f"{option_string or self.dest} was given twice ({inert(str(given[self.dest]))} "
+                f"and {inert(str(values))}): it takes one value",
+            )
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _value_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """What no command can take, said by the option's name: ``--`` as an option's value
     (``--app=--``: argparse drops the ``--`` and hands on an empty list in place of the one
     value the option takes), and a NUL character, which no path, URL or name holds (only a
-    call from Python can pass one)."""
+    call from Python can pass one); and an option that takes one value given two."""
+    twice: str | None = getattr(args, "_given_twice", None)
+    if twice is not None:
+        return twice
     for action in parser._actions:
         value = getattr(args, action.dest, None)
         name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
-        single = type(action) is argparse._StoreAction and action.nargs is None
+        single = isinstance(action, argparse._StoreAction) and action.nargs is None
         if single and value == [] and action.option_strings:
             return f"{name} needs a value ('--' is not one)"
         values = value if isinstance(value, list) else [value]

@@ -19,7 +19,7 @@ from recalltrace.cli import build_parser, main
 HOSTILE = ["--", "", "\x00", "\udcff", "-x"]
 # Commands that would run until stopped, or open a real server: left out here (their options
 # are read by the same parser; ``collect``'s and the worker's own tests run them).
-LONG_RUNNING = {("collect",), ("worker",), ("demo",)}
+LONG_RUNNING = {("collect",), ("worker",), ("demo",), ("ui",)}
 
 
 def _commands(
@@ -47,7 +47,9 @@ def _single_valued(parser: argparse.ArgumentParser) -> list[str]:
     return [
         action.option_strings[-1]
         for action in parser._actions
-        if type(action) is argparse._StoreAction and action.nargs is None and action.option_strings
+        if isinstance(action, argparse._StoreAction)
+        and action.nargs is None
+        and action.option_strings
     ]
 
 
