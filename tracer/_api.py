@@ -166,6 +166,7 @@ def retrieval(
     pool_share: float = 1.0,
     pool_concurrency: int = 1,
     pool_queue_size: int = 64,
+    pool_timeout: float | None = 30.0,
 ) -> Callable[[F], F]: ...
 def retrieval(
     func: Any = None,
@@ -179,6 +180,7 @@ def retrieval(
     pool_share: float = 1.0,
     pool_concurrency: int = 1,
     pool_queue_size: int = 64,
+    pool_timeout: float | None = 30.0,
 ) -> Any:
     """Trace a retriever (an OpenInference ``RETRIEVER`` span) and capture its documents.
 
@@ -202,13 +204,16 @@ def retrieval(
     queued for this retriever's own background threads (``pool_concurrency`` of them, default
     1; at most ``pool_queue_size`` calls waiting, default 64, further ones dropped and
     counted), for ``pool_share`` of the sampled requests (default 1.0: all). Its documents are
-    scrubbed and stored with the request's record. A pool that raises is counted and logged
-    once, never raised; every outcome is in ``ledger().pool`` (see docs/scorers.md).
+    scrubbed and stored with the request's record. A pool that raises, or takes longer than
+    ``pool_timeout`` seconds (default 30; ``None``: no limit; the call is let finish, its
+    documents not stored), is counted and logged once; one that returns nothing is counted
+    and stores no pool; none is ever raised. Every outcome is in ``ledger().pool`` (see
+    docs/scorers.md).
     """
     if pool is not None:
         from recalltrace.tracer._pool import check_pool_options
 
-        check_pool_options(pool, pool_share, pool_concurrency, pool_queue_size)
+        check_pool_options(pool, pool_share, pool_concurrency, pool_queue_size, pool_timeout)
 
     def build(fn: Any, name: str | None) -> Any:
         attributes: dict[str, Any] = {SPAN_KIND: "RETRIEVER", GEN_AI_OPERATION: "retrieval"}
@@ -228,6 +233,7 @@ def retrieval(
             share=pool_share,
             concurrency=pool_concurrency,
             queue_size=pool_queue_size,
+            timeout=pool_timeout,
             extractor=extractor,
         )
         return with_pool(traced, fn, runner)

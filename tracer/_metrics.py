@@ -53,8 +53,8 @@ class Ledger:
     lost_by_ended_processes: int = 0
     pool: Mapping[str, float] = field(default_factory=dict)
     """What the pools (``@retrieval(pool=...)``) did: ``queued``, ``calls``, ``failed``,
-    ``empty``, ``dropped_queue_full``, ``skipped_share`` and ``seconds`` (time spent in pool
-    calls, off the request path). Not requests: outside the balance."""
+    ``timed_out``, ``empty``, ``dropped_queue_full``, ``skipped_share`` and ``seconds`` (time
+    spent in pool calls, off the request path). Not requests: outside the balance."""
 
     @property
     def dropped_total(self) -> int:
@@ -430,7 +430,7 @@ def register_instruments(
         callbacks=[pool(False)],
         unit="{call}",
         description="Pool calls (@retrieval(pool=...)) by outcome: queued, calls, failed, "
-        "empty, dropped_queue_full, skipped_share.",
+        "timed_out, empty, dropped_queue_full, skipped_share.",
     )
     meter.create_observable_counter(
         POOL_SECONDS,

@@ -38,14 +38,28 @@ MAX_POOL_DOCUMENTS = 200
 """Documents of one pool kept (the first ones, in the pool's order)."""
 
 #: The counters of ``ledger().pool``.
-POOL_COUNTERS = ("queued", "calls", "failed", "empty", "dropped_queue_full", "skipped_share")
+POOL_COUNTERS = (
+    "queued",
+    "calls",
+    "failed",
+    "timed_out",
+    "empty",
+    "dropped_queue_full",
+    "skipped_share",
+)
 
 _runners: list[PoolRunner] = []
 _runners_lock = _threads.Lock()
 
 
-def check_pool_options(pool: Any, share: Any, concurrency: Any, queue_size: Any) -> None:
+def check_pool_options(
+    pool: Any, share: Any, concurrency: Any, queue_size: Any, timeout: Any = None
+) -> None:
     """Refuse bad ``@retrieval`` pool options at decoration time, in one line each."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+        raise ValueError(f"pool_timeout must be a positive number of seconds, got {timeout!r}")
     if not callable(pool):
         raise TypeError(f"pool must be a callable taking the retriever's arguments, not {pool!r}")
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
@@ -66,9 +80,11 @@ class PoolRunner:
         share: float = 1.0,
         concurrency: int = 1,
         queue_size: int = 64,
+        timeout: float | None = 30.0,
         extractor: Callable[[Any], Any] | None = None,
     ) -> None:
-        check_pool_options(pool, share, concurrency, queue_size)
+        check_pool_options(pool, share, concurrency, queue_size, timeout)
+        self.timeout = timeout
         self.pool = pool
         self.name = name
         self.share = float(share)
@@ -83,6 +99,7 @@ class PoolRunner:
         self._pid = os.getpid()
         self._said_full = False
         self._said_failed = False
+        self._said_late = False
         self._random = random.Random()
         with _runners_lock:
             _runners.append(self)
@@ -190,10 +207,26 @@ class PoolRunner:
                     exc,
                 )
             return
+        took = time.perf_counter() - started
         stats.pool_count("calls")
-        stats.pool_seconds(time.perf_counter() - started)
+        stats.pool_seconds(took)
+        if self.timeout is not None and took > self.timeout:
+            # A thread cannot be stopped: a pool past its time is let finish, and its late
+            # documents are not stored (the request's record has long been written).
+            stats.pool_count("timed_out")
+            if not self._said_late:
+                self._said_late = True
+                logger.warning(
+                    "recalltrace: the pool of %s took %.1f s, more than pool_timeout (%g s); its "
+                    "documents are not stored (said once; counted in ledger().pool['timed_out'])",
+                    self.name,
+                    took,
+                    self.timeout,
+                )
+            return
         if not documents:
-            stats.pool_count("empty")
+            stats.pool_count("empty")  # nothing to judge against: no pool is stored
+            return
         deliver(state, documents, self.name)
 
     def wait_idle(self, timeout: float) -> bool:

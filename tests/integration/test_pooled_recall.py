@@ -25,7 +25,7 @@ from recalltrace.storage.migrate import (
     hold_migration_lock,
     upgrade_engine,
 )
-from recalltrace.storage.models import Judgment, PoolDocument, Score, ScoringJob
+from recalltrace.storage.models import JobStatus, Judgment, PoolDocument, Score, ScoringJob
 from recalltrace.storage.records import ContextRecord, ReferenceUpdate
 from recalltrace.tracer import _runtime
 from recalltrace.tracer._pool import wait_for_pools
@@ -217,6 +217,8 @@ def test_worker_scores_pooled_recall_caches_judgments_and_skips(traced: str) -> 
                 ask("A question asked in a new way?")
                 assert wait_for_pools(10)
                 assert recalltrace.flush(10)
+                queued = (ScoringJob.metric == METRIC, ScoringJob.status == JobStatus.QUEUED)
+                assert _count(engine, ScoringJob, *queued) == 1
                 assert _score_once(traced, judge).skipped == 1
                 assert judge.call_count == 1
         finally:
@@ -400,3 +402,69 @@ def test_unsampled_requests_get_no_pool_and_a_full_queue_drops(sqlite_url: str) 
     finally:
         leave.set()
         recalltrace.shutdown(5)
+
+
+def slow_pool(query: str) -> list[str]:
+    time.sleep(0.3)
+    return ["Refunds take 14 days."]
+
+
+def empty_pool(query: str) -> list[str]:
+    return []
+
+
+@recalltrace.retrieval(pool=slow_pool, pool_timeout=0.1)
+def slow_search(query: str) -> list[str]:
+    return ["Refunds take 14 days."]
+
+
+@recalltrace.retrieval(pool=empty_pool)
+def empty_search(query: str) -> list[str]:
+    return ["Refunds take 14 days."]
+
+
+@recalltrace.rag("late-bot")
+def ask_late(question: str) -> str:
+    slow_search(question)
+    empty_search(question)
+    return "14 days."
+
+
+def test_a_late_or_empty_pool_is_counted_and_stores_nothing(sqlite_url: str) -> None:
+    recalltrace.configure(
+        database_url=sqlite_url,
+        tracer_provider=TracerProvider(),
+        sample_rate=1.0,
+        flush_interval=0.05,
+        shutdown_timeout=5.0,
+    )
+    try:
+        before = dict(recalltrace.ledger().pool)
+        started = time.monotonic()
+        assert ask_late("How long do refunds take?") == "14 days."
+        assert time.monotonic() - started < 0.25  # the slow pool is not in the request
+        assert wait_for_pools(10)
+        assert recalltrace.flush(10)
+        after = recalltrace.ledger().pool
+        assert after.get("timed_out", 0) - before.get("timed_out", 0) == 1
+        assert after.get("empty", 0) - before.get("empty", 0) == 1
+        assert after.get("calls", 0) - before.get("calls", 0) == 2
+        engine = create_engine_from_url(sqlite_url)
+        try:
+            assert _count(engine, PoolDocument) == 0
+            assert _count(engine, ScoringJob, ScoringJob.metric == METRIC) == 0
+        finally:
+            engine.dispose()
+    finally:
+        recalltrace.shutdown(5)
+
+
+def test_bad_pool_options_are_refused_in_one_line() -> None:
+    with pytest.raises(TypeError, match="pool must be a callable"):
+        recalltrace.retrieval(pool="bm25")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pool_share must be a number from 0 to 1"):
+        recalltrace.retrieval(pool=empty_pool, pool_share=1.5)
+    with pytest.raises(ValueError, match="pool_concurrency must be a positive integer"):
+        recalltrace.retrieval(pool=empty_pool, pool_concurrency=0)
+    with pytest.raises(ValueError, match="pool_timeout must be a positive number"):
+        recalltrace.retrieval(pool=empty_pool, pool_timeout=-1)
