@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -197,6 +198,11 @@ def test_worker_scores_pooled_recall_caches_judgments_and_skips(traced: str) -> 
             assert all(m["reason"] == "About refunds." for m in missed)
             assert score.prompt_tokens and score.prompt_tokens > 0
             assert _count(engine, Judgment) == 5
+            # What the judge budget reads: the stored result's tokens count against it.
+            repo = make_repository(engine)
+            since = datetime.now(timezone.utc) - timedelta(hours=1)
+            spent, _ = repo.judge_spend("openai/test-judge", since)
+            assert spent == score.prompt_tokens + (score.completion_tokens or 0)
 
             # The same documents again (another request): every judgment is kept, no call.
             ask("How are refunds paid?")
