@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from recalltrace.cli import (
     check,
@@ -104,7 +105,7 @@ class _StoreOnce(argparse._StoreAction):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: object,
+        values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
         given: dict[str, object] = namespace.__dict__.setdefault("_given_once", {})
@@ -188,33 +189,11 @@ def _refuse_read_only(args: argparse.Namespace) -> None:
 
 def _friendly(exc: BaseException, command: str = "this command") -> str | None:
     """A one-line message for errors a user can fix, or None for real bugs."""
-    from recalltrace.scorers._judge import JudgeBackendMissing
-    from recalltrace.storage.db import DatabaseURLError, is_read_only_error
-    from recalltrace.storage.migrate import ForeignTablesError
+    from recalltrace._readings import database_problem
 
-    if isinstance(exc, (CommandError, DatabaseURLError, ForeignTablesError, JudgeBackendMissing)):
+    if isinstance(exc, CommandError):
         return str(exc)
-    try:
-        from sqlalchemy.exc import OperationalError, ProgrammingError
-    except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
-        return None
-    from sqlalchemy.exc import DatabaseError
-
-    if isinstance(exc, DatabaseError) and is_read_only_error(exc):
-        return read_only_refusal(command)
-    if isinstance(exc, DatabaseError) and "file is not a database" in str(exc.orig):
-        return "the database file is not a SQLite database (or it is damaged): check --database-url"
-    if isinstance(exc, OperationalError):
-        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        if "no such table" in detail or ("does not exist" in detail and "relation" in detail):
-            return "the database is not migrated: run `recalltrace db upgrade` first"
-        return f"cannot reach the database: {detail}"
-    if isinstance(exc, ProgrammingError):
-        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        if "does not exist" in detail:
-            return "the database is not migrated: run `recalltrace db upgrade` first"
-        return f"database error: {detail}"
-    return None
+    return database_problem(exc, command)
 
 
 _TIME_OPTIONS = ("--since", "--until", "--older-than", "--stuck-after")

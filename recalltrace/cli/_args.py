@@ -13,7 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recalltrace._readings import data_window
+from recalltrace._readings import read_only_refusal as read_only_refusal
 from recalltrace.cli._render import _when, inert
+
+# The window narrowed to the days holding traces (shared with the web UI: ``_readings``).
+_data_window = data_window
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -415,14 +420,6 @@ def writes(args: argparse.Namespace) -> bool:
     )
 
 
-def read_only_refusal(command: str) -> str:
-    """The one line a command that must write says on a read-only database."""
-    return (
-        f"the database is read-only: {command} needs to write; point it at the primary "
-        "(a writable database)"
-    )
-
-
 def check_schema(engine: Engine, url: str, args: argparse.Namespace) -> None:
     """The one check of the schema's revision when a command opens the database (one query,
     no Alembic). At an older revision than this version's, a command is refused in one line
@@ -547,40 +544,3 @@ def _metrics_arg(values: list[str] | None) -> list[str] | None:
                 raise CommandError(str(exc.args[0])) from None
             keys.append(key)
     return keys
-
-
-def _data_window(
-    engine: Engine, since: datetime | None, until: datetime | None
-) -> tuple[datetime | None, datetime | None]:
-    """``since``/``until`` narrowed to the days holding stored traces: the history's hourly
-    rollups walk every hour of a window, and ``--since 0001-01-01`` (or ``--until 9999-12-31``)
-    would walk millions of empty ones. The traces selected are the same; what is printed as
-    the window stays the one asked for."""
-    from datetime import timedelta
-
-    from sqlalchemy import func, select
-
-    from recalltrace.storage.models import Trace
-
-    with engine.connect() as conn:
-        first, last = conn.execute(
-            select(func.min(Trace.started_at), func.max(Trace.started_at))
-        ).one()
-    now = datetime.now(timezone.utc)
-    if first is None or last is None:
-        # Nothing stored: an empty day before now selects the same nothing.
-        first = last = now
-    day = timedelta(days=1)
-    lower = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
-    upper = max(_as_utc(last), now).replace(hour=0, minute=0, second=0, microsecond=0) + day
-    if since is None or since < lower:
-        since = lower
-    if until is not None and until > upper:
-        until = upper
-    if until is not None and since >= until:
-        since = until - day
-    return since, until
-
-
-def _as_utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from recalltrace._readings import context_matches as _context_matches
+from recalltrace._readings import reference_ranks
 from recalltrace.cli._args import (
     EXIT_OK,
     CommandError,
@@ -212,30 +214,6 @@ def _render_trace(console: Console, detail: TraceDetail, *, max_chars: int) -> N
         console.print(jobs)
     if not detail.scores and not pending:
         console.print("No scores and no scoring jobs are stored for this trace.")
-
-
-def reference_ranks(detail: TraceDetail) -> list[tuple[str, int | None]]:
-    """Each distinct reference document id and the rank (1 = first) at which it was first
-    retrieved, ``None`` when it was not retrieved."""
-    ranks: dict[str, int] = {}
-    for rank, context in enumerate(sorted(detail.contexts, key=lambda c: c.position), 1):
-        if context.context_id is not None:
-            ranks.setdefault(context.context_id, rank)
-    return [(doc, ranks.get(doc)) for doc in dict.fromkeys(detail.reference_context_ids or ())]
-
-
-def _context_matches(detail: TraceDetail) -> dict[int, str] | None:
-    """Per reference context index, the retrieved context that matched it (from the stored
-    ``non_llm_context_recall`` evidence); ``None`` without that evidence."""
-    for score in detail.scores:
-        matches = score.details.get("matches") if score.metric == "non_llm_context_recall" else None
-        if isinstance(matches, list):
-            return {
-                m["reference_index"]: f"matched retrieved #{m['retrieved_index']}"
-                for m in matches
-                if isinstance(m, dict) and m.get("found") and m.get("retrieved_index") is not None
-            }
-    return None
 
 
 def _score_panel(score: ScoreDetail) -> RenderableType:

@@ -486,9 +486,9 @@ def create_app(engine: Engine, settings: Settings) -> ASGIApp:
             except BadParameter as exc:
                 return pages.problem(request, str(exc), 400)
             except Exception as exc:
-                from recalltrace.cli import _friendly
+                from recalltrace._readings import database_problem
 
-                message = _friendly(exc)
+                message = database_problem(exc)
                 if message is None:
                     raise
                 return pages.problem(request, message, 503)

@@ -103,9 +103,9 @@ class Filters:
 
     def bounded(self, engine: Engine) -> tuple[datetime | None, datetime | None]:
         """The window narrowed to the days holding traces (as the command line does)."""
-        from recalltrace.cli._args import _data_window
+        from recalltrace._readings import data_window
 
-        return _data_window(engine, self.since, self.until)
+        return data_window(engine, self.since, self.until)
 
     def query(self) -> dict[str, str]:
         """These filters as page parameters (for links that keep them)."""
@@ -437,7 +437,7 @@ def normalised_trace_id(text: str) -> str | None:
 def trace_view(engine: Engine, trace_id: str) -> TraceView:
     """One stored trace with its scores, reference ranks and people's labels; raises
     ``TraceNotFound``."""
-    from recalltrace.cli.trace import _context_matches, reference_ranks
+    from recalltrace._readings import context_matches, reference_ranks
     from recalltrace.storage.models import Label
 
     detail = history_of(engine).trace(trace_id)
@@ -460,7 +460,7 @@ def trace_view(engine: Engine, trace_id: str) -> TraceView:
     return TraceView(
         detail=detail,
         reference_ranks=reference_ranks(detail),
-        context_matches=_context_matches(detail),
+        context_matches=context_matches(detail),
         labels=labels,
         pending=[j for j in detail.jobs if j.metric not in scored],
     )
