@@ -106,6 +106,16 @@ def held_out_recall(scrubber: Any) -> dict[str, Any] | None:
     return report
 
 
+def second_held_out(scrubber: Any) -> dict[str, Any] | None:
+    """The second held-out corpus's report (``secrets_fresh.recall``), when it exists."""
+    try:
+        from tests.reliability import secrets_fresh
+    except ImportError:
+        return None
+    report: dict[str, Any] = secrets_fresh.recall(lambda text: scrubber.scrub_text(text, "f", []))
+    return report
+
+
 def altered(scrubber: Any) -> list[str]:
     return [text for text in SENTENCES if scrubber.scrub_text(text, "f", []) != text]
 
@@ -218,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"held-out corpus, {name}, {subset}: {part['caught']}/{part['kinds']} "
                   f"({families})")  # fmt: skip
+        fresh = second_held_out(scrubber)
+        if fresh is not None:
+            print(f"second held-out corpus, {name}: {fresh['caught']}/{fresh['kinds']} "
+                  f"missed: {', '.join(fresh['missed']) or 'none'}")  # fmt: skip
     failures = []
     print(f"time per record of {DOCUMENTS} distinct documents (thread CPU, median):")
     print(f"{'documents':<22} {'detector':<22} {'ms/record':>10} {'MB/s':>7} {'target':>10}")
