@@ -204,6 +204,9 @@ FOUND_BY_CLASS = [
     ("docker login -u ci -p 'Abcd#123efgh' registry.internal", "Abcd#123efgh"),
     ("podman login quay.io -u bot -p Zx9!qW3eRt55", "Zx9!qW3eRt55"),
     ("net use Z: \\\\files\\share /user:CORP\\svc Pa55#word77", "Pa55#word77"),
+    # A flag's value with no digit (drawn so by chance): letters, "-" and "_" only.
+    ("docker login -u acme --password dckr_pat_QAjRQuNWuNBi_MajkJJLEzrvC_u", "QAjRQuNWuNBi"),
+    ("modal token set --token-secret as-WtrEXLzCcSShJTPnRCberW", "WtrEXLzCcSShJTPnRCberW"),
     # A key in four pieces.
     ("token glpat-Ab12Cd34 Ef56Gh78 Ij90Kl12", "Ef56Gh78"),
 ]

@@ -563,8 +563,9 @@ def rules_for(
     rules: list[_Rule] = []
     shape = _shape(text)
     # What the credential detectors take holds a digit or a symbol (a random value, a
-    # password): text of plain words is not searched further.
-    if (b"0" in shape.classes or any(symbol in text for symbol in "#$%&*!@^~")) and (
+    # password; "-" and "_" too: `--password dckr_pat_QAjR...` has no digit): text of plain
+    # words is not searched further.
+    if (b"0" in shape.classes or any(symbol in text for symbol in "#$%&*!@^~-_")) and (
         "_" in text
         or "('" in text
         or '("' in text
