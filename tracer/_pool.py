@@ -92,7 +92,8 @@ class PoolRunner:
         self.queue_size = queue_size
         self.extractor = extractor
         self._lock = _threads.Lock()
-        self._ready = _threads.Condition(self._lock)
+        self._ready = _threads.Condition(self._lock)  # threads wait here for calls
+        self._idle = _threads.Condition(self._lock)  # wait_idle waits here
         self._queue: deque[tuple[Any, tuple[Any, ...], dict[str, Any]]] = deque()
         self._threads: list[_threads.Thread] = []
         self._busy = 0
@@ -181,7 +182,7 @@ class PoolRunner:
                 with self._lock:
                     self._busy -= 1
                     if not self._queue and self._busy == 0:
-                        self._ready.notify_all()
+                        self._idle.notify_all()
 
     def _call(self, state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stats = _stats()
@@ -237,7 +238,7 @@ class PoolRunner:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._ready.wait(min(left, 0.05))
+                self._idle.wait(min(left, 0.05))
         return True
 
 
