@@ -213,6 +213,6 @@ def check_default_sink(metrics: Sequence[str] | None = None) -> None:
     for key in metrics:
         if key not in CATALOG:
             raise ValueError(
-                f"unknown metric {key!r} in configure(metrics=...) or RECALLTRACE_METRICS; "
+                f"configure's metrics (or RECALLTRACE_METRICS) name an unknown metric {key!r}; "
                 f"known metrics: {', '.join(CATALOG)}"
             )

@@ -14,6 +14,7 @@ backend they run on.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -93,6 +94,17 @@ class Dialect:
     just works; on a server, ``recalltrace db upgrade`` is a deliberate deployment step."""
 
     # -- time ------------------------------------------------------------------------------
+    def refuses_writes(self, engine: Engine) -> bool:
+        """Whether the database refuses writes (SQLite: the file is not writable)."""
+        path = engine.url.database
+        return bool(
+            path
+            and path != ":memory:"
+            and not str(path).startswith("file:")
+            and os.path.exists(path)
+            and not os.access(path, os.W_OK)
+        )
+
     def now(self) -> Any:
         """The database's clock on Postgres; the local UTC clock on SQLite."""
         return utcnow()
@@ -228,6 +240,13 @@ class PostgresDialect(Dialect):
 
     def now(self) -> Any:
         return func.now()
+
+    def refuses_writes(self, engine: Engine) -> bool:
+        # On for default_transaction_read_only and on a hot standby.
+        with engine.connect() as conn:
+            answer = str(conn.execute(text("SHOW transaction_read_only")).scalar()) == "on"
+            conn.rollback()
+        return answer
 
     def clock(self, conn: Connection) -> datetime:
         value: datetime = conn.execute(select(func.now())).scalar_one()

@@ -182,35 +182,6 @@ def is_read_only_error(exc: BaseException) -> bool:
     return "read-only transaction" in text or "attempt to write a readonly database" in text
 
 
-def read_only(engine: Engine) -> bool:
-    """Whether the database behind ``engine`` refuses writes, asked once per engine and
-    remembered (``engine_notes(engine)["read_only"]``): on Postgres ``SHOW
-    transaction_read_only`` (on for ``default_transaction_read_only`` and on a hot standby), on
-    SQLite whether the file is writable. A database found read-only by a refused write later
-    (:func:`note_read_only`) answers ``True`` from then on."""
-    notes = engine_notes(engine)
-    known = notes.get("read_only")
-    if known is not None:
-        return bool(known)
-    if is_postgres(engine):
-        from sqlalchemy import text
-
-        with engine.connect() as conn:
-            answer = str(conn.execute(text("SHOW transaction_read_only")).scalar()) == "on"
-            conn.rollback()
-    else:
-        path = engine.url.database
-        answer = bool(
-            path
-            and path != ":memory:"
-            and not str(path).startswith("file:")
-            and os.path.exists(path)
-            and not os.access(path, os.W_OK)
-        )
-    notes["read_only"] = answer
-    return answer
-
-
 def note_read_only(engine: Engine) -> None:
     """Remember that the database behind ``engine`` refused a write as read-only."""
     engine_notes(engine)["read_only"] = True

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 
 from recalltrace.storage import _postgres
 from recalltrace.storage._dialect import Dialect, as_utc
-from recalltrace.storage.db import read_only
+from recalltrace.storage.access import read_only
 from recalltrace.storage.history.selection import Selection, window_bounds
 from recalltrace.storage.history_rows import GroupSums
 from recalltrace.storage.models import DiagnoseCache, Score

@@ -27,7 +27,8 @@ from sqlalchemy.exc import DBAPIError
 
 from recalltrace.storage._dialect import Dialect, ScoreChanges, as_utc, hour_of
 from recalltrace.storage._postgres import SUMMARY_LOCK_KEY
-from recalltrace.storage.db import is_read_only_error, note_read_only, read_only
+from recalltrace.storage.access import read_only
+from recalltrace.storage.db import is_read_only_error, note_read_only
 from recalltrace.storage.history_rows import Bucket, SummaryRow
 from recalltrace.storage.models import SummaryCache
 

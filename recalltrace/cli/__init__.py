@@ -167,7 +167,8 @@ def _refuse_read_only(args: argparse.Namespace) -> None:
     to the command, which waits for it or says so in its own words."""
     from sqlalchemy.exc import DBAPIError
 
-    from recalltrace.storage.db import create_engine_from_url, read_only, resolve_database_url
+    from recalltrace.storage.access import read_only
+    from recalltrace.storage.db import create_engine_from_url, resolve_database_url
 
     url = resolve_database_url(getattr(args, "database_url", None))
     if url.startswith("sqlite") and "://" in url:

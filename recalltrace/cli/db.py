@@ -57,9 +57,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from recalltrace.storage.access import read_only
     from recalltrace.storage.db import (
         create_engine_from_url,
-        read_only,
         redact_url,
         resolve_database_url,
     )

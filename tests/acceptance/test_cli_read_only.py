@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from recalltrace.storage.db import create_engine_from_url, read_only
+from recalltrace.storage.access import read_only
+from recalltrace.storage.db import create_engine_from_url
 from tests.support.cli import run_cli
 from tests.support.databases import copied_postgres_database
 from tests.support.diagnose_data import ID_METRIC, LLM_METRIC, score_all, traffic

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from recalltrace import scorers
+from recalltrace.scorers import JudgeClient
 from recalltrace.scorers._cache import JudgeCallScope, judge_call_scope, request_key
-from recalltrace.scorers._judge import JudgeClient
 from recalltrace.scorers.catalog import judge_tasks
 from recalltrace.scorers.worker._answers import StoredAnswers, scope_of
 from recalltrace.storage.contracts import ClaimedJob
