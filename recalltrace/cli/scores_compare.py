@@ -199,7 +199,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print_keyed(console, table, (args.by,))
     console.print("Intervals: " + "; ".join(methods) if methods else "")
     if result.clustering:
-        console.print(f"Differences: {_safe(result.clustering)}.", soft_wrap=True)
+        console.print(f"Differences: {_safe(result.clustering)}.")
     if labelled:
         console.print(_labels_line(result, args.min_labels))
     return EXIT_OK
