@@ -48,6 +48,7 @@ BASE_VALUE = {
     "context_entity_recall": 0.82,
     "chunk_context_recall": 0.88,
     "judge_context_recall": 0.74,
+    "pooled_context_recall": 0.69,
 }
 
 
