@@ -13,6 +13,23 @@ if TYPE_CHECKING:
     from recalltrace.storage.history import TraceDetail
 
 
+# Evidence keys shown first, in this order (trace show, the web UI); every other key follows,
+# so nothing is hidden.
+DETAIL_ORDER = (
+    "claims",
+    "evaluated_chunks",
+    "missing_information",
+    "missing_ids",
+    "found_ids",
+    "reference_entities",
+    "context_entities",
+    "found_entities",
+    "missing_entities",
+    "matches",
+    "judge_reason",
+)
+
+
 def data_window(
     engine: Engine, since: datetime | None, until: datetime | None
 ) -> tuple[datetime | None, datetime | None]:

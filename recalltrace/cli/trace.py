@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from recalltrace._readings import DETAIL_ORDER as _DETAIL_ORDER
 from recalltrace._readings import context_matches as _context_matches
 from recalltrace._readings import reference_ranks
 from recalltrace.cli._args import (
@@ -61,22 +62,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="shorten each context to N characters in tables (0: never; default: 800)",
     )
     show.set_defaults(handler=_piped(_cmd_trace_show))
-
-
-# Evidence keys shown first, in this order; every other key follows, so nothing is hidden.
-_DETAIL_ORDER = (
-    "claims",
-    "evaluated_chunks",
-    "missing_information",
-    "missing_ids",
-    "found_ids",
-    "reference_entities",
-    "context_entities",
-    "found_entities",
-    "missing_entities",
-    "matches",
-    "judge_reason",
-)
 
 
 def _cmd_trace_show(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from recalltrace._readings import DETAIL_ORDER
+
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
@@ -464,22 +466,6 @@ def trace_view(engine: Engine, trace_id: str) -> TraceView:
         labels=labels,
         pending=[j for j in detail.jobs if j.metric not in scored],
     )
-
-
-DETAIL_ORDER = (
-    "claims",
-    "evaluated_chunks",
-    "missing_information",
-    "missing_ids",
-    "found_ids",
-    "reference_entities",
-    "context_entities",
-    "found_entities",
-    "missing_entities",
-    "matches",
-    "judge_reason",
-)
-"""Evidence keys shown first, in ``trace show``'s order; every other key follows."""
 
 
 def evidence(details: Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
