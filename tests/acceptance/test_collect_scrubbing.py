@@ -17,6 +17,7 @@ from sqlalchemy import inspect, text
 
 from recalltrace.storage.db import create_engine_from_url
 from tests.acceptance.test_collect import start_collect, wait_for_records
+from tests.support.postgres import truncate_all
 
 GITHUB = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
 AWS = "AKIAZ7QX4LM2RT6WPB5N"
@@ -97,10 +98,7 @@ def _send(url: str) -> None:
 @pytest.mark.postgres
 def test_nothing_collect_takes_in_is_stored_or_logged_unscrubbed(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
-    with engine.begin() as conn:
-        conn.execute(
-            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
-        )
+    truncate_all(engine)
     service = start_collect(postgres_url, "--trace-idle", "1")
     try:
         _send(service.url)

@@ -31,6 +31,7 @@ from tests.reliability.secrets_corpus import (
 )
 from tests.support.factories import make_repository
 from tests.support.judge_server import JudgeServer
+from tests.support.postgres import truncate_all
 from tests.support.tracer_helpers import make_traced
 
 
@@ -158,10 +159,7 @@ def test_a_late_reference_is_scrubbed_before_it_is_stored(
 @pytest.mark.postgres
 def test_the_judge_never_receives_what_scrubbing_removed(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
-    with engine.begin() as conn:
-        conn.execute(
-            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
-        )
+    truncate_all(engine)
     engine.dispose()
     make_traced(open_storage=True, database_url=postgres_url, flush_interval=30.0)
     try:
@@ -286,10 +284,7 @@ def test_no_kind_of_the_corpus_is_stored_from_any_field(database_url: str) -> No
 @pytest.mark.postgres
 def test_the_judge_receives_no_kind_of_the_corpus(postgres_url: str) -> None:
     engine = create_engine_from_url(postgres_url)
-    with engine.begin() as conn:
-        conn.execute(
-            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
-        )
+    truncate_all(engine)
     engine.dispose()
     make_traced(open_storage=True, database_url=postgres_url, flush_interval=30.0)
     try:
@@ -368,10 +363,7 @@ def test_collect_stores_no_kind_from_span_names_or_resource_attributes(
     from tests.acceptance.test_collect import start_collect, wait_for_records
 
     engine = create_engine_from_url(postgres_url)
-    with engine.begin() as conn:
-        conn.execute(
-            text("TRUNCATE scores, scoring_jobs, retrieved_contexts, trace_tags, labels, traces")
-        )
+    truncate_all(engine)
     service = start_collect(postgres_url, "--trace-idle", "1")
     resource_kinds = KINDS[:3]
     try:

@@ -19,20 +19,17 @@ from sqlalchemy.engine import make_url
 from recalltrace.storage.db import create_engine_from_url
 
 DEFAULT_TEST_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-TABLES = (
-    "workers",
-    "summary_cache",
-    "group_cache",
-    "diagnose_cache",
-    "cost_cache",
-    "judge_calls",
-    "scores",
-    "scoring_jobs",
-    "retrieved_contexts",
-    "trace_tags",
-    "labels",
-    "traces",
-)
+
+
+def _tables() -> tuple[str, ...]:
+    """Every recalltrace table, the ones others refer to last (so that SQLite's deletes keep
+    its foreign keys): read from the models, so that a table a migration adds is emptied too."""
+    from recalltrace.storage.models import Base
+
+    return tuple(table.name for table in reversed(Base.metadata.sorted_tables))
+
+
+TABLES = _tables()
 
 
 def base_url() -> str:
