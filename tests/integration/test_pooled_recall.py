@@ -125,6 +125,17 @@ def _count(engine: Engine, table: Any, *where: Any) -> int:
         return int(conn.scalar(select(func.count()).select_from(table).where(*where)) or 0)
 
 
+def _pooled_jobs_queued(engine: Engine, count: int, timeout: float = 10.0) -> None:
+    """Wait until ``count`` pooled-recall jobs are queued: a pool that returns after its
+    request's record was taken is attached to the stored trace by the writer's next tries,
+    which flush() does not wait for (as for a late reference whose record is not stored yet)."""
+    queued = (ScoringJob.metric == METRIC, ScoringJob.status == JobStatus.QUEUED)
+    deadline = time.monotonic() + timeout
+    while _count(engine, ScoringJob, *queued) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _count(engine, ScoringJob, *queued) == count
+
+
 def test_pool_runs_after_the_request_and_is_stored_with_its_trace(traced: str) -> None:
     release_pool.clear()
     pool_log.clear()
@@ -184,6 +195,7 @@ def test_worker_scores_pooled_recall_caches_judgments_and_skips(traced: str) -> 
     assert recalltrace.flush(10)
     engine = create_engine_from_url(traced)
     try:
+        _pooled_jobs_queued(engine, 1)
         with JudgeServer(handler=grading_judge) as judge:
             stats = _score_once(traced, judge)
             assert stats.scored == 1
@@ -208,6 +220,7 @@ def test_worker_scores_pooled_recall_caches_judgments_and_skips(traced: str) -> 
             ask("How are refunds paid?")
             assert wait_for_pools(10)
             assert recalltrace.flush(10)
+            _pooled_jobs_queued(engine, 1)
             calls = judge.call_count
             assert _score_once(traced, judge).scored == 1
             assert judge.call_count == calls
@@ -223,8 +236,7 @@ def test_worker_scores_pooled_recall_caches_judgments_and_skips(traced: str) -> 
                 ask("A question asked in a new way?")
                 assert wait_for_pools(10)
                 assert recalltrace.flush(10)
-                queued = (ScoringJob.metric == METRIC, ScoringJob.status == JobStatus.QUEUED)
-                assert _count(engine, ScoringJob, *queued) == 1
+                _pooled_jobs_queued(engine, 1)
                 assert _score_once(traced, judge).skipped == 1
                 assert judge.call_count == 1
         finally:
