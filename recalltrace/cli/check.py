@@ -27,6 +27,7 @@ from recalltrace.cli._args import (
 )
 from recalltrace.cli._render import (
     _window_text,
+    inert,
 )
 from recalltrace.cli._scores_query import nothing_hint
 from recalltrace.compare import MIN_TRACES, compare_groups
@@ -53,7 +54,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         type=_unit_float,
         metavar="X",
-        help="lowest mean (required unless --compare-to is given)",
+        help="lowest mean of the traces selected by --where (all of the window's without it); "
+        "required unless --compare-to is given",
     )
     _add_where(check)
     check.add_argument(
@@ -181,19 +183,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
             return EXIT_CHECK_FAILED
         if args.minimum is None:
             return EXIT_OK
-    elif args.where:
-        raise CommandError(
-            "--where selects the traces of --compare-to; --min checks every trace of the window"
-        )
     with _database(args) as engine:
         bounded = _data_window(engine, since, until)
         stats = _history(engine).window(
-            metric=metric, since=bounded[0], until=bounded[1], app=args.app, version=version
+            metric=metric,
+            since=bounded[0],
+            until=bounded[1],
+            app=args.app,
+            version=version,
+            where=args.where,
         )
         hint = nothing_hint(args, engine) if stats.count < args.min_count else ""
     scope = _window_text(since, until) + (f", app {args.app}" if args.app else "")
     if version is not None:
         scope += f", version {version}"
+    if args.where:
+        scope += ", " + " ".join(f"{key}={inert(value)}" for key, value in args.where)
     if stats.count < args.min_count or stats.mean is None:
         print(
             f"FAIL {metric}: {stats.count} scored traces for {scope}, fewer than the "

@@ -132,17 +132,23 @@ class SummaryQueries(HistoryBase):
         until: datetime | None = None,
         app: str | None = None,
         version: str | None = None,
+        where: Sequence[tuple[str, str]] = (),
     ) -> WindowStats:
         """Count and mean of one metric's scored results over one window (plus skips, fails),
-        at the metric's current catalog version or at ``version``."""
-        chosen = self.select(metric=metric, version=version, since=since, until=until, app=app)
-        conditions = chosen.score_conditions()
+        at the metric's current catalog version or at ``version``; ``where`` keeps the traces
+        whose request attributes have the given values (as for :meth:`summary`)."""
+        chosen = self.select(
+            metric=metric, version=version, since=since, until=until, app=app, where=where
+        )
+        conditions = chosen.conditions()
         scored = Score.status == "scored"
-        stmt = select(
-            func.count().filter(scored),
-            func.avg(Score.value).filter(scored),
-            func.count().filter(Score.status == "skipped"),
-            func.count().filter(Score.status == "failed"),
+        stmt = chosen.joined(
+            select(
+                func.count().filter(scored),
+                func.avg(Score.value).filter(scored),
+                func.count().filter(Score.status == "skipped"),
+                func.count().filter(Score.status == "failed"),
+            ).select_from(Score)
         ).where(*conditions)
         with self.engine.connect() as conn:
             count, mean, skipped, failed = conn.execute(stmt).one()
