@@ -33,7 +33,7 @@ def open_repository(
     with every variant of the catalog known.
 
     ``metrics`` are the variants whose jobs are created when traces are written: by default
-    those named by ``$RECALLTRACE_METRICS``, else all six. ``create_schema`` as for
+    those named by ``$RECALLTRACE_METRICS``, else all seven. ``create_schema`` as for
     :func:`recalltrace.storage.repository.open_repository`; ``reference_ttl`` and
     ``max_attempts`` pass through.
     """

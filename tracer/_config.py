@@ -351,7 +351,7 @@ class TracerConfig:
     record ends at once."""
     metrics: Sequence[str] | None = option(None, env=[("RECALLTRACE_METRICS", _names)])
     """The variants whose scoring jobs are created when a record is stored (their keys, such as
-    ``"id_based_context_recall"``); ``None``: all six. An unknown key is refused by
+    ``"id_based_context_recall"``); ``None``: all seven. An unknown key is refused by
     ``configure`` with one line. A variant left out can be scored later with ``recalltrace
     backfill``."""
     run_dir: str | None = option(None, env=[("RECALLTRACE_RUN_DIR", _text)])

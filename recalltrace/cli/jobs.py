@@ -145,7 +145,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     backfill.add_argument("--until", default=None, help="duration (1h) or timestamp")
     backfill.add_argument("--app", type=_stored_text, default=None, help="only traces of this app")
     backfill.add_argument(
-        "--metric", action="append", metavar="KEY", help="variants (default: all six)"
+        "--metric", action="append", metavar="KEY", help="variants (default: all seven)"
     )
     backfill.set_defaults(handler=_cmd_backfill)
 

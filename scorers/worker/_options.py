@@ -104,7 +104,7 @@ class WorkerOptions:
     database_url: str | None = None
     """Database URL; ``None`` means ``$RECALLTRACE_DATABASE_URL`` or the SQLite default."""
     metrics: Sequence[str] | None = None
-    """Variants to score; default: all six with a judge, the non-LLM ones without."""
+    """Variants to score; default: all seven with a judge, the non-LLM ones without."""
     judge: JudgeConfig | None = None
     """The judge of the LLM variants (any LiteLLM model); ``None`` leaves them unscored."""
     scorer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
